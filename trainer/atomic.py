@@ -1,0 +1,101 @@
+"""Atomic publication of files and directories.
+
+A checkpoint is written into a hidden temporary sibling, flushed to disk, and only then
+renamed to its final name, so a reader never sees a half-written checkpoint under a real
+name (the same idea as orbax's atomic rename and TF Serving's version directories).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+TMP_MARKER = ".tmp-"
+
+
+def temporary_sibling(final: Path) -> Path:
+    """A hidden name next to ``final`` that no listing mistakes for a checkpoint."""
+    return final.with_name(f".{final.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and TMP_MARKER in path.name
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (or the file itself) and the directories holding them."""
+    if path.is_file():
+        _fsync_file(path)
+        return
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            _fsync_file(Path(root, name))
+        _fsync_dir(Path(root))
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_write(final: Path, *, directory: bool) -> Iterator[Path]:
+    """Yield a temporary path to write into; publish it as ``final`` only on success.
+
+    On any exception the temporary is removed and ``final`` (if it existed) is untouched.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(final)
+    if directory:
+        tmp.mkdir()
+    try:
+        yield tmp
+        fsync_tree(tmp)
+        _replace(tmp, final)
+    except BaseException:
+        remove_path(tmp)
+        raise
+    _fsync_dir(final.parent)
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` onto ``final``; an existing directory is moved aside first."""
+    if final.is_dir() and not final.is_symlink():
+        trash = temporary_sibling(final)
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def clean_stale_temporaries(directory: Path) -> list[Path]:
+    """Remove temporaries left by a crashed writer; returns what was removed."""
+    removed = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if is_temporary(child):
+                remove_path(child)
+                removed.append(child)
+    return removed

@@ -1,0 +1,46 @@
+"""Every error the project raises on purpose, in one hierarchy.
+
+The CLI turns any ``TrainerError`` into a one-line message and exit code 2; anything else
+is a bug. Messages say what is wrong, where, what to do, and end with what was received.
+"""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base of all deliberate trainer errors."""
+
+
+class UnknownBackendError(TrainerError, KeyError):
+    """A save backend name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class NotACheckpointError(TrainerError):
+    """The path does not exist or holds nothing any backend recognises."""
+
+
+class CorruptCheckpointError(TrainerError):
+    """The path looks like a checkpoint but its content is damaged or inconsistent."""
+
+
+class IncompatibleFormatError(TrainerError):
+    """The checkpoint was written in a format version this trainer cannot read."""
+
+
+class MissingClassError(TrainerError):
+    """A class named in the checkpoint cannot be found and may not be revived otherwise."""
+
+
+class ConfigMismatchError(TrainerError):
+    """The run's config disagrees with the checkpoint it should resume from."""
+
+
+class ModelNotReadyError(TrainerError):
+    """The model cannot be saved as it is (never built, or holds unserializable objects)."""
+
+
+class SaveError(TrainerError):
+    """Writing a checkpoint failed; the previous checkpoints are intact."""

@@ -1,0 +1,98 @@
+"""Model-level state that every backend stores the same way: compile config and the
+optimizer's variables (iteration count, learning rate, every slot).
+
+Optimizer variables are matched by position, not by path: Keras names slots after the
+layer paths at creation time, which differ between the saving and the loading process.
+Position is stable because both sides build the optimizer over the same
+``model.trainable_variables`` in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.errors import CorruptCheckpointError
+
+
+def compile_config(model: keras.Model) -> dict[str, Any] | None:
+    """The serialized arguments of ``model.compile``, or None if it was never compiled."""
+    if not getattr(model, "compiled", False):
+        return None
+    config = model.get_compile_config()
+    json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
+    return config
+
+
+def restore_compile(
+    model: keras.Model, config: dict[str, Any] | None, custom_objects: dict[str, Any]
+) -> None:
+    """Compile ``model`` as it was at save time and create its optimizer variables."""
+    if not config:
+        return
+    with keras.saving.custom_object_scope(custom_objects):
+        model.compile_from_config(config)
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def optimizer_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of every optimizer variable, in the optimizer's own order."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return []
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in optimizer.variables]
+
+
+def restore_optimizer_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    """Assign saved optimizer values by position, checking count and shapes."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        if arrays:
+            raise CorruptCheckpointError(
+                f"{where} holds {len(arrays)} optimizer variables but no compile config to "
+                f"rebuild the optimizer from. The checkpoint is inconsistent; re-save it."
+            )
+        return
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    variables = optimizer.variables
+    if len(variables) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} optimizer variables but the rebuilt "
+            f"{type(optimizer).__name__} has {len(variables)}. The checkpoint does not match "
+            f"its own model config; it is damaged or was edited."
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        if tuple(variable.shape) != tuple(value.shape):
+            raise CorruptCheckpointError(
+                f"{where}: optimizer variable {variable.path!r} has shape "
+                f"{tuple(variable.shape)} but the checkpoint holds shape {tuple(value.shape)}."
+            )
+        variable.assign(value)
+
+
+def model_weight_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of every model variable (trainable, non-trainable, RNG seeds)."""
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in model.weights]
+
+
+def restore_model_weight_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    variables = model.weights
+    if len(variables) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} model variables but the model rebuilt from its "
+            f"config has {len(variables)}. The checkpoint is damaged or was edited."
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        if tuple(variable.shape) != tuple(value.shape):
+            raise CorruptCheckpointError(
+                f"{where}: variable {variable.path!r} has shape {tuple(variable.shape)} but "
+                f"the checkpoint holds shape {tuple(value.shape)}."
+            )
+        variable.assign(value)

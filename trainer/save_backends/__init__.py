@@ -1,0 +1,22 @@
+"""Save backends: one module per format, reached through the registry."""
+
+from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.registry import (
+    available_backends,
+    backend_class,
+    detect_backend,
+    get_backend,
+    load_checkpoint,
+    register_backend,
+)
+
+__all__ = [
+    "Checkpoint",
+    "SaveBackend",
+    "available_backends",
+    "backend_class",
+    "detect_backend",
+    "get_backend",
+    "load_checkpoint",
+    "register_backend",
+]
