@@ -1,5 +1,10 @@
-"""trainer: Hydra-configured Keras 3 training with swappable save backends."""
+"""trainer: Hydra-configured Keras 3 training with swappable save backends.
 
-__version__ = "0.1.0"
+``train(cfg)`` is the whole training run; checkpoints go through
+``trainer.save_backends`` (``get_backend``, ``load_checkpoint``).
+"""
 
-__all__ = ["__version__"]
+from trainer.training import train
+from trainer.version import __version__
+
+__all__ = ["__version__", "train"]

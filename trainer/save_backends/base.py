@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer import __version__
 from trainer.atomic import atomic_write, is_temporary
 from trainer.errors import IncompatibleFormatError, ModelNotReadyError, NotACheckpointError
 from trainer.state import TrainingState
+from trainer.version import __version__
 
 
 @dataclasses.dataclass
@@ -140,9 +140,7 @@ class SaveBackend(abc.ABC):
         """Write everything into ``tmp`` (a fresh directory, or a file path to create)."""
 
     @abc.abstractmethod
-    def _read(
-        self, path: Path, *, custom_objects: dict[str, Any], compile: bool
-    ) -> Checkpoint:
+    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
         """Rebuild the model and state from a complete checkpoint at ``path``."""
 
 

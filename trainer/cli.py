@@ -1,0 +1,103 @@
+"""``python -m trainer``: inspect checkpoints from the shell.
+
+Every deliberate error (``TrainerError``) becomes one line on stderr and exit code 2;
+nothing here prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import TrainerError
+
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="describe a checkpoint of any backend")
+    inspect.add_argument("path", type=Path)
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "inspect":
+            return run_inspect(args.path, as_json=args.json)
+    except (TrainerError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_USAGE
+
+
+def run_inspect(path: Path, *, as_json: bool) -> int:
+    from trainer.save_backends import load_checkpoint
+
+    checkpoint = load_checkpoint(path, compile=True)
+    report = describe(checkpoint)
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def describe(checkpoint) -> dict[str, Any]:
+    meta = checkpoint.metadata
+    state = checkpoint.state
+    return {
+        "path": str(checkpoint.path),
+        "backend": meta.get("backend"),
+        "format_version": meta.get("format_version"),
+        "created": meta.get("created"),
+        "epoch": state.epoch,
+        "global_step": state.global_step,
+        "step_in_epoch": state.step_in_epoch,
+        "metrics": state.metrics,
+        "model": checkpoint.model.name,
+        "model_class": type(checkpoint.model).__name__,
+        "num_params": int(checkpoint.model.count_params()),
+        "layers": layer_tree(checkpoint.model),
+    }
+
+
+def layer_tree(layer) -> list[dict[str, Any]]:
+    """Direct sublayers of ``layer`` with parameter counts, recursively."""
+    children = []
+    for child in layer._flatten_layers(include_self=False, recursive=False):
+        children.append(
+            {
+                "name": child.name,
+                "class": type(child).__name__,
+                "params": int(child.count_params()) if child.built else 0,
+                "layers": layer_tree(child),
+            }
+        )
+    return children
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"path:           {report['path']}",
+        f"backend:        {report['backend']} (format version {report['format_version']})",
+        f"created:        {report['created']}",
+        f"epoch / step:   {report['epoch']} / {report['global_step']}"
+        + (f" (+{report['step_in_epoch']} in epoch)" if report["step_in_epoch"] else ""),
+        "metrics:        "
+        + (", ".join(f"{k}={v:.4g}" for k, v in report["metrics"].items()) or "none"),
+        f"model:          {report['model']} ({report['model_class']}), "
+        f"{report['num_params']:,} parameters",
+        "layers:",
+    ]
+
+    def walk(nodes: list[dict[str, Any]], depth: int) -> None:
+        for node in nodes:
+            lines.append(f"{'  ' * depth}- {node['name']} ({node['class']}): {node['params']:,}")
+            walk(node["layers"], depth + 1)
+
+    walk(report["layers"], 1)
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""``train(cfg)``: build everything from the Hydra config, fit, checkpoint, return metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import keras
+import tensorflow as tf
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.callbacks import EpochCheckpoint, RunProgress, ScalarLogger
+from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
+from trainer.state import TrainingState
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train the configured model and return the final validation (or training) metrics."""
+    run_dir = resolve_run_dir(cfg)
+    keras.utils.set_random_seed(int(cfg.seed))
+    if cfg.trainer.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    data: DataSplits = hydra.utils.instantiate(cfg.data)
+    steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
+    model = build_model(cfg, data, total_steps=steps * cfg.trainer.epochs)
+    backend = hydra.utils.instantiate(cfg.save)
+
+    state = TrainingState(seed=int(cfg.seed))
+    checkpoints = EpochCheckpoint(
+        backend,
+        run_dir / cfg.trainer.checkpoint_dir,
+        cfg.trainer.checkpoint_name,
+        state,
+        metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
+    )
+    scalars = ScalarLogger(run_dir / cfg.trainer.tensorboard_dir, state)
+    callbacks = [RunProgress(state), scalars, checkpoints]
+
+    val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
+    log.info(
+        "Training %s (%d parameters) on %d examples, %d steps/epoch, %d epochs; backend %s",
+        model.name,
+        model.count_params(),
+        len(data.x_train),
+        steps,
+        cfg.trainer.epochs,
+        type(backend).__name__,
+    )
+    try:
+        for epoch in range(state.epoch, cfg.trainer.epochs):
+            batches = epoch_dataset(
+                data.x_train,
+                data.y_train,
+                batch_size=cfg.trainer.batch_size,
+                seed=int(cfg.seed),
+                epoch=epoch,
+                max_batches=steps,
+            )
+            model.fit(
+                batches,
+                epochs=epoch + 1,
+                initial_epoch=epoch,
+                validation_data=val,
+                callbacks=callbacks,
+                verbose=cfg.trainer.verbose,
+                shuffle=False,  # the order is already the seeded per-epoch permutation
+            )
+    finally:
+        scalars.close()
+
+    metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
+    log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    log.info("Run directory: %s", run_dir)
+    log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpoints.saved) or "none")
+    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    return metrics
+
+
+def resolve_run_dir(cfg: DictConfig) -> Path:
+    """Hydra's output directory when run under Hydra, else ``cfg.run_dir`` or the cwd."""
+    explicit = cfg.get("run_dir")
+    if explicit:
+        path = Path(explicit)
+    elif hydra.core.hydra_config.HydraConfig.initialized():
+        path = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path(os.getcwd())
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_model(cfg: DictConfig, data: DataSplits, *, total_steps: int) -> keras.Model:
+    model = hydra.utils.instantiate(
+        cfg.model, input_shape=list(data.input_shape), num_classes=data.num_classes
+    )
+    model.compile(
+        optimizer=build_optimizer(cfg.optimizer, cfg.get("schedule"), total_steps),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )
+    return model
+
+
+def build_optimizer(
+    optimizer_cfg: DictConfig, schedule_cfg: DictConfig | None, total_steps: int
+) -> keras.optimizers.Optimizer:
+    """The optimizer, with ``learning_rate`` turned into a schedule when one is selected."""
+    if schedule_cfg is None or schedule_cfg.get("_target_") is None:
+        return hydra.utils.instantiate(optimizer_cfg)
+    options: dict[str, Any] = OmegaConf.to_container(schedule_cfg, resolve=True)
+    if "decay_steps" in options and options["decay_steps"] is None:
+        options["decay_steps"] = max(1, total_steps)
+    schedule = hydra.utils.instantiate(
+        options, initial_learning_rate=float(optimizer_cfg.learning_rate)
+    )
+    return hydra.utils.instantiate(optimizer_cfg, learning_rate=schedule)
+
+
+def final_metrics(
+    model: keras.Model, val: tf.data.Dataset | None, data: DataSplits, batch_size: int
+) -> dict[str, float]:
+    if val is not None:
+        results = model.evaluate(val, verbose=0, return_dict=True)
+        return {f"val_{k}": float(v) for k, v in results.items()}
+    results = model.evaluate(
+        eval_dataset(data.x_train, data.y_train, batch_size), verbose=0, return_dict=True
+    )
+    return {k: float(v) for k, v in results.items()}
