@@ -78,7 +78,7 @@ def restore_optimizer_arrays(model: keras.Model, arrays: list[np.ndarray], where
 
 
 def model_weight_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
-    """(path, value) of every model variable (trainable, non-trainable, RNG seeds)."""
+    """(path, value) of every model weight (trainable and non-trainable, no RNG seeds)."""
     return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in model.weights]
 
 
@@ -96,3 +96,28 @@ def restore_model_weight_arrays(model: keras.Model, arrays: list[np.ndarray], wh
                 f"the checkpoint holds shape {tuple(value.shape)}."
             )
         variable.assign(value)
+
+
+def rng_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of the model's RNG seed states (Dropout etc.), absent from ``weights``.
+
+    Keras draws a fresh random seed for every rebuilt layer and ``save_weights`` skips these
+    variables, so without them a resumed run would drop out different units.
+    """
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in _rng_variables(model)]
+
+
+def restore_rng_state_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    variables = _rng_variables(model)
+    if len(variables) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} RNG seed states but the model rebuilt from its "
+            f"config has {len(variables)}. The checkpoint is damaged or was edited."
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        variable.assign(value)
+
+
+def _rng_variables(model: keras.Model) -> list:
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]

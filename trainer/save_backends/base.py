@@ -72,8 +72,13 @@ class SaveBackend(abc.ABC):
         *,
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
+        **options: Any,
     ) -> Checkpoint:
-        """Read a checkpoint written by this backend; the model comes back compiled as saved."""
+        """Read a checkpoint written by this backend; the model comes back compiled as saved.
+
+        ``options`` are backend-specific (for example ``safe_mode`` or ``model``) and are
+        passed on to ``_read``; a backend that takes none rejects them with a TypeError.
+        """
         path = Path(path)
         if not path.exists():
             raise NotACheckpointError(
@@ -86,7 +91,9 @@ class SaveBackend(abc.ABC):
                 f"`trainer.save_backends.load_checkpoint`, which detects the format. "
                 f"Received: {str(path)!r}"
             )
-        checkpoint = self._read(path, custom_objects=custom_objects or {}, compile=compile)
+        checkpoint = self._read(
+            path, custom_objects=custom_objects or {}, compile=compile, **options
+        )
         self.check_format_version(checkpoint.metadata, path)
         return checkpoint
 
