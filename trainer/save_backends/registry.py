@@ -68,14 +68,24 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
             f"No checkpoint at {path}: the path does not exist. Check the path. "
             f"Received: {str(path)!r}"
         )
+    unavailable = []
     for name in list(_registry):
-        cls = backend_class(name)
+        try:
+            cls = backend_class(name)
+        except ImportError as error:
+            # A backend whose module is missing cannot claim the path; the others still can.
+            unavailable.append(f"{name} ({error})")
+            continue
         if cls.can_load(path):
             return cls
+    skipped = ""
+    if unavailable:
+        skipped = f" Backends that could not be imported: {'; '.join(unavailable)}."
     raise NotACheckpointError(
         f"{path} is not a checkpoint in any registered format "
-        f"({', '.join(sorted(_registry))}). A plain TensorFlow SavedModel can be opened with "
-        f"tf.saved_model.load or keras.layers.TFSMLayer instead. Received: {str(path)!r}"
+        f"({', '.join(sorted(_registry))}).{skipped} A plain TensorFlow SavedModel can be "
+        f"opened with tf.saved_model.load or keras.layers.TFSMLayer instead. "
+        f"Received: {str(path)!r}"
     )
 
 

@@ -1,0 +1,107 @@
+"""``h5``: the whole checkpoint in one HDF5 file, written with h5py.
+
+Keras 3's own legacy ``.h5`` format cannot reload a model compiled with string losses
+(``compile("adam", "mse")`` fails with "Could not deserialize 'keras.metrics.mse'") and
+drops the RNG seed states, so we store Keras 3 configs instead::
+
+    /                 attrs: format="trainer-h5", format_version
+    /model_config     JSON of keras.saving.serialize_keras_object(model)
+    /compile_config   JSON of model.get_compile_config() ("null" if not compiled)
+    /training_state   JSON of TrainingState
+    /model_weights/   one dataset per variable of model.weights, in order (attr "path")
+    /rng_state/       Dropout & co. seed states (model.variables minus model.weights)
+    /optimizer/       every optimizer variable: iteration, learning rate, all slots
+    /metadata         JSON, written last: the completeness mark can_load looks for
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, ClassVar
+
+import h5py
+import keras
+
+from trainer import keras_state
+from trainer.save_backends import _keras_io as io
+from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.state import TrainingState
+
+FORMAT = "trainer-h5"
+
+
+class H5Backend(SaveBackend):
+    """One self-contained ``.h5`` file: architecture, weights, optimizer, compile, state."""
+
+    name: ClassVar[str] = "h5"
+    format_version: ClassVar[int] = 1
+    is_directory: ClassVar[bool] = False
+    suffix: ClassVar[str] = ".h5"
+
+    def __init__(self, compression: str | None = None):
+        # "gzip" trades save time for size; weights rarely compress much, so off by default.
+        self.compression = compression
+
+    @classmethod
+    def can_load(cls, path: Path) -> bool:
+        path = Path(path)
+        if not path.is_file() or not io.has_hdf5_signature(path):
+            return False
+        try:
+            with h5py.File(path, "r") as handle:
+                return handle.attrs.get("format") == FORMAT and "metadata" in handle
+        except (OSError, ValueError):
+            return False
+
+    def _write(
+        self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
+    ) -> None:
+        config = io.to_json(io.model_config(model), "model config")
+        compile_config = io.to_json(keras_state.compile_config(model), "compile config")
+        metadata_text = io.to_json(metadata, "metadata")
+        with h5py.File(tmp, "w") as handle:
+            handle.attrs["format"] = FORMAT
+            handle.attrs["format_version"] = self.format_version
+            io.write_text(handle, "model_config", config)
+            io.write_text(handle, "compile_config", compile_config)
+            io.write_text(handle, "training_state", state.to_json())
+            write = functools.partial(io.write_arrays, handle, compression=self.compression)
+            write("model_weights", keras_state.model_weight_arrays(model))
+            write("rng_state", keras_state.rng_state_arrays(model))
+            write("optimizer", keras_state.optimizer_arrays(model))
+            io.write_text(handle, "metadata", metadata_text)
+
+    def _read(
+        self,
+        path: Path,
+        *,
+        custom_objects: dict[str, Any],
+        compile: bool,
+        safe_mode: bool = True,
+    ) -> Checkpoint:
+        """Rebuild from the stored config; ``safe_mode=False`` allows stored lambdas."""
+        with h5py.File(path, "r") as handle:
+            metadata = io.from_json(io.read_text(handle, "metadata", path), "metadata", path)
+            self.check_format_version(metadata, path)
+            config = io.from_json(io.read_text(handle, "model_config", path), "config", path)
+            compile_config = io.from_json(
+                io.read_text(handle, "compile_config", path), "compile config", path
+            )
+            state = io.parse_state(io.read_text(handle, "training_state", path), path)
+            weights = io.read_arrays(handle, "model_weights", path)
+            rng = io.read_arrays(handle, "rng_state", path)
+            optimizer = io.read_arrays(handle, "optimizer", path) if compile else []
+        model = io.rebuild_model(
+            config,
+            compile_config,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            compile=compile,
+            where=path,
+        )
+        keras_state.restore_model_weight_arrays(model, weights, str(path))
+        keras_state.restore_rng_state_arrays(model, rng, str(path))
+        if compile:
+            keras_state.restore_optimizer_arrays(model, optimizer, str(path))
+        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
