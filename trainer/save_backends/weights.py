@@ -1,0 +1,140 @@
+"""``weights``: Keras 3's own ``model.weights.h5`` plus what it leaves out, in a directory::
+
+    model.weights.h5   model.save_weights(): every layer weight, readable by plain Keras
+    optimizer.h5       optimizer variables (iteration, learning rate, every slot) and the
+                       RNG seed states of Dropout & co., which save_weights skips
+    trainer.json       format marker, architecture config, compile config, training state
+                       and metadata; written last, so it marks the directory complete
+
+The extra variables go into HDF5 rather than ``.npz``: h5py is already required, the file
+can never hold pickles (``.npz`` is safe only as long as every reader remembers
+``allow_pickle=False``), and each array keeps its variable path as an attribute.
+
+``load(path)`` rebuilds the architecture from ``trainer.json``. ``load(path, model=m)``
+loads into an existing model of the same architecture instead (built from the stored build
+config if it is not built yet); with ``compile=True`` it is recompiled as saved and its
+optimizer restored, with ``compile=False`` its own compile state is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import h5py
+import keras
+
+from trainer import keras_state
+from trainer.errors import ConfigMismatchError
+from trainer.save_backends import _keras_io as io
+from trainer.save_backends.base import Checkpoint, SaveBackend, check_model_ready
+from trainer.state import TrainingState
+
+FORMAT = "trainer-weights"
+WEIGHTS_FILE = "model.weights.h5"
+EXTRA_FILE = "optimizer.h5"
+INDEX_FILE = "trainer.json"
+
+
+class WeightsBackend(SaveBackend):
+    """A directory with Keras' ``model.weights.h5``, optimizer state and a JSON index."""
+
+    name: ClassVar[str] = "weights"
+    format_version: ClassVar[int] = 1
+    is_directory: ClassVar[bool] = True
+
+    @classmethod
+    def can_load(cls, path: Path) -> bool:
+        path = Path(path)
+        if not (path / WEIGHTS_FILE).is_file() or not (path / EXTRA_FILE).is_file():
+            return False
+        try:
+            index = json.loads((path / INDEX_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(index, dict) and index.get("format") == FORMAT and "metadata" in index
+
+    def _write(
+        self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
+    ) -> None:
+        index = {
+            "format": FORMAT,
+            "format_version": self.format_version,
+            "model_config": io.model_config(model),
+            "compile_config": keras_state.compile_config(model),
+            "training_state": state.to_dict(),
+            "metadata": metadata,
+        }
+        index_text = io.to_json(index, "index (config, state and metadata)")
+        model.save_weights(tmp / WEIGHTS_FILE)
+        with h5py.File(tmp / EXTRA_FILE, "w") as handle:
+            io.write_arrays(handle, "optimizer", keras_state.optimizer_arrays(model))
+            io.write_arrays(handle, "rng_state", keras_state.rng_state_arrays(model))
+        (tmp / INDEX_FILE).write_text(index_text)
+
+    def _read(
+        self,
+        path: Path,
+        *,
+        custom_objects: dict[str, Any],
+        compile: bool,
+        safe_mode: bool = True,
+        model: keras.Model | None = None,
+    ) -> Checkpoint:
+        """Rebuild (or fill ``model``); ``safe_mode=False`` allows stored lambdas."""
+        index = io.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
+        metadata = index.get("metadata")
+        self.check_format_version(index, path)
+        state = io.parse_state(json.dumps(index.get("training_state")), path)
+        compile_config = index.get("compile_config")
+        if model is None:
+            model = io.rebuild_model(
+                index.get("model_config") or {},
+                compile_config,
+                custom_objects=custom_objects,
+                safe_mode=safe_mode,
+                compile=compile,
+                where=path,
+            )
+        else:
+            _prepare_existing(model, index.get("model_config") or {}, path)
+            if compile and compile_config:
+                io.compile_model(
+                    model,
+                    compile_config,
+                    custom_objects=custom_objects,
+                    safe_mode=safe_mode,
+                    where=path,
+                )
+        _load_weights(model, path)
+        with h5py.File(path / EXTRA_FILE, "r") as handle:
+            rng = io.read_arrays(handle, "rng_state", path / EXTRA_FILE)
+            optimizer = io.read_arrays(handle, "optimizer", path / EXTRA_FILE) if compile else []
+        keras_state.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
+        if compile and compile_config:
+            keras_state.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
+        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+
+
+def _prepare_existing(model: keras.Model, config: dict[str, Any], path: Path) -> None:
+    """Build a passed-in model from the stored build config if it is not built yet."""
+    if not isinstance(model, keras.Model):
+        raise ConfigMismatchError(
+            f"load(..., model=...) needs a Keras 3 model to load {path} into. "
+            f"Received an object of type {type(model).__name__}"
+        )
+    if not model.built and config.get("build_config"):
+        model.build_from_config(config["build_config"])
+    check_model_ready(model)
+
+
+def _load_weights(model: keras.Model, path: Path) -> None:
+    try:
+        model.load_weights(path / WEIGHTS_FILE)
+    except ValueError as error:
+        raise ConfigMismatchError(
+            f"The weights in {path / WEIGHTS_FILE} do not fit model {model.name!r}: its "
+            f"layers differ from the saved architecture. Load without model= to rebuild the "
+            f"saved architecture. Received error: {str(error).splitlines()[0]}"
+        ) from error
