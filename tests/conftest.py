@@ -1,0 +1,51 @@
+"""Shared fixtures: Hydra driven through ``compose`` with tiny overrides, outputs in tmp_path."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+
+# Small enough that a whole training run takes a second or two on 2 cores.
+TINY = [
+    "data=synthetic",
+    "trainer.epochs=2",
+    "trainer.batch_size=16",
+    "trainer.steps_per_epoch=3",
+    "trainer.verbose=0",
+]
+
+
+@pytest.fixture
+def compose_cfg(tmp_path):
+    """``compose_cfg(*overrides)`` -> the run config with tiny defaults, writing to tmp_path."""
+
+    def _compose(*overrides: str, tiny: bool = True):
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            return compose(
+                "config",
+                overrides=[*(TINY if tiny else []), f"run_dir={tmp_path / 'run'}", *overrides],
+            )
+
+    return _compose
+
+
+def config_options(group: str) -> list[str]:
+    """Every option of a config group, read from ``conf/<group>/``."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for child Python processes: quiet TensorFlow, project importable."""
+    env = dict(os.environ)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env

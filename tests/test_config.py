@@ -1,0 +1,133 @@
+"""Every config group composes and instantiates; train(cfg) runs and writes its outputs."""
+
+from __future__ import annotations
+
+import hydra
+import keras
+import numpy as np
+import pytest
+from conftest import config_options
+from omegaconf import OmegaConf
+
+from trainer import train
+from trainer.data import DataSplits, epoch_dataset, epoch_order
+from trainer.save_backends import SaveBackend, load_checkpoint
+from trainer.training import build_model, build_optimizer
+
+
+@pytest.mark.parametrize("option", config_options("model"))
+def test_every_model_builds_trains_one_step(compose_cfg, option):
+    cfg = compose_cfg(f"model={option}")
+    data: DataSplits = hydra.utils.instantiate(cfg.data)
+    model = build_model(cfg, data, total_steps=10)
+    assert model.built and model.count_params() > 0
+    history = model.fit(data.x_train[:16], data.y_train[:16], epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert model(data.x_val[:2]).shape == (2, data.num_classes)
+
+
+def test_model_kinds_match_their_names(compose_cfg):
+    data = hydra.utils.instantiate(compose_cfg().data)
+    kinds = {
+        option: type(build_model(compose_cfg(f"model={option}"), data, total_steps=1))
+        for option in ("mlp", "cnn", "resnet", "subclassed")
+    }
+    assert kinds["mlp"] is keras.Sequential
+    probe = keras.Input((1,))
+    functional = type(keras.Model(probe, keras.layers.Dense(1)(probe)))
+    assert kinds["cnn"] is kinds["resnet"] is functional
+    assert kinds["subclassed"].__name__ == "SubclassedClassifier"
+
+
+def test_resnet_holds_layers_within_layers(compose_cfg):
+    cfg = compose_cfg("model=resnet")
+    model = build_model(cfg, hydra.utils.instantiate(cfg.data), total_steps=1)
+    block = model.get_layer("block0")
+    inner = {type(layer).__name__ for layer in block._flatten_layers(include_self=False)}
+    assert {"Conv2D", "BatchNormalization", "Dense"} <= inner
+    assert keras.saving.get_registered_name(type(block)) == "trainer>ResidualBlock"
+
+
+@pytest.mark.parametrize("option", [o for o in config_options("data") if o != "npz"])
+def test_every_data_set_loads(compose_cfg, option):
+    data = hydra.utils.instantiate(compose_cfg(f"data={option}").data)
+    assert len(data.x_train) > len(data.x_val) > 0
+    assert data.x_train.dtype == np.float32 and data.y_train.dtype == np.int32
+    assert set(np.unique(data.y_train)) <= set(range(data.num_classes))
+
+
+def test_digits_is_the_real_data_set(compose_cfg):
+    data = hydra.utils.instantiate(compose_cfg("data=digits").data)
+    assert len(data.x_train) + len(data.x_val) == 1797
+    assert data.input_shape == (8, 8, 1) and data.num_classes == 10
+
+
+def test_npz_data_trains(compose_cfg, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "arrays.npz"
+    np.savez(path, x=rng.normal(size=(40, 8, 8, 1)), y=rng.integers(0, 3, 40))
+    cfg = compose_cfg("data=npz", f"data.path={path}", "model=mlp", "save=weights")
+    metrics = train(cfg)
+    assert np.isfinite(metrics["val_loss"])
+
+
+def test_npz_missing_file_is_a_clear_error(compose_cfg, tmp_path):
+    cfg = compose_cfg("data=npz", f"data.path={tmp_path / 'nope.npz'}")
+    with pytest.raises(hydra.errors.InstantiationException, match=r"data\.path=") as caught:
+        hydra.utils.instantiate(cfg.data)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
+
+
+@pytest.mark.parametrize("option", config_options("optimizer"))
+@pytest.mark.parametrize("schedule", config_options("schedule"))
+def test_every_optimizer_and_schedule(compose_cfg, option, schedule):
+    cfg = compose_cfg(f"optimizer={option}", f"schedule={schedule}")
+    optimizer = build_optimizer(cfg.optimizer, cfg.schedule, total_steps=100)
+    assert isinstance(optimizer, keras.optimizers.Optimizer)
+    schedule_type = keras.optimizers.schedules.LearningRateSchedule
+    assert isinstance(optimizer._learning_rate, schedule_type) == (schedule != "none")
+
+
+@pytest.mark.parametrize("option", config_options("save"))
+def test_every_save_option_instantiates_a_backend(compose_cfg, option):
+    backend = hydra.utils.instantiate(compose_cfg(f"save={option}").save)
+    assert isinstance(backend, SaveBackend)
+    assert backend.name == option
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch():
+    assert np.array_equal(epoch_order(50, 3, 1), epoch_order(50, 3, 1))
+    assert not np.array_equal(epoch_order(50, 3, 1), epoch_order(50, 3, 2))
+    assert sorted(epoch_order(50, 3, 1)) == list(range(50))
+
+
+def test_epoch_dataset_skips_consumed_batches():
+    x = np.arange(20, dtype="float32")[:, None]
+    y = np.arange(20, dtype="int32")
+    full = [b[1].numpy() for b in epoch_dataset(x, y, batch_size=4, seed=1, epoch=0)]
+    skipped = epoch_dataset(x, y, batch_size=4, seed=1, epoch=0, skip_batches=2)
+    rest = [b[1].numpy() for b in skipped]
+    assert len(full) == 5 and len(rest) == 3
+    assert all(np.array_equal(a, b) for a, b in zip(full[2:], rest, strict=True))
+
+
+@pytest.mark.parametrize("save", config_options("save"))
+def test_train_writes_checkpoints_and_events(compose_cfg, tmp_path, save):
+    cfg = compose_cfg(f"save={save}", "model=mlp")
+    metrics = train(cfg)
+    assert set(metrics) == {"val_loss", "val_accuracy"}
+    run = tmp_path / "run"
+    checkpoints = sorted(p for p in (run / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert [p.name.split(".")[0] for p in checkpoints] == ["epoch-001", "epoch-002"]
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    restored = load_checkpoint(checkpoints[-1])
+    assert restored.state.epoch == 2 and restored.state.global_step == 6
+    assert restored.metadata["config"]["save"]["_target_"] == cfg.save._target_
+    assert OmegaConf.create(restored.metadata["config"]).trainer.epochs == 2
+
+
+def test_training_is_repeatable(compose_cfg):
+    cfg = compose_cfg("model=mlp", "save=weights")
+    first = train(cfg)
+    second = train(cfg)
+    assert first == second
