@@ -1,0 +1,149 @@
+"""``savedmodel``: a real TensorFlow SavedModel that also revives as a trainable Keras model.
+
+Servable by anyone (``tf.saved_model.load``, ``TFSMLayer``, ``saved_model_cli``), and
+revivable by trainer: per-layer records in ``assets.extra/trainer_metadata.json`` say how
+to rebuild each layer from config, or from its traced functions when its class is gone.
+Layout and record fields: ``trainer.savedmodel.metadata`` and the README.
+
+Saving is traced once per model structure: later saves of the same model only write the
+variables checkpoint and the metadata next to the cached graph (``trainer.savedmodel.cache``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import keras
+import tensorflow as tf
+
+from trainer import keras_state
+from trainer.errors import CorruptCheckpointError, NotACheckpointError
+from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.savedmodel import cache
+from trainer.savedmodel import metadata as md
+from trainer.savedmodel.revive import Reviver
+from trainer.savedmodel.serialize import check_json
+from trainer.state import TrainingState
+
+
+class SavedModelBackend(SaveBackend):
+    """Directory checkpoint in TensorFlow SavedModel format, revivable layer by layer."""
+
+    name: ClassVar[str] = "savedmodel"
+    format_version: ClassVar[int] = 1
+    is_directory: ClassVar[bool] = True
+    suffix: ClassVar[str] = ""
+
+    def __init__(self, reuse_traces: bool = True):
+        # reuse_traces=False forces a full trace + tf.saved_model.save on every save.
+        self.reuse_traces = reuse_traces
+
+    @classmethod
+    def can_load(cls, path: Path) -> bool:
+        return md.has_metadata(Path(path))
+
+    # ---------------------------------------------------------------------- save
+    def build_metadata(
+        self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        meta = super().build_metadata(model, state, extra)
+        meta["compile_config"] = keras_state.compile_config(model)
+        check_json(meta["compile_config"], f"compile config of model {model.name!r}")
+        check_json(extra, "caller metadata")
+        return meta
+
+    def _write(
+        self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
+    ) -> None:
+        traced, full = cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
+        metadata = dict(metadata)
+        metadata["savedmodel"] = {
+            "format": md.FORMAT,
+            "layers": traced.layers,
+            "variables": traced.variables,
+            "optimizer_variables": traced.optimizer_variables,
+            "signature": traced.signature,
+            "structure_fingerprint": traced.fingerprint,
+        }
+        metadata["full_save"] = full
+        md.write_metadata(tmp, metadata)
+
+    # ---------------------------------------------------------------------- load
+    def load(
+        self,
+        path: str | os.PathLike,
+        *,
+        custom_objects: dict[str, Any] | None = None,
+        compile: bool = True,
+        safe_mode: bool = True,
+    ) -> Checkpoint:
+        """Revive the model; ``safe_mode=False`` allows configs carrying Python code
+        (``Lambda``) to be rebuilt from that code instead of from traced functions."""
+        path = Path(path)
+        if md.is_saved_model(path) and not md.has_metadata(path):
+            md.read_metadata(path)  # raises the "plain SavedModel" error
+        self._safe_mode = safe_mode
+        try:
+            return super().load(path, custom_objects=custom_objects, compile=compile)
+        finally:
+            self._safe_mode = True
+
+    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
+        meta = md.read_metadata(path)
+        self.check_format_version(meta, path)
+        saved = meta["savedmodel"]
+        try:
+            loaded = tf.saved_model.load(str(path))
+        except Exception as err:
+            raise CorruptCheckpointError(
+                f"{path} cannot be loaded as a SavedModel ({type(err).__name__}: {err}). "
+                f"The directory is damaged; load an older checkpoint. Received: {str(path)!r}"
+            ) from err
+        reviver = Reviver(
+            loaded,
+            saved["layers"],
+            saved["variables"],
+            custom_objects=custom_objects,
+            safe_mode=getattr(self, "_safe_mode", True),
+            where=str(path),
+        )
+        model = reviver.revive(0)
+        if not isinstance(model, keras.Model):
+            raise CorruptCheckpointError(f"{path}: the root layer did not revive as a keras.Model")
+        # Keep the loaded object alive as long as the model: its functions are in use.
+        object.__setattr__(model, "_trainer_loaded", loaded)
+        metadata = dict(meta)
+        metadata["revived_from"] = dict(reviver.how)
+        if compile and meta.get("compile_config"):
+            dropped = _compile(model, meta["compile_config"], custom_objects)
+            if dropped:
+                metadata["dropped_metrics"] = dropped
+            arrays = [v.numpy() for v in loaded.optimizer_variables]
+            keras_state.restore_optimizer_arrays(model, arrays, str(path))
+        state = TrainingState.from_dict(meta.get("state", {}))
+        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+
+
+def _compile(model: keras.Model, config: dict[str, Any], custom_objects: dict[str, Any]):
+    """Compile as saved; metrics whose class is gone are dropped (and reported), because
+    a metric's state cannot be revived from a traced function."""
+    try:
+        keras_state.restore_compile(model, config, custom_objects)
+        return []
+    except Exception as first:
+        config = dict(config)
+        dropped = []
+        for key in ("metrics", "weighted_metrics"):
+            if config.get(key):
+                dropped.append(config[key])
+                config[key] = None
+        try:
+            keras_state.restore_compile(model, config, custom_objects)
+        except Exception:
+            raise NotACheckpointError(
+                f"The model's compile config cannot be restored ({first}). Pass the custom "
+                f"loss/optimizer classes in custom_objects. Received: {config!r}"[:800]
+            ) from first
+        return dropped

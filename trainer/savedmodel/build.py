@@ -1,0 +1,220 @@
+"""Assemble the object graph of a model: root module, one node per layer, records.
+
+The result (``TracedModel``) is what the trace cache keeps between saves: as long as the
+model's structure fingerprint is unchanged, the same root can be checkpointed again
+without tracing anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer.errors import ModelNotReadyError
+from trainer.savedmodel import serialize, tracing
+from trainer.savedmodel.tracing import Node, tf_variable
+
+
+@dataclasses.dataclass
+class TracedModel:
+    root: tf.Module
+    serving: Any  # concrete serving function
+    layers: list[dict[str, Any]]
+    variables: list[dict[str, Any]]
+    optimizer_variables: list[dict[str, Any]]
+    signature: dict[str, Any]
+    fingerprint: str
+
+
+def optimizer_variables(model: keras.Model) -> list[Any]:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return []
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return list(optimizer.variables)
+
+
+def structure_fingerprint(model: keras.Model) -> str:
+    """Changes whenever a save could no longer reuse the traced graph: layers added or
+    rebuilt, variables replaced, trainable flags or the optimizer changed."""
+    parts = []
+    for layer in tracing.all_layers(model):
+        parts.append(f"L{id(layer)}:{type(layer).__name__}:{layer.name}:{layer.trainable}")
+        parts.append(layer.dtype_policy.name)
+        for v in layer.variables:
+            storage = getattr(v, "_value", None)
+            parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
+    optimizer = getattr(model, "optimizer", None)
+    parts.append(f"O{id(optimizer)}:{getattr(optimizer, 'built', None)}")
+    if optimizer is not None and optimizer.built:
+        parts.extend(f"o{id(v)}:{id(getattr(v, '_value', None))}" for v in optimizer.variables)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _spec_summary(spec: tuple[Any, Any]) -> str:
+    return repr(spec)[:500]
+
+
+def trace_model(model: keras.Model) -> TracedModel:
+    """Trace every layer's call functions once and build the root ``tf.Module``."""
+    layers = tracing.all_layers(model)
+    layer_index = {id(layer): i for i, layer in enumerate(layers)}
+    opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
+
+    # Global variable table, each storage once, parents first.
+    tf_vars: list[tf.Variable] = []
+    var_records: list[dict[str, Any]] = []
+    var_index: dict[int, int] = {}
+    owners: dict[int, int] = {}
+    for li, layer in enumerate(layers):
+        own = list(layer._trainable_variables) + list(layer._non_trainable_variables)
+        own += [sg.state for sg in getattr(layer, "_seed_generators", [])]
+        for v in own:
+            owners.setdefault(id(tf_variable(v)), li)
+    for layer in layers:
+        for v in layer.variables:
+            storage = tf_variable(v)
+            if id(storage) in var_index:
+                continue
+            var_index[id(storage)] = len(tf_vars)
+            var_records.append(variable_record_for(v, len(tf_vars), owners.get(id(storage))))
+            tf_vars.append(storage)
+
+    structure = tracing.model_input_structure(model)
+    serve, specs = tracing.make_serving_function(model, structure)
+    recorder = tracing.CallRecorder(layers)
+    try:
+        with recorder:
+            serving = serve.get_concrete_function()
+    except ModelNotReadyError:
+        raise
+    except Exception as err:
+        raise ModelNotReadyError(
+            f"Model {model.name!r} could not be traced for serving: {type(err).__name__}: "
+            f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
+            f"was built with. Received {type(model).__name__}"
+        ) from err
+
+    nodes: list[Node] = []
+    records: list[dict[str, Any]] = []
+    for li, layer in enumerate(layers):
+        node = Node(name=f"layer_{li}")
+        node.layer_variables = [tf_variable(v) for v in layer.variables]
+        resources = tracing.trackable_resources(layer)
+        if resources:
+            node.resources = resources
+        functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)])
+        own = [var_index[id(tf_variable(v))] for v in layer.variables]
+        own = [i for i in own if var_records[i]["owner"] == li]
+        records.append(
+            serialize.layer_record(
+                layer,
+                li,
+                layer_index=layer_index,
+                variable_index=var_index,
+                own_variables=own,
+                functions=functions,
+                call_specs=call_specs,
+            )
+        )
+        nodes.append(node)
+    for li, layer in enumerate(layers):
+        children = [nodes[layer_index[id(c)]] for c in layer._layers if id(c) in layer_index]
+        if children:
+            nodes[li].sublayers = children
+
+    root = Node(name="trainer_savedmodel")
+    root.serve = serve
+    root.model_variables = tf_vars
+    root.optimizer_variables = [tf_variable(v) for v in opt_vars]
+    root.layer_nodes = nodes
+    opt_records = [
+        {"index": i, "path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)}
+        for i, v in enumerate(opt_vars)
+    ]
+    signature = {
+        "inputs": [
+            {"name": s.name, "shape": s.shape.as_list(), "dtype": s.dtype.name} for s in specs
+        ],
+        "outputs": sorted(serving.structured_outputs),
+        "structure": tf.nest.map_structure(lambda s: None, structure),
+        "structure_is_dict": isinstance(structure, dict),
+    }
+    return TracedModel(
+        root=root,
+        serving=serving,
+        layers=records,
+        variables=var_records,
+        optimizer_variables=opt_records,
+        signature=signature,
+        fingerprint=structure_fingerprint(model),
+    )
+
+
+def variable_record_for(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
+    return serialize.variable_record(variable, index, owner)
+
+
+def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:
+    """Specs for a layer the serving trace never called: children of a revived parent
+    (whose traced function calls them inside), or layers used only in training."""
+    revived_fn = getattr(layer, "_trainer_call_infer", None)
+    found: dict[str, Any] = {}
+    if revived_fn is not None:
+        for concrete in revived_fn._list_all_concrete_functions():
+            args = concrete.structured_input_signature[0]
+            if len(args) == 2:
+                found[repr(args)] = (tuple(args[0]), dict(args[1]))
+        return found
+    shapes = getattr(layer, "_build_shapes_dict", None) or {}
+    if len(shapes) == 1:
+        shape = list(next(iter(shapes.values())))
+        if shape and all(isinstance(d, int | type(None)) for d in shape):
+            spec = tf.TensorSpec([None, *shape[1:]], layer.input_dtype)
+            found["build"] = ((spec,), {})
+    return found
+
+
+def _trace_layer(layer: keras.layers.Layer, node: Node, specs: dict[str, Any]):
+    """Concrete call functions for each recorded call spec, for both training values."""
+    functions: dict[str, Any] = {}
+    specs = specs or _fallback_specs(layer)
+    summaries = [_spec_summary(s) for s in specs.values()]
+    try:
+        if specs:
+            modes = {"call_infer": False, "call_train": True}
+            if not tracing.takes_training(layer):
+                modes = {"call_infer": None}
+            for attr, training in modes.items():
+                fn = tracing.make_call_function(layer, training)
+                for args, kwargs in specs.values():
+                    fn.get_concrete_function(args, kwargs)
+                setattr(node, attr, fn)
+                functions[attr] = f"{attr}"
+        regs = []
+        reg_vars = []
+        for v in layer._trainable_variables:
+            if getattr(v, "regularizer", None) is not None:
+                regs.append(tracing.make_regularizer_function(v))
+                reg_vars.append(id(tf_variable(v)))
+        if regs:
+            node.regularizer_functions = regs
+            functions["regularizer_functions"] = len(regs)
+        if getattr(layer, "activity_regularizer", None) is not None and "call_infer" in functions:
+            concrete = next(iter(node.call_infer._list_all_concrete_functions()))
+            out = tf.nest.flatten(concrete.structured_outputs[0])[0]
+            spec = tf.TensorSpec(out.shape, out.dtype)
+            node.activity_regularizer_function = tracing.make_activity_function(layer, spec)
+            functions["activity_regularizer_function"] = "activity_regularizer_function"
+    except Exception as err:
+        raise ModelNotReadyError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) could not be traced: "
+            f"{type(err).__name__}: {err}. Its call must run inside a tf.function. "
+            f"Received layer {layer.name!r}"
+        ) from err
+    return functions, summaries

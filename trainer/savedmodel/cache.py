@@ -1,0 +1,103 @@
+"""Trace once, save many.
+
+The first save of a model traces every layer and runs ``tf.saved_model.save``; the bytes
+of ``saved_model.pb`` and of the assets are kept in memory next to the traced root module.
+A later save of the same, structurally unchanged model writes those bytes back plus a
+fresh variables checkpoint from ``tf.train.Checkpoint(root)``. With the root passed
+positionally, that checkpoint's object graph *is* the SavedModel's (same children, same
+keys ``model_variables/0/.ATTRIBUTES/VARIABLE_VALUE`` ...), which the tests verify by
+loading a fast-saved directory with ``tf.saved_model.load`` and comparing values.
+
+The cache is keyed weakly by the model and the traced functions only hold weak references
+to layers, so it never keeps a model alive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from trainer.savedmodel import build
+
+log = logging.getLogger(__name__)
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COPIED = ("saved_model.pb",)
+
+
+@dataclasses.dataclass
+class Entry:
+    traced: build.TracedModel
+    files: dict[str, bytes]  # relative path -> content, everything but variables/
+
+
+def clear() -> None:
+    _CACHE.clear()
+
+
+def cached(model: keras.Model) -> Entry | None:
+    return _CACHE.get(model)
+
+
+def write_saved_model(
+    model: keras.Model, directory: Path, *, reuse: bool = True
+) -> tuple[build.TracedModel, bool]:
+    """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save)."""
+    directory = Path(directory)
+    entry = _CACHE.get(model) if reuse else None
+    if entry is not None and entry.traced.fingerprint == build.structure_fingerprint(model):
+        _fast_write(entry, directory)
+        return entry.traced, False
+    traced = build.trace_model(model)
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    tf.saved_model.save(
+        traced.root,
+        str(directory),
+        signatures={"serving_default": traced.serving},
+        options=options,
+    )
+    files = {}
+    for path in directory.rglob("*"):
+        relative = path.relative_to(directory).as_posix()
+        if path.is_file() and not relative.startswith("variables/"):
+            files[relative] = path.read_bytes()
+    _annotate_node_ids(traced, files["saved_model.pb"])
+    _CACHE[model] = Entry(traced=traced, files=files)
+    return traced, True
+
+
+def _fast_write(entry: Entry, directory: Path) -> None:
+    for relative, content in entry.files.items():
+        if relative == "fingerprint.pb":
+            continue
+        target = directory / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    (directory / "variables").mkdir(exist_ok=True)
+    checkpoint = tf.train.Checkpoint(entry.traced.root)
+    checkpoint.write(str(directory / "variables" / "variables"))
+    try:  # the fingerprint hashes the new checkpoint; optional for loaders
+        from tensorflow.python.saved_model import fingerprinting_utils
+
+        fingerprinting_utils.write_fingerprint(str(directory))
+    except Exception as err:  # pragma: no cover - depends on TF internals
+        log.info("SavedModel fingerprint not written: %s", err)
+
+
+def _annotate_node_ids(traced: build.TracedModel, pb: bytes) -> None:
+    """Record the object-graph node id of every variable (``model_variables/i``)."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString(pb)
+    nodes = proto.meta_graphs[0].object_graph_def.nodes
+    children = {c.local_name: c.node_id for c in nodes[0].children}
+    list_id = children.get("model_variables")
+    if list_id is None:
+        return
+    ids = {c.local_name: c.node_id for c in nodes[list_id].children}
+    for record in traced.variables:
+        record["node_id"] = ids.get(str(record["index"]))

@@ -1,0 +1,77 @@
+"""The on-disk layout of a trainer SavedModel and its metadata file.
+
+::
+
+    D/saved_model.pb                     object graph + traced functions (TF SavedModel)
+    D/fingerprint.pb                     TF's fingerprint of the SavedModel
+    D/variables/variables.{index,data*}  every model and optimizer variable, stored once
+    D/assets/                            TF assets (e.g. lookup vocabularies)
+    D/assets.extra/trainer_metadata.json per-layer records, compile config, training state
+
+The metadata file is written last: its presence marks the directory as complete and as
+ours. A SavedModel without it is a plain TF export that trainer will not try to revive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import CorruptCheckpointError, NotACheckpointError
+
+METADATA_DIR = "assets.extra"
+METADATA_FILE = "trainer_metadata.json"
+FORMAT = "trainer-savedmodel"
+
+
+def metadata_path(directory: Path) -> Path:
+    return Path(directory) / METADATA_DIR / METADATA_FILE
+
+
+def is_saved_model(directory: Path) -> bool:
+    directory = Path(directory)
+    return directory.is_dir() and (
+        (directory / "saved_model.pb").is_file() or (directory / "saved_model.pbtxt").is_file()
+    )
+
+
+def has_metadata(directory: Path) -> bool:
+    return is_saved_model(directory) and metadata_path(directory).is_file()
+
+
+def write_metadata(directory: Path, metadata: dict[str, Any]) -> None:
+    path = metadata_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(metadata, indent=1, sort_keys=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_metadata(directory: Path) -> dict[str, Any]:
+    directory = Path(directory)
+    if is_saved_model(directory) and not metadata_path(directory).exists():
+        raise NotACheckpointError(
+            f"{directory} is a plain TensorFlow SavedModel without trainer metadata "
+            f"({METADATA_DIR}/{METADATA_FILE}), so its Keras layers cannot be revived. "
+            f"Serve it with tf.saved_model.load(path).signatures['serving_default'] or wrap "
+            f"it with keras.layers.TFSMLayer(path, call_endpoint='serving_default'). "
+            f"Received: {str(directory)!r}"
+        )
+    try:
+        with open(metadata_path(directory), encoding="utf-8") as handle:
+            metadata = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise CorruptCheckpointError(
+            f"The metadata file of {directory} cannot be read ({err}); the checkpoint is "
+            f"damaged. Re-save it or load an older one. Received: {str(directory)!r}"
+        ) from None
+    if not isinstance(metadata, dict) or metadata.get("savedmodel", {}).get("format") != FORMAT:
+        raise CorruptCheckpointError(
+            f"{metadata_path(directory)} is not trainer SavedModel metadata (no "
+            f"'savedmodel.format' = {FORMAT!r}). Received keys: {sorted(metadata)[:10]}"
+        )
+    return metadata

@@ -1,0 +1,261 @@
+"""Revival: from a loaded SavedModel and its per-layer records back to a Keras 3 model.
+
+Order and choices, per layer (parents ask for their children, so nesting is handled by
+recursion and shared layers come back once):
+
+1. Functional / Sequential: revive every layer of the graph first, then let Keras rebuild
+   the graph from the saved config with each layer entry pointing at the revived layer.
+2. Class available (built-in, registered, ``custom_objects``) and its config carries no
+   Python code (or ``safe_mode=False``): rebuild from config.
+3. Otherwise, or if 2 fails: a revived layer calling the traced functions.
+
+Every Keras variable of the result is then pointed at the loaded ``tf.Variable`` storage
+(by position within the layer), so values need no copy and a parent revived from traced
+functions sees the same storage as a child rebuilt from config.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.savedmodel import revived
+
+log = logging.getLogger(__name__)
+TOKEN = "__trainer_revived_{}__"
+
+
+class _Prebuilt:
+    """Stands in for a class in a config: ``from_config`` returns an existing layer."""
+
+    def __init__(self, layer: keras.layers.Layer):
+        self.layer = layer
+
+    def from_config(self, config: Any) -> keras.layers.Layer:
+        return self.layer
+
+
+class Reviver:
+    def __init__(
+        self,
+        loaded: Any,
+        records: list[dict[str, Any]],
+        variables: list[dict[str, Any]],
+        *,
+        custom_objects: dict[str, Any],
+        safe_mode: bool,
+        where: str,
+    ):
+        self.loaded = loaded
+        self.records = records
+        self.var_records = variables
+        self.storage = list(loaded.model_variables)
+        self.nodes = list(loaded.layer_nodes)
+        self.custom_objects = dict(custom_objects)
+        self.safe_mode = safe_mode
+        self.where = where
+        self.layers: dict[int, keras.layers.Layer] = {}
+        self.keras_vars: dict[int, keras.Variable] = {}
+        self.how: dict[str, str] = {}  # layer name -> "config" | "graph" | "traced"
+        if len(self.storage) != len(variables) or len(self.nodes) != len(records):
+            raise CorruptCheckpointError(
+                f"{where}: the object graph holds {len(self.storage)} variables and "
+                f"{len(self.nodes)} layer nodes but the metadata lists {len(variables)} and "
+                f"{len(records)}. The metadata belongs to another save; re-save the model."
+            )
+
+    # ------------------------------------------------------------------ entry point
+    def revive(self, index: int = 0) -> keras.layers.Layer:
+        if index in self.layers:
+            return self.layers[index]
+        record = self.records[index]
+        layer = None
+        if record["model_kind"] in ("functional", "sequential") and record["keras_config"]:
+            layer = self._rebuild_graph(record)
+        elif self._config_allowed(record):
+            layer = self._from_config(record)
+        if layer is None:
+            layer = self._from_functions(record)
+        self.layers[index] = layer
+        return layer
+
+    # ------------------------------------------------------------------- strategies
+    def _config_allowed(self, record: dict[str, Any]) -> bool:
+        if record["keras_config"] is None:
+            return False
+        return not (record["carries_code"] and self.safe_mode)
+
+    def _deserialize(self, config: dict[str, Any], extra: dict[str, Any]) -> Any:
+        objects = {**self.custom_objects, **extra}
+        with keras.saving.custom_object_scope(objects):
+            return keras.saving.deserialize_keras_object(
+                config, custom_objects=objects, safe_mode=self.safe_mode
+            )
+
+    def _from_config(self, record: dict[str, Any]) -> keras.layers.Layer | None:
+        config = record["keras_config"]
+        attempts = [(config, {})]
+        if record["sublayers"]:
+            attempts.append(self._substituted(record))
+        for cfg, extra in attempts:
+            try:
+                layer = self._deserialize(copy.deepcopy(cfg), extra)
+                if not layer.built and record.get("build_config"):
+                    layer.build_from_config(record["build_config"])
+                if self._bind(layer, record, strict=False):
+                    self._adopt_children(layer, record)
+                    self.how[record["name"]] = "config"
+                    return layer
+                reason = "its rebuilt variables do not match the saved ones"
+            except Exception as err:  # unknown class, failing from_config, ...
+                reason = f"{type(err).__name__}: {str(err)[:200]}"
+            log.info("Layer %r not rebuilt from config (%s)", record["name"], reason)
+        return None
+
+    def _substituted(self, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The config with each child's nested config replaced by a reference to the
+        child revived separately (lets a known Wrapper hold an unknown inner layer)."""
+        extra: dict[str, Any] = {}
+        children = {}
+        for child in record["sublayers"]:
+            child_record = self.records[child["id"]]
+            children[(child_record["class_name"], child_record["name"])] = child["id"]
+
+        def walk(node: Any) -> Any:
+            if isinstance(node, dict):
+                inner = node.get("config")
+                name = inner.get("name") if isinstance(inner, dict) else None
+                key = (node.get("class_name"), name)
+                if key in children:
+                    token = TOKEN.format(children[key])
+                    extra[token] = _Prebuilt(self.revive(children[key]))
+                    return {**node, "class_name": token, "registered_name": token, "config": {}}
+                return {k: walk(v) for k, v in node.items()}
+            if isinstance(node, list):
+                return [walk(v) for v in node]
+            return node
+
+        config = record["keras_config"]
+        return {**config, "config": walk(config["config"])}, extra
+
+    def _rebuild_graph(self, record: dict[str, Any]) -> keras.layers.Layer:
+        """Functional/Sequential: layers first, then Keras' own graph reconstruction."""
+        by_name = {self.records[c["id"]]["name"]: c["id"] for c in record["sublayers"]}
+        extra: dict[str, Any] = {}
+        config = copy.deepcopy(record["keras_config"])
+        for entry in config["config"].get("layers", []):
+            name = entry.get("name") or entry.get("config", {}).get("name")
+            if name not in by_name:
+                continue
+            token = TOKEN.format(by_name[name])
+            extra[token] = _Prebuilt(self.revive(by_name[name]))
+            entry.update(class_name=token, registered_name=token, module=None)
+        try:
+            model = self._deserialize(config, extra)
+        except Exception:
+            # A registered Functional subclass whose class is missing: plain Functional.
+            base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
+            with keras.saving.custom_object_scope({**self.custom_objects, **extra}):
+                model = base.from_config(config["config"])
+        self._bind(model, record, strict=True)
+        self.how[record["name"]] = "graph"
+        return model
+
+    def _from_functions(self, record: dict[str, Any]) -> keras.layers.Layer:
+        node = self.nodes[record["id"]]
+        if "call_infer" not in record["functions"]:
+            reason = record.get("config_error") or "class not found, or not allowed in safe mode"
+            raise MissingClassError(
+                f"{self.where}: layer {record['name']!r} of class {record['class_name']!r} "
+                f"cannot be rebuilt from its config ({reason}) "
+                f"and has no traced call function. Pass the class in custom_objects (or "
+                f"register it with keras.saving.register_keras_serializable). "
+                f"Received class {record['registered_name']!r}"
+            )
+        children = [
+            (child["attributes"], self.revive(child["id"])) for child in record["sublayers"]
+        ]
+        child_vars: set[int] = set()
+        for child in record["sublayers"]:
+            child_vars.update(self.records[child["id"]]["variables"])
+        own_ids = [i for i in record["variables"] if i not in child_vars]
+        own = [self._keras_variable(i) for i in own_ids]
+        dtype = _policy(record["dtype_policy"])
+        layer = revived.make_revived(record, node, children, own, dtype)
+        self._attach_regularizers(node, own_ids, own)
+        self.how[record["name"]] = "traced"
+        return layer
+
+    # ---------------------------------------------------------------------- storage
+    def _keras_variable(self, index: int) -> keras.Variable:
+        if index not in self.keras_vars:
+            rec = self.var_records[index]
+            self.keras_vars[index] = revived.wrap_variable(
+                self.storage[index],
+                name=rec.get("name") or f"variable_{index}",
+                trainable=rec["trainable"],
+            )
+        return self.keras_vars[index]
+
+    def _attach_regularizers(self, node: Any, own_ids: list[int], own: list[Any]) -> None:
+        functions = list(getattr(node, "regularizer_functions", []) or [])
+        with_reg = [
+            v
+            for i, v in zip(own_ids, own, strict=True)
+            if self.var_records[i]["has_regularizer"] and self.var_records[i]["trainable"]
+        ]
+        for variable, function in zip(with_reg, functions, strict=False):
+            variable.regularizer = revived.TracedRegularizer(function)
+
+    def _bind(self, layer: keras.layers.Layer, record: dict[str, Any], *, strict: bool) -> bool:
+        """Point every Keras variable of ``layer`` at the loaded storage, by position."""
+        variables = list(layer.variables)
+        saved = record["variables"]
+        problem = None
+        if len(variables) != len(saved):
+            problem = f"{len(variables)} variables rebuilt, {len(saved)} saved"
+        else:
+            for variable, index in zip(variables, saved, strict=True):
+                storage = self.storage[index]
+                if tuple(variable.shape) != tuple(storage.shape) or (
+                    tf.as_dtype(variable.dtype) != storage.dtype
+                ):
+                    problem = f"{variable.path} {tuple(variable.shape)} vs {tuple(storage.shape)}"
+                    break
+        if problem is not None:
+            if strict:
+                raise CorruptCheckpointError(
+                    f"{self.where}: layer {record['name']!r} rebuilt with variables that do "
+                    f"not match the saved ones ({problem}). The checkpoint is damaged or its "
+                    f"classes changed since it was saved."
+                )
+            return False
+        for variable, index in zip(variables, saved, strict=True):
+            variable._value = self.storage[index]
+            self.keras_vars.setdefault(index, variable)
+        return True
+
+    def _adopt_children(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
+        """Children rebuilt by the parent's config count as revived (shared identity)."""
+        kids = list(layer._layers)
+        saved = record["sublayers"]
+        if len(kids) != len(saved):
+            return
+        for kid, child in zip(kids, saved, strict=True):
+            child_record = self.records[child["id"]]
+            if child["id"] in self.layers or type(kid).__name__ != child_record["class_name"]:
+                continue
+            self.layers[child["id"]] = kid
+            self._adopt_children(kid, child_record)
+
+
+def _policy(config: Any) -> Any:
+    try:
+        return keras.dtype_policies.deserialize(config)
+    except Exception:
+        return config if isinstance(config, str) else None

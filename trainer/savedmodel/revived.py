@@ -1,0 +1,169 @@
+"""Layers and models that stand in for a class that is not available at load time.
+
+A revived layer keeps the saved name and reports the saved class name (a subclass is made
+per class name), owns Keras variables whose storage *is* the loaded ``tf.Variable`` that
+the traced functions captured (so training one trains the other), holds its revived
+sublayers under their original attribute names, and calls the traced function for the
+current ``training`` value. Losses the traced call produced are re-added with ``add_loss``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+class TracedRegularizer(keras.regularizers.Regularizer):
+    """A weight regularizer replayed from its traced, argument-free loss function."""
+
+    def __init__(self, function: Any):
+        self.function = function
+
+    def __call__(self, x: Any) -> Any:
+        return self.function()
+
+    def get_config(self) -> dict[str, Any]:
+        return {}
+
+
+def wrap_variable(storage: tf.Variable, *, name: str, trainable: bool) -> keras.Variable:
+    """A Keras variable over an existing ``tf.Variable`` (no copy: the same storage)."""
+    clean = re.sub(r"[/:]", "_", name) or "variable"
+    variable = keras.Variable(
+        initializer="zeros",
+        shape=tuple(storage.shape),
+        dtype=storage.dtype.name,
+        trainable=trainable,
+        name=clean,
+    )
+    variable._value = storage
+    return variable
+
+
+def _set_child(owner: keras.layers.Layer, attribute: str, child: keras.layers.Layer) -> None:
+    match = re.fullmatch(r"(\w+)\[(\d+)\]", attribute)
+    if match is None:
+        setattr(owner, attribute, child)
+        return
+    name, position = match.group(1), int(match.group(2))
+    current = list(getattr(owner, name, None) or [])
+    while len(current) <= position:
+        current.append(None)
+    current[position] = child
+    setattr(owner, name, current)
+
+
+class _RevivedMixin:
+    """Behaviour shared by revived layers and models (kept out of ``__init__`` so both
+    base classes' constructors stay untouched)."""
+
+    def _trainer_setup(self, record, node, children, own_variables) -> None:
+        original = {
+            "class_name": record["class_name"],
+            "module": record["module"],
+            "registered_name": record["registered_name"],
+            "keras_config": record["keras_config"],
+            "config_error": record.get("config_error"),
+            "carries_code": record["carries_code"],
+            "model_kind": record["model_kind"],
+        }
+        infer = getattr(node, "call_infer", None)
+        # object.__setattr__: Keras must not track these as layer state.
+        object.__setattr__(self, "_trainer_original", original)
+        object.__setattr__(self, "_trainer_call_infer", infer)
+        object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
+        object.__setattr__(self, "_trainer_kwarg_defaults", _kwarg_defaults(infer))
+        for attributes, child in children:
+            names = [a for a in attributes if a != "_layers"]
+            if not names:
+                names = [f"sublayer_{len(self._layers)}"]
+            for attribute in names:
+                _set_child(self, attribute, child)
+        for variable in own_variables:
+            self._track_variable(variable)
+        structure = _first_args(infer)
+        if structure is not None:
+            object.__setattr__(self, "_trainer_input_structure", structure)
+        self.built = True
+
+    def call(self, *args, training=None, **kwargs):
+        function = self._trainer_call_infer
+        if training and self._trainer_call_train is not None:
+            function = self._trainer_call_train
+        for key, value in self._trainer_kwarg_defaults.items():
+            kwargs.setdefault(key, value)
+        outputs, losses = function(tuple(args), kwargs)
+        for loss in losses:
+            self.add_loss(loss)
+        return outputs
+
+    def get_config(self) -> dict[str, Any]:
+        config = (self._trainer_original.get("keras_config") or {}).get("config") or {}
+        return {**config, "name": self.name, "trainable": self.trainable}
+
+
+def _concretes(function: Any) -> list[Any]:
+    if function is None:
+        return []
+    return list(function._list_all_concrete_functions())
+
+
+def _first_args(function: Any) -> Any:
+    for concrete in _concretes(function):
+        args, _ = concrete.structured_input_signature
+        if args and len(args[0]) == 1:
+            return args[0][0]
+        if args:
+            return tuple(args[0])
+    return None
+
+
+def _kwarg_defaults(function: Any) -> dict[str, Any]:
+    """Keyword arguments recorded as plain Python values (``mask=None``) that a caller of
+    the revived layer will not pass, because its signature does not name them."""
+    defaults: dict[str, Any] = {}
+    for concrete in _concretes(function):
+        args, _ = concrete.structured_input_signature
+        if len(args) > 1 and isinstance(args[1], dict):
+            for key, value in args[1].items():
+                if value is None or isinstance(value, bool | int | float | str):
+                    defaults.setdefault(key, value)
+    return defaults
+
+
+class RevivedLayer(_RevivedMixin, keras.layers.Layer):
+    """Stand-in for a layer whose class is unknown at load time."""
+
+
+class RevivedModel(_RevivedMixin, keras.Model):
+    """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
+
+
+_CLASSES: dict[tuple[str, type], type] = {}
+
+
+def revived_class(class_name: str, base: type) -> type:
+    """A subclass of ``base`` named like the saved class, so ``type(layer).__name__``
+    still tells what the layer was."""
+    key = (class_name, base)
+    if key not in _CLASSES:
+        name = class_name if class_name.isidentifier() else "Revived"
+        _CLASSES[key] = type(name, (base,), {"__module__": __name__})
+    return _CLASSES[key]
+
+
+def make_revived(
+    record: dict[str, Any],
+    node: Any,
+    children: list[tuple[list[str], keras.layers.Layer]],
+    own_variables: list[keras.Variable],
+    dtype: Any,
+) -> keras.layers.Layer:
+    base = RevivedModel if record["model_kind"] == "subclassed" else RevivedLayer
+    cls = revived_class(record["class_name"], base)
+    layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
+    layer._trainer_setup(record, node, children, own_variables)
+    return layer

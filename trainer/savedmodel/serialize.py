@@ -1,0 +1,179 @@
+"""Per-layer metadata records: what a loader needs to rebuild each layer.
+
+A record says how to rebuild a layer from its config when the class is available, and
+where its traced functions and variables live in the object graph when it is not. Records
+are plain JSON; nothing here is code, so reading them can never execute anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import keras
+
+from trainer.errors import ModelNotReadyError
+
+CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
+
+
+def registered_name(cls: type) -> str:
+    return keras.saving.get_registered_name(cls)
+
+
+def original_identity(layer: keras.layers.Layer) -> dict[str, Any] | None:
+    """A revived layer reports the class it stands for, so a re-save stays revivable."""
+    return getattr(layer, "_trainer_original", None)
+
+
+def keras_config(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str | None]:
+    """``serialize_keras_object(layer)`` if it is JSON-able, else (None, reason)."""
+    original = original_identity(layer)
+    if original is not None:
+        return original.get("keras_config"), original.get("config_error")
+    try:
+        config = keras.saving.serialize_keras_object(layer)
+        json.dumps(config)
+    except Exception as err:  # any failure only means "revive from traced functions"
+        return None, f"{type(err).__name__}: {err}"[:300]
+    return config, None
+
+
+def carries_code(config: dict[str, Any] | None, layer: keras.layers.Layer) -> bool:
+    if isinstance(layer, keras.layers.Lambda):
+        return True
+    text = json.dumps(config) if config is not None else ""
+    return any(marker in text for marker in CODE_MARKERS)
+
+
+def model_kind(layer: keras.layers.Layer) -> str | None:
+    if original_identity(layer) is not None:
+        return original_identity(layer).get("model_kind")
+    if isinstance(layer, keras.Sequential):
+        return "sequential"
+    if isinstance(layer, keras.Model) and getattr(layer, "_is_graph_network", False):
+        return "functional"
+    from keras.src.models.functional import Functional
+
+    if isinstance(layer, Functional):
+        return "functional"
+    if isinstance(layer, keras.Model):
+        return "subclassed"
+    return None
+
+
+def child_attributes(layer: keras.layers.Layer, child: keras.layers.Layer) -> list[str]:
+    """Attribute names under which ``layer`` holds ``child`` (``"blocks[1]"`` for lists)."""
+    names = []
+    for attr, value in vars(layer).items():
+        if attr.startswith("_") and attr not in ("_layers",):
+            continue
+        if value is child:
+            names.append(attr)
+        elif isinstance(value, list | tuple) and attr != "_layers":
+            names.extend(f"{attr}[{i}]" for i, item in enumerate(value) if item is child)
+    return names
+
+
+def input_spec_config(layer: keras.layers.Layer) -> Any:
+    spec = getattr(layer, "input_spec", None)
+    if spec is None:
+        return None
+    specs = spec if isinstance(spec, list | tuple) else [spec]
+    out = []
+    for item in specs:
+        try:
+            out.append(item.get_config() if item is not None else None)
+        except Exception:
+            out.append(repr(item))
+    return out
+
+
+def dtype_policy_config(layer: keras.layers.Layer) -> Any:
+    try:
+        return keras.saving.serialize_keras_object(layer.dtype_policy)
+    except Exception:
+        return layer.dtype_policy.name
+
+
+def layer_record(
+    layer: keras.layers.Layer,
+    index: int,
+    *,
+    layer_index: dict[int, int],
+    variable_index: dict[int, int],
+    own_variables: list[int],
+    functions: dict[str, Any],
+    call_specs: list[str],
+) -> dict[str, Any]:
+    """The JSON record of one layer (see the README's on-disk layout)."""
+    from trainer.savedmodel.tracing import takes_training, tf_variable
+
+    config, config_error = keras_config(layer)
+    original = original_identity(layer) or {}
+    children = [c for c in layer._layers if id(c) in layer_index]
+    try:
+        build_config = layer.get_build_config()
+        json.dumps(build_config)
+    except Exception:
+        build_config = None
+    return {
+        "id": index,
+        "name": layer.name,
+        "class_name": original.get("class_name", type(layer).__name__),
+        "module": original.get("module", type(layer).__module__),
+        "registered_name": original.get("registered_name", registered_name(type(layer))),
+        "keras_config": config,
+        "config_error": config_error,
+        "carries_code": original.get("carries_code", carries_code(config, layer)),
+        "model_kind": model_kind(layer),
+        "trainable": bool(layer.trainable),
+        "dtype_policy": dtype_policy_config(layer),
+        "build_config": build_config,
+        "takes_training": takes_training(layer),
+        "input_spec": input_spec_config(layer),
+        "sublayers": [
+            {"id": layer_index[id(c)], "attributes": child_attributes(layer, c)} for c in children
+        ],
+        "variables": [variable_index[id(tf_variable(v))] for v in layer.variables],
+        "own_variables": own_variables,
+        "trainable_variables": [
+            variable_index[id(tf_variable(v))] for v in layer.trainable_variables
+        ],
+        "functions": functions,
+        "call_specs": call_specs,
+    }
+
+
+def variable_record(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
+    regularizer = getattr(variable, "regularizer", None)
+    reg_config = None
+    if regularizer is not None:
+        try:
+            reg_config = keras.saving.serialize_keras_object(regularizer)
+            json.dumps(reg_config)
+        except Exception:
+            reg_config = None
+    return {
+        "index": index,
+        "path": getattr(variable, "path", variable.name),
+        "name": getattr(variable, "name", None),
+        "shape": [int(d) if d is not None else None for d in variable.shape],
+        "dtype": str(keras.backend.standardize_dtype(variable.dtype)),
+        "trainable": bool(getattr(variable, "trainable", True)),
+        "owner": owner,
+        "node_path": f"model_variables/{index}",
+        "has_regularizer": regularizer is not None,
+        "regularizer": reg_config,
+    }
+
+
+def check_json(value: Any, what: str) -> None:
+    """Fail before writing anything if ``value`` is not JSON-able."""
+    try:
+        json.dumps(value)
+    except TypeError as err:
+        raise ModelNotReadyError(
+            f"The {what} cannot be serialized to JSON ({err}). Use registered Keras "
+            f"objects or strings instead of Python objects. Received: {value!r}"[:600]
+        ) from None

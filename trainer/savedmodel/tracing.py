@@ -1,0 +1,225 @@
+"""Tracing a Keras 3 model into a ``tf.Module`` tree that ``tf.saved_model.save`` can write.
+
+Why this shape: the root must be a plain ``tf.Module`` (not the Keras model) so that a
+process without trainer can load it, and every layer gets its own node holding *its*
+``tf.Variable``s (the storage under the Keras variables, so each is stored once) and its
+traced call functions. Layer call arguments are discovered by tracing the serving function
+once while each layer's ``call`` is intercepted: the specs a parent really passes to its
+children are recorded, the same idea as tf.keras' call collections, without re-deriving
+shapes from build configs (which miss masks, multiple inputs and nested structures).
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer.errors import ModelNotReadyError
+
+
+class Node(tf.Module):
+    """One layer in the object graph: variables, call functions, regularizer functions."""
+
+
+def tf_variable(variable: Any) -> tf.Variable:
+    """The ``tf.Variable`` holding a Keras variable's storage."""
+    value = getattr(variable, "_value", None)
+    if isinstance(value, tf.Variable):
+        return value
+    if isinstance(variable, tf.Variable):
+        return variable
+    raise ModelNotReadyError(
+        f"Variable {getattr(variable, 'path', variable)!r} has no TensorFlow storage yet "
+        f"(uninitialized or not on the TensorFlow backend); build the model first. "
+        f"Received {type(variable).__name__}"
+    )
+
+
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The model and every sublayer at every depth, each once, parents before children."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def takes_training(layer: keras.layers.Layer) -> bool:
+    return bool(getattr(layer, "_call_has_context_arg", {}).get("training", False))
+
+
+# --------------------------------------------------------------------- input signature
+def _safe_name(name: str | None, fallback: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name or "") or fallback
+    return name if name[0].isalpha() else f"x_{name}"
+
+
+def model_input_structure(model: keras.Model) -> Any:
+    """Nested structure of ``tf.TensorSpec`` the model is called with (batch dim free)."""
+    stored = getattr(model, "_trainer_input_structure", None)
+    if stored is not None:
+        return stored
+    from keras.src.export import export_utils
+
+    try:
+        signature = export_utils.get_input_signature(model)
+    except (ValueError, TypeError) as err:
+        raise ModelNotReadyError(
+            f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
+            f"on a batch of data before saving. Received {type(model).__name__}"
+        ) from None
+    structure = signature[0] if len(signature) == 1 else tuple(signature)
+    return tf.nest.map_structure(
+        lambda s: export_utils.make_tf_tensor_spec(s, dynamic_batch=True), structure
+    )
+
+
+def flat_named_specs(structure: Any) -> list[tf.TensorSpec]:
+    """Flattened input specs with unique names, which become the signature's input keys."""
+    if isinstance(structure, dict):
+        paths = [str(k) for k in sorted(structure)]
+    else:
+        paths = [None] * len(tf.nest.flatten(structure))
+    flat = tf.nest.flatten(structure)
+    names: list[str] = []
+    for i, (spec, key) in enumerate(zip(flat, paths, strict=True)):
+        name = _safe_name(key or spec.name, f"input_{i}")
+        while name in names:
+            name = f"{name}_{i}"
+        names.append(name)
+    return [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
+
+
+def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
+    """Name the model's outputs for the signature (dict keys, else the output names)."""
+    if isinstance(outputs, dict):
+        return {_safe_name(str(k), f"output_{i}"): v for i, (k, v) in enumerate(outputs.items())}
+    flat = tf.nest.flatten(outputs)
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != len(flat) or len(set(names)) != len(names):
+        names = [f"output_{i}" for i in range(len(flat))]
+    pairs = enumerate(zip(names, flat, strict=True))
+    return {_safe_name(n, f"output_{i}"): t for i, (n, t) in pairs}
+
+
+# ----------------------------------------------------------------------- call recording
+def _to_spec(value: Any) -> Any:
+    if isinstance(value, tf.Tensor | tf.Variable) or keras.ops.is_tensor(value):
+        return tf.TensorSpec(value.shape, value.dtype)
+    return value
+
+
+def _spec_key(args: Any, kwargs: Any) -> str:
+    return repr(tf.nest.map_structure(lambda s: s, (args, sorted(kwargs.items()))))
+
+
+class CallRecorder:
+    """Intercept ``layer.call`` on every layer while the serving function is traced."""
+
+    def __init__(self, layers: list[keras.layers.Layer]):
+        self.layers = layers
+        self.specs: dict[int, dict[str, tuple[Any, Any]]] = {id(x): {} for x in layers}
+
+    def __enter__(self) -> CallRecorder:
+        for layer in self.layers:
+            object.__setattr__(layer, "call", self._wrap(layer, layer.call))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for layer in self.layers:
+            if "call" in layer.__dict__:
+                object.__delattr__(layer, "call")
+
+    def _wrap(self, layer: keras.layers.Layer, call: Callable) -> Callable:
+        def recording_call(*args: Any, **kwargs: Any) -> Any:
+            clean = {k: v for k, v in kwargs.items() if k != "training"}
+            spec = (
+                tf.nest.map_structure(_to_spec, tuple(args)),
+                tf.nest.map_structure(_to_spec, clean),
+            )
+            self.specs[id(layer)].setdefault(_spec_key(*spec), spec)
+            return call(*args, **kwargs)
+
+        return recording_call
+
+
+# ----------------------------------------------------------------------- function makers
+def _own_losses(layer: keras.layers.Layer) -> list[Any]:
+    losses = []
+    for sub in layer._flatten_layers(include_self=True):
+        losses.extend(sub._losses)
+    layer._clear_losses()
+    return losses
+
+
+def make_call_function(layer: keras.layers.Layer, training: bool | None) -> Any:
+    """``fn(args, kwargs) -> (outputs, losses)``: the layer's ``__call__`` at a fixed
+    ``training`` value. Losses added during the call (activity regularizers, ``add_loss``)
+    are returned rather than left behind as graph tensors on the layer.
+    """
+    ref = weakref.ref(layer)  # the cache must not keep the model alive
+
+    def call(args, kwargs):
+        target = ref()
+        kwargs = dict(kwargs)
+        if training is not None:
+            kwargs["training"] = training
+        outputs = target(*args, **kwargs)
+        return outputs, _own_losses(target)
+
+    return tf.function(call)
+
+
+def make_serving_function(model: keras.Model, structure: Any) -> tuple[Any, list]:
+    specs = flat_named_specs(structure)
+    ref = weakref.ref(model)
+
+    def serve(*flat):
+        target = ref()
+        inputs = tf.nest.pack_sequence_as(structure, list(flat))
+        outputs = target(inputs, training=False)
+        target._clear_losses()
+        return output_dict(target, outputs)
+
+    return tf.function(serve, input_signature=specs), specs
+
+
+def make_regularizer_function(variable: Any) -> Any:
+    ref = weakref.ref(variable)
+
+    def regularization_loss():
+        var = ref()
+        return var.regularizer(var)
+
+    return tf.function(regularization_loss).get_concrete_function()
+
+
+def make_activity_function(layer: keras.layers.Layer, spec: tf.TensorSpec) -> Any:
+    ref = weakref.ref(layer)
+
+    def activity_regularization_loss(outputs):
+        return ref().activity_regularizer(outputs)
+
+    return tf.function(activity_regularization_loss).get_concrete_function(spec)
+
+
+def _resource_types() -> tuple[type, ...]:
+    from tensorflow.python.trackable.resource import CapturableResource
+
+    return (CapturableResource, tf.saved_model.Asset)
+
+
+_RESOURCE_TYPES = _resource_types()
+
+
+def trackable_resources(layer: keras.layers.Layer) -> list[Any]:
+    """TF resources (lookup tables, assets) a layer holds outside Keras variables; a traced
+    function that captures them can only be saved if the object graph reaches them."""
+    found = []
+    for value in list(vars(layer).values()):
+        candidates = value if isinstance(value, list | tuple) else [value]
+        for item in candidates:
+            if isinstance(item, _RESOURCE_TYPES):
+                found.append(item)
+    return found
