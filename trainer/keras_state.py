@@ -22,7 +22,11 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
     """The serialized arguments of ``model.compile``, or None if it was never compiled."""
     if not getattr(model, "compiled", False):
         return None
-    config = model.get_compile_config()
+    config = dict(model.get_compile_config())
+    if config.get("optimizer") is None and getattr(model, "optimizer", None) is not None:
+        # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
+        # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
+        config["optimizer"] = keras.saving.serialize_keras_object(model.optimizer)
     json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
     return config
 
