@@ -16,6 +16,7 @@ functions sees the same storage as a child rebuilt from config.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from typing import Any
@@ -104,9 +105,10 @@ class Reviver:
             attempts.append(self._substituted(record))
         for cfg, extra in attempts:
             try:
-                layer = self._deserialize(copy.deepcopy(cfg), extra)
-                if not layer.built and record.get("build_config"):
-                    layer.build_from_config(record["build_config"])
+                cfg = copy.deepcopy(cfg)
+                cfg.pop("build_config", None)
+                layer = self._deserialize(cfg, extra)
+                self._build(layer, record)
                 if self._bind(layer, record, strict=False):
                     self._adopt_children(layer, record)
                     self.how[record["name"]] = "config"
@@ -116,6 +118,34 @@ class Reviver:
                 reason = f"{type(err).__name__}: {str(err)[:200]}"
             log.info("Layer %r not rebuilt from config (%s)", record["name"], reason)
         return None
+
+    def _build(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
+        """Build like Keras would from the build config; if that leaves weights missing
+        (layers creating sublayer weights lazily in ``call``), build by a symbolic call with
+        the recorded input specs, as the original was built by the functional API."""
+        if not layer.built and record.get("build_config"):
+            with contextlib.suppress(Exception):
+                layer.build_from_config(record["build_config"])
+        if len(layer.variables) == len(record["variables"]):
+            return
+        function = getattr(self.nodes[record["id"]], "call_infer", None)
+        concretes = list(function._list_all_concrete_functions()) if function else []
+        if not concretes:
+            return
+        args, kwargs = concretes[0].structured_input_signature[0]
+
+        def to_keras(spec: Any) -> Any:
+            if isinstance(spec, tf.TensorSpec):
+                return keras.KerasTensor(spec.shape, spec.dtype.name)
+            return spec
+
+        layer.built = False
+        layer(*tf.nest.map_structure(to_keras, tuple(args)),
+              **tf.nest.map_structure(to_keras, dict(kwargs)))
+        # The build call is not part of any graph; forget its node so that a Functional
+        # rebuilt around this layer numbers its nodes like the saved config does.
+        layer._inbound_nodes.clear()
+        layer._outbound_nodes.clear()
 
     def _substituted(self, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The config with each child's nested config replaced by a reference to the
