@@ -1,4 +1,4 @@
-"""``weights``: Keras 3's own ``model.weights.h5`` plus what it leaves out, in a directory::
+"""``weights``: Keras 3's own ``model.weights.h5`` plus what trainer needs beside it::
 
     model.weights.h5   model.save_weights(): every layer weight, readable by plain Keras
     optimizer.h5       optimizer variables (iteration, learning rate, every slot) and the
@@ -6,14 +6,18 @@
     trainer.json       format marker, architecture config, compile config, training state
                        and metadata; written last, so it marks the directory complete
 
-The extra variables go into HDF5 rather than ``.npz``: h5py is already required, the file
-can never hold pickles (``.npz`` is safe only as long as every reader remembers
-``allow_pickle=False``), and each array keeps its variable path as an attribute.
+Keras 3.15's ``.weights.h5`` also carries the optimizer variables, but restores them only
+into an optimizer that is already built and skips them with a mere warning when the count
+differs; ``optimizer.h5`` is our checked copy, restored by position with count and shape
+checks, and it is the one that counts. It is HDF5 rather than ``.npz`` because h5py is
+already required, the format cannot hold pickles (``.npz`` is safe only while every reader
+remembers ``allow_pickle=False``), and each array keeps its variable path as an attribute.
 
 ``load(path)`` rebuilds the architecture from ``trainer.json``. ``load(path, model=m)``
 loads into an existing model of the same architecture instead (built from the stored build
 config if it is not built yet); with ``compile=True`` it is recompiled as saved and its
-optimizer restored, with ``compile=False`` its own compile state is left alone.
+optimizer restored, with ``compile=False`` its own compile is kept (Keras may still copy
+the saved slots into its optimizer if that is built and has the same variable count).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class WeightsBackend(SaveBackend):
     name: ClassVar[str] = "weights"
     format_version: ClassVar[int] = 1
     is_directory: ClassVar[bool] = True
+    async_by_default: ClassVar[bool] = True
 
     @classmethod
     def can_load(cls, path: Path) -> bool:
@@ -126,6 +131,7 @@ def _prepare_existing(model: keras.Model, config: dict[str, Any], path: Path) ->
         )
     if not model.built and config.get("build_config"):
         model.build_from_config(config["build_config"])
+        model.built = True  # as Keras' own deserialization does; sublayers checked next
     check_model_ready(model)
 
 
