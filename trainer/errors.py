@@ -44,3 +44,8 @@ class ModelNotReadyError(TrainerError):
 
 class SaveError(TrainerError):
     """Writing a checkpoint failed; the previous checkpoints are intact."""
+
+
+class TensorBoardLinkError(TrainerError):
+    """A checkpoint's or export's TensorBoard link does not lead to an event file holding
+    its step (the run directory moved, or the event file was deleted)."""

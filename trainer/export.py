@@ -1,0 +1,355 @@
+"""Serving exports: ``export/<version>/`` SavedModels that a model server can watch.
+
+A version is written under a hidden temporary name in the export root and renamed to its
+integer name only when complete (TF Serving and friends only consider integer-named
+directories), so a server never loads half a model. Versions increase; older ones are
+removed (renamed away first, then deleted) beyond ``keep``.
+
+Each version holds ``assets.extra/trainer_export.json`` (what was exported, from where,
+its signatures and its TensorBoard link) and, optionally, TF Serving warmup requests in
+``assets.extra/tf_serving_warmup_requests``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer.atomic import fsync_tree, temporary_sibling
+from trainer.errors import NotACheckpointError, SaveError, TrainerError
+from trainer.save_backends.base import check_model_ready
+from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
+from trainer.serving import serving_function as make_serving_function
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size, resolve_link
+from trainer.version import __version__
+
+log = logging.getLogger(__name__)
+
+EXTRA_DIR = "assets.extra"
+EXPORT_FILE = "trainer_export.json"
+WARMUP_FILE = "tf_serving_warmup_requests"
+FORMAT = "trainer-export"
+FORMATS = ("auto", "keras", "savedmodel")
+_VERSION = re.compile(r"^[0-9]+$")
+
+
+class ExportError(TrainerError):
+    """An export could not be written or read; earlier versions are untouched."""
+
+
+def versions(export_root: str | os.PathLike) -> list[int]:
+    """Complete versions under ``export_root``, ascending (temporaries are never listed)."""
+    root = Path(export_root)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
+
+
+def export_metadata_path(version_dir: str | os.PathLike) -> Path:
+    return Path(version_dir) / EXTRA_DIR / EXPORT_FILE
+
+
+def is_export(path: str | os.PathLike) -> bool:
+    return export_metadata_path(path).is_file()
+
+
+def read_export_metadata(version_dir: str | os.PathLike) -> dict[str, Any]:
+    path = export_metadata_path(version_dir)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise NotACheckpointError(
+            f"{version_dir} is not a trainer export: {path} cannot be read ({error}). Pass a "
+            f"version directory such as export/3. Received: {str(version_dir)!r}"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise NotACheckpointError(
+            f"{path} is not trainer export metadata (format {FORMAT!r}). "
+            f"Received format: {data.get('format') if isinstance(data, dict) else data!r}"
+        )
+    return data
+
+
+def export_serving(
+    model: keras.Model,
+    export_root: str | os.PathLike,
+    *,
+    keep: int = 5,
+    warmup: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+    board: RunBoard | None = None,
+    step: int | None = None,
+    format: str = "auto",
+    graph: bool = True,
+) -> Path:
+    """Export ``model`` as ``export_root/<next version>/`` and return that path.
+
+    ``warmup``: a few input examples (array, or dict of arrays keyed by signature input)
+    turned into TF Serving warmup requests, one request per example. ``board`` + ``step``:
+    record the TensorBoard link in the metadata and write the export's card at ``step``
+    (and, with ``graph``, the exported graph to the Graphs tab).
+    ``format``: ``keras`` (a lean inference-only SavedModel by ``keras.export``),
+    ``savedmodel`` (trainer's backend: servable *and* revivable, optimizer included), or
+    ``auto`` (``savedmodel`` when its module imports, else ``keras``).
+    """
+    check_model_ready(model)
+    input_signature(model)  # fails early, before anything is written
+    if format not in FORMATS:
+        raise ExportError(
+            f"Unknown export format {format!r}; valid: {FORMATS}. Received {format!r}"
+        )
+    if keep < 1:
+        raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+    root = Path(export_root).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    version = max(versions(root), default=0) + 1
+    tmp = temporary_sibling(root / str(version))
+    meta = dict(metadata or {})
+    try:
+        used = _write_saved_model(model, tmp, format, meta)
+        signatures = saved_model_signatures(tmp)
+        warmup_count = 0
+        if warmup is not None:
+            warmup_count = write_warmup(tmp, warmup, signatures[SERVING_KEY]["inputs"])
+        meta.update(
+            {
+                "format": FORMAT,
+                "exported_with": used,
+                "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "trainer_version": __version__,
+                "keras_version": keras.__version__,
+                "tensorflow_version": tf.__version__,
+                "model_name": model.name,
+                "signatures": signatures,
+                "warmup_requests": warmup_count,
+            }
+        )
+        final = _publish(tmp, root, version, board, step, meta)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - start
+    if board is not None and step is not None:
+        if graph:
+            board.write_graph(final, step=step)
+        state = meta.get("state") or {}
+        board.checkpoint_card(
+            step,
+            final,
+            backend=used,
+            format_version=1,
+            size_bytes=path_size(final),
+            save_seconds=seconds,
+            metrics=state.get("metrics") or {},
+            kind="export",
+        )
+    prune(root, keep)
+    log.info("Exported %s as version %s in %.2fs", model.name, final, seconds)
+    return final
+
+
+def _write_saved_model(model: keras.Model, tmp: Path, format: str, meta: dict[str, Any]) -> str:
+    if format in ("auto", "savedmodel"):
+        backend = _savedmodel_backend(required=format == "savedmodel")
+        if backend is not None:
+            from trainer.state import TrainingState
+
+            state = TrainingState.from_dict(meta.get("state") or {})
+            backend.save(model, tmp, state=state, metadata={"export": True})
+            return "savedmodel"
+    serve = make_serving_function(model)
+    serve.get_concrete_function()  # ExportArchive takes a tf.function only once traced
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serve", serve)
+    tmp.mkdir()
+    archive.write_out(str(tmp), verbose=False)
+    return "keras"
+
+
+def _savedmodel_backend(*, required: bool):
+    try:
+        from trainer.save_backends import get_backend
+
+        return get_backend("savedmodel")
+    except ImportError as error:
+        if required:
+            raise ExportError(
+                f"The savedmodel backend cannot be imported ({error}); export with "
+                f"format='keras' instead. Received format='savedmodel'"
+            ) from error
+        return None
+
+
+def _publish(
+    tmp: Path, root: Path, version: int, board: RunBoard | None, step: int | None, meta: dict
+) -> Path:
+    """Write the metadata, flush, and rename to the first free version number."""
+    for attempt in range(100):
+        final = root / str(version + attempt)
+        if board is not None and step is not None:
+            meta[LINK_KEY] = board.link(step, final, tag=card_tag("export", final.name))
+        meta["version"] = version + attempt
+        path = export_metadata_path(tmp)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        fsync_tree(tmp)
+        if final.exists():  # another exporter took this number meanwhile
+            continue
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if final.exists():
+                continue
+            raise
+        return final
+    raise SaveError(f"No free version number under {root} after 100 tries. Received {version}")
+
+
+def prune(export_root: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove all but the ``keep`` newest versions; each is renamed away before deletion so
+    a server never sees a half-deleted version."""
+    root = Path(export_root)
+    removed = []
+    for version in versions(root)[:-keep]:
+        path = root / str(version)
+        trash = temporary_sibling(path)
+        try:
+            os.rename(path, trash)
+        except OSError:
+            continue  # removed concurrently
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+# ---------------------------------------------------------------------- warmup
+def write_warmup(
+    version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[str, Any]], max_requests=100
+) -> int:
+    """TF Serving warmup: a TFRecord of ``PredictionLog`` protos, one request per example
+    (TF Serving replays at most 1000). Needs ``tensorflow-serving-api`` for the protos."""
+    try:
+        from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+    except ImportError as error:
+        raise ExportError(
+            f"Warmup requests need the TF Serving protos: pip install tensorflow-serving-api "
+            f"(or export without warmup). Received ImportError: {error}"
+        ) from None
+    if not isinstance(examples, Mapping):
+        if len(inputs) != 1:
+            raise ExportError(
+                f"The model has {len(inputs)} inputs ({sorted(inputs)}); pass warmup examples "
+                f"as a dict keyed by input name. Received {type(examples).__name__}"
+            )
+        examples = {next(iter(inputs)): examples}
+    unknown = sorted(set(examples) ^ set(inputs))
+    if unknown:
+        raise ExportError(
+            f"Warmup examples must name exactly the signature inputs {sorted(inputs)}. "
+            f"Received keys {sorted(examples)}"
+        )
+    arrays = {
+        name: np.asarray(value, dtype=inputs[name]["dtype"]) for name, value in examples.items()
+    }
+    count = min(min(len(a) for a in arrays.values()), max_requests)
+    path = version_dir / EXTRA_DIR / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(count):
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = SERVING_KEY
+            for name, array in arrays.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(array[i : i + 1]))
+            record = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request)
+            )
+            writer.write(record.SerializeToString())
+    return count
+
+
+def read_warmup(version_dir: str | os.PathLike) -> list[dict[str, np.ndarray]]:
+    """The warmup requests of an export as ``[{input name: array}, ...]``."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = Path(version_dir) / EXTRA_DIR / WARMUP_FILE
+    requests = []
+    for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+        record = prediction_log_pb2.PredictionLog.FromString(raw)
+        inputs = record.predict_log.request.inputs
+        requests.append({k: tf.make_ndarray(v) for k, v in inputs.items()})
+    return requests
+
+
+# ---------------------------------------------------------------- from checkpoints
+def export_from_checkpoint(
+    checkpoint_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    keep: int = 5,
+    warmup: Any = None,
+    format: str = "auto",
+    card: bool = True,
+) -> Path:
+    """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
+
+    The export carries the checkpoint's state and config; if the checkpoint's TensorBoard
+    link resolves and ``card`` is true, an export card is added to that run's log at the
+    checkpoint's step and the export links to it.
+    """
+    from trainer.save_backends import load_checkpoint
+
+    checkpoint = load_checkpoint(checkpoint_path, compile=False)
+    meta = checkpoint.metadata
+    extra = {
+        "source": {
+            "checkpoint": str(Path(checkpoint_path).absolute()),
+            "backend": meta.get("backend"),
+            "format_version": meta.get("format_version"),
+        },
+        "state": checkpoint.state.to_dict(),
+    }
+    if "config" in meta:
+        extra["config"] = meta["config"]
+    board = None
+    if card and isinstance(meta.get(LINK_KEY), Mapping):
+        try:
+            resolved = resolve_link(checkpoint_path, meta)
+        except TrainerError as error:
+            log.warning("Not writing an export card: %s", error)
+        else:
+            board = RunBoard(
+                resolved.log_dir,
+                run_dir=resolved.run_dir,
+                run_name=resolved.run_name or None,
+                config_hash=meta[LINK_KEY].get("config_hash"),
+            )
+    if board is None and isinstance(meta.get(LINK_KEY), Mapping):
+        extra["checkpoint_tensorboard"] = meta[LINK_KEY]
+    try:
+        return export_serving(
+            checkpoint.model,
+            out_dir,
+            keep=keep,
+            warmup=warmup,
+            metadata=extra,
+            board=board,
+            step=checkpoint.state.global_step if board is not None else None,
+            format=format,
+        )
+    finally:
+        if board is not None:
+            board.close()

@@ -1,0 +1,380 @@
+"""A run's TensorBoard log: hparams, serving graph, checkpoint cards, and links back to it.
+
+Every checkpoint and export records a *link* in its metadata (log dir, run name, step,
+event file) so that a tool holding only the artifact can open the curves that produced
+it; ``resolve_link`` follows it and checks the event file really holds that step.
+
+``RunBoard`` owns one event file (a unique filename suffix makes it findable), written next
+to whatever else logs into the same directory: TensorBoard merges the files of one
+directory into one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.plugins.hparams import api as hp
+from tensorflow.core.protobuf import saved_model_pb2
+
+from trainer.errors import TensorBoardLinkError
+from trainer.serving import serving_function
+
+LINK_KEY = "tensorboard"  # where the link lives in checkpoint / export metadata
+HPARAM_TYPES = (bool, int, float, str)
+
+
+def to_container(cfg: Any) -> Any:
+    """Plain dicts/lists from an OmegaConf config (resolved), or ``cfg`` as it is."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return cfg
+    if isinstance(cfg, DictConfig | ListConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def flatten_config(cfg: Any, *, sep: str = ".") -> dict[str, bool | int | float | str]:
+    """``{"optimizer.learning_rate": 0.001, ...}``: HParams accept only scalars, so lists
+    become JSON text and ``None`` becomes ``"null"``."""
+    flat: dict[str, bool | int | float | str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, child in value.items():
+                walk(f"{prefix}{sep}{key}" if prefix else str(key), child)
+        elif isinstance(value, HPARAM_TYPES):
+            flat[prefix] = value
+        elif value is None:
+            flat[prefix] = "null"
+        else:
+            flat[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", to_container(cfg))
+    return flat
+
+
+def config_hash(cfg: Any, *, ignore: tuple[str, ...] = ("run_dir",)) -> str:
+    """Short SHA-256 of the resolved config; top-level keys in ``ignore`` (where the run
+    writes, not what it computes) are left out so two identical runs hash alike."""
+    data = to_container(cfg)
+    if isinstance(data, Mapping):
+        data = {k: v for k, v in data.items() if k not in ignore}
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def path_size(path: str | os.PathLike) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def saved_model_graph_def(directory: str | os.PathLike) -> Any:
+    """The GraphDef of a SavedModel's (first) MetaGraph, with its function library."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((Path(directory) / "saved_model.pb").read_bytes())
+    return proto.meta_graphs[0].graph_def
+
+
+def card_tag(kind: str, name: str) -> str:
+    """Text tag of an artifact's card: ``checkpoints/epoch-001``, ``exports/3``."""
+    return f"{kind}s/{name}"
+
+
+class RunBoard:
+    """The TensorBoard side of one run: its own event file in ``log_dir``.
+
+    ``run_dir`` is the Hydra run directory (default: the log dir's parent); ``run_name``
+    is what TensorBoard shows when started on the run directory's parent (for a Hydra
+    multirun: ``<job>/tb``).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        *,
+        run_dir: str | os.PathLike | None = None,
+        run_name: str | None = None,
+        config_hash: str | None = None,
+    ):
+        self.log_dir = Path(log_dir).absolute()
+        self.run_dir = Path(run_dir).absolute() if run_dir else self.log_dir.parent
+        self.run_name = run_name or os.path.relpath(self.log_dir, self.run_dir.parent)
+        self.config_hash = config_hash
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        suffix = f".{uuid.uuid4().hex[:12]}.v2"
+        self.writer = tf.summary.create_file_writer(str(self.log_dir), filename_suffix=suffix)
+        self.writer.flush()
+        files = sorted(self.log_dir.glob(f"*{suffix}"))
+        if len(files) != 1:
+            raise TensorBoardLinkError(
+                f"Could not find the event file just created in {self.log_dir} (suffix "
+                f"{suffix!r}); is the directory writable? Received files: {files}"
+            )
+        self.event_file = files[0]
+
+    # ------------------------------------------------------------------ writing
+    def write_hparams(
+        self,
+        flat_config: Mapping[str, Any],
+        final_metrics: Mapping[str, float],
+        *,
+        step: int = 0,
+    ) -> None:
+        """Session info for the HParams tab plus ``final/<metric>`` scalars at ``step``.
+
+        No experiment summary is written: with one per run, TensorBoard would pick one
+        arbitrarily; without, it infers hparams and metrics from every run's session.
+        """
+        values = flatten_config(dict(flat_config))
+        with self.writer.as_default(step=step):
+            hp.hparams(values, start_time_secs=int(time.time()))
+            for name, value in final_metrics.items():
+                tf.summary.scalar(f"final/{name}", float(value))
+        self.writer.flush()
+
+    def write_graph(self, source: Any, *, step: int = 0) -> None:
+        """Put a serving graph in the Graphs tab. ``source`` is a Keras model (its serving
+        function, as ``export_serving`` exports it with ``format="keras"``), a traced
+        ``tf.function`` or concrete function, or a SavedModel directory (its own graph,
+        read from ``saved_model.pb``: exactly what a model server loads)."""
+        if isinstance(source, str | os.PathLike):
+            graph_def = saved_model_graph_def(source)
+        else:
+            fn = source
+            if not hasattr(fn, "graph"):
+                if not hasattr(fn, "get_concrete_function"):
+                    fn = serving_function(fn)
+                fn = fn.get_concrete_function()
+            graph_def = fn.graph.as_graph_def()
+        with self.writer.as_default(step=step):
+            tf.summary.graph(graph_def)
+        self.writer.flush()
+
+    def checkpoint_card(
+        self,
+        step: int,
+        path: str | os.PathLike,
+        run_dir: str | os.PathLike | None = None,
+        backend: str | None = None,
+        format_version: int | None = None,
+        size_bytes: int | None = None,
+        save_seconds: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+        config_hash: str | None = None,
+        *,
+        kind: str = "checkpoint",
+    ) -> str:
+        """Markdown card at ``step`` plus ``<kind>/save_seconds`` and ``<kind>/size_bytes``
+        scalars; returns the card's tag. Flushed, so a link to ``step`` resolves now."""
+        path = Path(path)
+        base = Path(run_dir).absolute() if run_dir else self.run_dir
+        size_bytes = path_size(path) if size_bytes is None and path.exists() else size_bytes
+        tag = card_tag(kind, path.name)
+        text = card_markdown(
+            kind=kind,
+            path=_relative(path, base),
+            step=step,
+            backend=backend,
+            format_version=format_version,
+            size_bytes=size_bytes,
+            save_seconds=save_seconds,
+            metrics=metrics or {},
+            config_hash=config_hash or self.config_hash,
+        )
+        with self.writer.as_default(step=step):
+            tf.summary.text(tag, text)
+            if save_seconds is not None:
+                tf.summary.scalar(f"{kind}/save_seconds", float(save_seconds))
+            if size_bytes is not None:
+                tf.summary.scalar(f"{kind}/size_bytes", float(size_bytes))
+        self.writer.flush()
+        return tag
+
+    def link(
+        self, step: int, artifact: str | os.PathLike | None = None, *, tag: str | None = None
+    ) -> dict[str, Any]:
+        """What goes under ``metadata["tensorboard"]``. ``artifact`` is the final path of the
+        checkpoint/export; the run dir is then stored relative to its parent directory too,
+        so the link survives moving the whole run directory."""
+        link = {
+            "log_dir": _relative(self.log_dir, self.run_dir),
+            "run_name": self.run_name,
+            "step": int(step),
+            "event_file": self.event_file.name,
+            "run_dir_absolute": str(self.run_dir),
+        }
+        if artifact is not None:
+            link["run_dir"] = os.path.relpath(self.run_dir, Path(artifact).absolute().parent)
+        if tag is not None:
+            link["tag"] = tag
+        if self.config_hash:
+            link["config_hash"] = self.config_hash
+        return link
+
+    def save_checkpoint(
+        self,
+        backend: Any,
+        model: Any,
+        path: str | os.PathLike,
+        *,
+        state: Any,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Save through ``backend`` with the link in the metadata, then write the card."""
+        final = backend.checkpoint_path(path)
+        step = int(state.global_step)
+        meta = dict(metadata or {})
+        meta[LINK_KEY] = self.link(step, final, tag=card_tag("checkpoint", final.name))
+        start = time.perf_counter()
+        saved = backend.save(model, final, state=state, metadata=meta)
+        seconds = time.perf_counter() - start
+        self.checkpoint_card(
+            step,
+            saved,
+            backend=backend.name,
+            format_version=backend.format_version,
+            size_bytes=path_size(saved),
+            save_seconds=seconds,
+            metrics=state.metrics,
+        )
+        return saved
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __enter__(self) -> RunBoard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def card_markdown(
+    *,
+    kind: str,
+    path: str,
+    step: int,
+    backend: str | None,
+    format_version: int | None,
+    size_bytes: int | None,
+    save_seconds: float | None,
+    metrics: Mapping[str, float],
+    config_hash: str | None,
+) -> str:
+    """The text card: a two-column markdown table (TensorBoard renders tables)."""
+    rows = [
+        ("path", f"`{path}`"),
+        ("step", str(step)),
+        ("backend", f"{backend} (format version {format_version})" if backend else "?"),
+        ("size", _human_bytes(size_bytes) if size_bytes is not None else "?"),
+        ("save time", f"{save_seconds:.3f} s" if save_seconds is not None else "?"),
+        ("config hash", f"`{config_hash}`" if config_hash else "?"),
+    ]
+    rows += [(f"metric `{k}`", f"{float(v):.6g}") for k, v in sorted(metrics.items())]
+    lines = [f"**{kind}** `{Path(path).name}`", "", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size:,} B" if unit == "B" else f"{value:.1f} {unit} ({size:,} B)"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def _relative(path: Path, base: Path) -> str:
+    return os.path.relpath(Path(path).absolute(), base)
+
+
+# ---------------------------------------------------------------------- reading back
+@dataclasses.dataclass
+class ResolvedLink:
+    event_file: Path
+    log_dir: Path
+    run_dir: Path
+    run_name: str
+    step: int
+    tags: list[str]  # every tag the event file holds at that step
+
+
+def event_steps(event_file: str | os.PathLike) -> dict[int, set[str]]:
+    """``{step: {tags}}`` of one event file, streamed without building any index."""
+    steps: dict[int, set[str]] = {}
+    for event in LegacyEventFileLoader(str(event_file)).Load():
+        if event.HasField("summary"):
+            tags = steps.setdefault(event.step, set())
+            tags.update(value.tag for value in event.summary.value)
+        elif event.HasField("graph_def"):
+            steps.setdefault(event.step, set()).add("__graph__")
+    return steps
+
+
+def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ResolvedLink:
+    """Follow the link of the checkpoint/export at ``artifact_path`` to its event file and
+    check the file holds the link's step (and its card tag, if it names one).
+
+    ``metadata`` is the artifact's metadata (with a ``"tensorboard"`` entry) or the link.
+    """
+    link = metadata.get(LINK_KEY, metadata)
+    artifact = Path(artifact_path).absolute()
+    if not isinstance(link, Mapping) or "event_file" not in link or "step" not in link:
+        raise TensorBoardLinkError(
+            f"{artifact} carries no TensorBoard link (metadata key {LINK_KEY!r} with "
+            f"'event_file' and 'step'); it was saved without a RunBoard. "
+            f"Received keys: {sorted(metadata)[:12]}"
+        )
+    candidates = []
+    if link.get("run_dir") is not None:
+        candidates.append(artifact.parent / link["run_dir"])
+    if link.get("run_dir_absolute"):
+        candidates.append(Path(link["run_dir_absolute"]))
+    tried = []
+    for run_dir in candidates:
+        log_dir = Path(os.path.normpath(run_dir / link.get("log_dir", ".")))
+        event_file = log_dir / link["event_file"]
+        tried.append(str(event_file))
+        if event_file.is_file():
+            break
+    else:
+        raise TensorBoardLinkError(
+            f"The TensorBoard event file of {artifact} is gone: none of {tried} exists. The "
+            f"run directory was moved without the artifact, or its log was deleted. "
+            f"Received link: {dict(link)}"
+        )
+    step = int(link["step"])
+    tags = sorted(event_steps(event_file).get(step, ()))
+    wanted = link.get("tag")
+    if not tags or (wanted and wanted not in tags):
+        raise TensorBoardLinkError(
+            f"{event_file} holds no {'card ' + repr(wanted) if wanted else 'event'} at step "
+            f"{step}: the artifact was saved but its card was never written (the run stopped "
+            f"in between?). Received tags at that step: {tags}"
+        )
+    return ResolvedLink(
+        event_file=event_file,
+        log_dir=log_dir,
+        run_dir=Path(os.path.normpath(run_dir)),
+        run_name=str(link.get("run_name", "")),
+        step=step,
+        tags=tags,
+    )
