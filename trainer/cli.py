@@ -1,4 +1,4 @@
-"""``python -m trainer``: inspect checkpoints from the shell.
+"""``python -m trainer``: inspect checkpoints, export them for serving, list runs.
 
 Every deliberate error (``TrainerError``) becomes one line on stderr and exit code 2;
 nothing here prints a traceback for bad input.
@@ -23,10 +23,37 @@ def main(argv: list[str] | None = None) -> int:
     inspect = commands.add_parser("inspect", help="describe a checkpoint of any backend")
     inspect.add_argument("path", type=Path)
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    export = commands.add_parser(
+        "export", help="export a checkpoint of any backend as OUT_DIR/<version>/ for serving"
+    )
+    export.add_argument("checkpoint", type=Path)
+    export.add_argument("out_dir", type=Path)
+    export.add_argument("--keep", type=int, default=5, help="versions kept (default 5)")
+    export.add_argument("--format", choices=["auto", "keras", "savedmodel"], default="auto")
+    export.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="TF Serving warmup requests from N validation examples of the run's data",
+    )
+    export.add_argument(
+        "--no-card", action="store_true", help="do not add an export card to the run's log"
+    )
+    export.add_argument("--json", action="store_true", help="machine-readable output")
+    runs = commands.add_parser("runs", help="list every run with its checkpoints and exports")
+    runs.add_argument("output_dir", type=Path)
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     try:
         if args.command == "inspect":
             return run_inspect(args.path, as_json=args.json)
+        if args.command in ("export", "runs"):
+            from trainer import cli_extra
+
+            if args.command == "export":
+                return cli_extra.run_export(args)
+            return cli_extra.run_runs(args.output_dir, as_json=args.json)
     except (TrainerError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -35,10 +62,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_inspect(path: Path, *, as_json: bool) -> int:
+    from trainer import cli_extra
+    from trainer.export import is_export
     from trainer.save_backends import load_checkpoint
 
+    if is_export(path):  # a serving export: metadata and signatures, no model loaded
+        return cli_extra.inspect_export(path, as_json=as_json)
     checkpoint = load_checkpoint(path, compile=True)
     report = describe(checkpoint)
+    report.update(cli_extra.links_and_signatures(checkpoint))
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
@@ -100,4 +132,8 @@ def format_report(report: dict[str, Any]) -> str:
             walk(node["layers"], depth + 1)
 
     walk(report["layers"], 1)
+    if "signatures" in report:
+        from trainer import cli_extra
+
+        lines += cli_extra.format_links_and_signatures(report)
     return "\n".join(lines)

@@ -306,14 +306,19 @@ def export_from_checkpoint(
 ) -> Path:
     """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
 
-    The export carries the checkpoint's state and config; if the checkpoint's TensorBoard
-    link resolves and ``card`` is true, an export card is added to that run's log at the
-    checkpoint's step and the export links to it.
+    ``warmup``: examples, or a count N of validation examples taken from the data set of
+    the checkpoint's run config. The export carries the checkpoint's state and config; if
+    the checkpoint's TensorBoard link resolves and ``card`` is true, an export card is added
+    to that run's log at the checkpoint's step and the export links to it.
     """
     from trainer.save_backends import load_checkpoint
 
     checkpoint = load_checkpoint(checkpoint_path, compile=False)
     meta = checkpoint.metadata
+    if isinstance(warmup, int) and not isinstance(warmup, bool):
+        warmup = (
+            validation_examples(meta.get("config"), warmup, checkpoint_path) if warmup else None
+        )
     extra = {
         "source": {
             "checkpoint": str(Path(checkpoint_path).absolute()),
@@ -353,3 +358,19 @@ def export_from_checkpoint(
     finally:
         if board is not None:
             board.close()
+
+
+def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any) -> np.ndarray:
+    """The first ``count`` validation inputs (training inputs if there are none) of the data
+    set a run config describes, for warmup requests."""
+    if not isinstance(config, Mapping) or "data" not in config:
+        raise ExportError(
+            f"{where} records no run config with a `data` section, so no validation examples "
+            f"can be built for warmup. Export without warmup. Received config keys: "
+            f"{sorted(config) if isinstance(config, Mapping) else config!r}"
+        )
+    import hydra
+
+    data = hydra.utils.instantiate(dict(config["data"]))
+    inputs = data.x_val if len(data.x_val) else data.x_train
+    return np.asarray(inputs[:count])

@@ -1,0 +1,191 @@
+"""TensorBoard side of a run, read back with TensorBoard itself: EventAccumulator on the
+event files, and a real ``tensorboard`` server queried over HTTP."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from omegaconf import OmegaConf
+from tb_runs import make_run, tensorboard_server, wait_for
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import metadata as hp_metadata
+from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.util import tensor_util
+
+from trainer.errors import TensorBoardLinkError
+from trainer.save_backends import load_checkpoint
+from trainer.tensorboard import (
+    RunBoard,
+    config_hash,
+    event_steps,
+    flatten_config,
+    path_size,
+    resolve_link,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("outputs") / "run0", backends=("h5", "weights"))
+
+
+def accumulator(log_dir):
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def scalar(event) -> float:
+    return float(tensor_util.make_ndarray(event.tensor_proto))
+
+
+def test_flatten_config_turns_nested_config_into_scalar_hparams():
+    cfg = OmegaConf.create(
+        {"a": {"b": 1, "c": {"d": "x"}}, "lr": "${a.b}", "hidden": [16, 8], "none": None}
+    )
+    flat = flatten_config(cfg)
+    assert flat == {"a.b": 1, "a.c.d": "x", "lr": 1, "hidden": "[16, 8]", "none": "null"}
+    assert all(isinstance(v, bool | int | float | str) for v in flat.values())
+
+
+def test_config_hash_ignores_where_the_run_writes_but_not_what_it_computes():
+    base = {"seed": 0, "run_dir": "/a", "optimizer": {"learning_rate": 0.1}}
+    moved = {**base, "run_dir": "/b"}
+    changed = {**base, "optimizer": {"learning_rate": 0.2}}
+    assert config_hash(base) == config_hash(moved) == config_hash(OmegaConf.create(moved))
+    assert config_hash(base) != config_hash(changed)
+    assert len(config_hash(base)) == 12
+
+
+def test_event_files_hold_cards_scalars_hparams_and_graph(run):
+    acc = accumulator(run["run_dir"] / "tb")
+    tags = acc.Tags()
+    for saved in run["checkpoints"]:
+        tag = f"checkpoints/{saved['path'].name}"
+        (event,) = acc.Tensors(tag)
+        assert event.step == saved["step"]
+        card = event.tensor_proto.string_val[0].decode()
+        assert f"`checkpoints/{saved['path'].name}`" in card  # relative to the run directory
+        assert f"{saved['backend']} (format version 1)" in card
+        assert f"{path_size(saved['path']):,} B" in card
+        assert f"`{run['config_hash']}`" in card
+        assert f"{saved['metrics']['loss']:.6g}" in card
+    sizes = {e.step: scalar(e) for e in acc.Tensors("checkpoint/size_bytes")}
+    assert sizes == {s["step"]: float(path_size(s["path"])) for s in run["checkpoints"]}
+    seconds = [scalar(e) for e in acc.Tensors("checkpoint/save_seconds")]
+    assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)
+    (final,) = acc.Tensors("final/val_loss")
+    assert scalar(final) == pytest.approx(run["final"]["val_loss"])
+
+    content = acc.PluginTagToContent(hp_metadata.PLUGIN_NAME)[hp_metadata.SESSION_START_INFO_TAG]
+    info = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    expected = flatten_config(run["config"])
+    assert set(info.hparams) == set(expected)
+    assert info.hparams["optimizer.name"].string_value == "adam"
+    assert info.hparams["optimizer.learning_rate"].number_value == pytest.approx(0.01)
+
+    assert tags["graph"] is True
+    ops = {node.op for node in acc.Graph().node}
+    assert {"MatMul", "BiasAdd", "Relu", "Placeholder"} <= ops
+
+
+def test_checkpoint_links_resolve_to_the_event_file_holding_their_step(run, tmp_path):
+    for saved in run["checkpoints"]:
+        checkpoint = load_checkpoint(saved["path"], compile=False)
+        link = checkpoint.metadata["tensorboard"]
+        assert link["step"] == saved["step"] and link["log_dir"] == "tb"
+        assert link["run_name"] == "run0/tb"
+        assert link["event_file"] == run["event_file"].name
+        resolved = resolve_link(saved["path"], checkpoint.metadata)
+        assert resolved.event_file == run["event_file"] and resolved.event_file.is_file()
+        assert f"checkpoints/{saved['path'].name}" in resolved.tags
+        assert saved["step"] in event_steps(resolved.event_file)
+
+    # Moving the whole run directory keeps the link working (it is relative)...
+    moved = tmp_path / "moved"
+    shutil.copytree(run["run_dir"], moved)
+    shutil.rmtree(run["run_dir"] / "tb")
+    try:
+        first = run["checkpoints"][0]
+        path = moved / "checkpoints" / first["path"].name
+        meta = load_checkpoint(path, compile=False).metadata
+        assert resolve_link(path, meta).event_file == moved / "tb" / run["event_file"].name
+        # ...and a missing log is reported, not ignored.
+        with pytest.raises(TensorBoardLinkError, match="is gone"):
+            resolve_link(first["path"], meta)
+    finally:
+        shutil.copytree(moved / "tb", run["run_dir"] / "tb")
+
+
+def test_a_link_to_a_step_without_card_is_reported(tmp_path):
+    with RunBoard(tmp_path / "tb", run_dir=tmp_path) as board:
+        board.checkpoint_card(3, tmp_path / "ckpt.h5", backend="h5", format_version=1)
+        good = board.link(3, tmp_path / "ckpt.h5", tag="checkpoints/ckpt.h5")
+        bad_step = board.link(4, tmp_path / "ckpt.h5")
+        bad_tag = board.link(3, tmp_path / "ckpt.h5", tag="checkpoints/other.h5")
+    assert resolve_link(tmp_path / "ckpt.h5", good).step == 3
+    with pytest.raises(TensorBoardLinkError, match="no event at step 4"):
+        resolve_link(tmp_path / "ckpt.h5", bad_step)
+    with pytest.raises(TensorBoardLinkError, match=r"other\.h5"):
+        resolve_link(tmp_path / "ckpt.h5", bad_tag)
+    with pytest.raises(TensorBoardLinkError, match="no TensorBoard link"):
+        resolve_link(tmp_path / "ckpt.h5", {"backend": "h5"})
+
+
+@pytest.mark.slow
+def test_tensorboard_server_lists_runs_scalars_hparams_and_cards(tmp_path):
+    """Two runs of a "multirun" (adam vs sgd) under one directory, served by TensorBoard."""
+    runs = [
+        make_run(tmp_path / "0", optimizer="adam", learning_rate=0.01),
+        make_run(tmp_path / "1", optimizer="sgd", learning_rate=0.1),
+    ]
+    with tensorboard_server(tmp_path) as get:
+        names = wait_for(get, "/data/runs", lambda r: len(r) == 2)
+        assert sorted(names) == ["0/tb", "1/tb"]
+
+        scalars = wait_for(get, "/data/plugin/scalars/tags", lambda r: len(r) == 2)
+        for name in names:
+            assert {"checkpoint/size_bytes", "checkpoint/save_seconds", "final/val_loss"} <= set(
+                scalars[name]
+            )
+
+        texts = get("/data/plugin/text/tags")
+        assert sorted(texts["0/tb"]) == ["checkpoints/epoch-001.h5", "checkpoints/epoch-002.h5"]
+        card = get("/data/plugin/text/text?run=0/tb&tag=checkpoints/epoch-002.h5")
+        assert card[0]["step"] == runs[0]["checkpoints"][1]["step"]
+        assert "checkpoints/epoch-002.h5" in card[0]["text"]
+        assert "<table>" in card[0]["text"]  # the markdown table was rendered
+
+        experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
+        infos = {h["name"]: h for h in experiment["hparamInfos"]}
+        assert infos["optimizer.name"]["domainDiscrete"] == ["adam", "sgd"]
+        assert infos["optimizer.name"]["differs"] is True
+        metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert "final/val_loss" in metrics
+
+        groups = get(
+            "/data/plugin/hparams/session_groups",
+            {
+                "experimentName": "",
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_RUNNING"],
+                "colParams": [{"hparam": "optimizer.name"}, {"metric": {"tag": "final/val_loss"}}],
+                "startIndex": 0,
+                "sliceSize": 10,
+            },
+        )
+        assert groups["totalSize"] == 2
+        by_optimizer = {
+            g["hparams"]["optimizer.name"]: g["sessions"][0] for g in groups["sessionGroups"]
+        }
+        assert set(by_optimizer) == {"adam", "sgd"}
+        for r, name in zip(runs, ["adam", "sgd"], strict=True):
+            (value,) = [
+                m["value"]
+                for m in by_optimizer[name]["metricValues"]
+                if m["name"]["tag"] == "final/val_loss"
+            ]
+            assert value == pytest.approx(r["final"]["val_loss"], rel=1e-5)
+
+        graphs = get("/data/plugin/graphs/info")
+        assert graphs["0/tb"]["run_graph"] is True

@@ -1,0 +1,157 @@
+"""The ``export`` and ``runs`` commands, and what ``inspect`` shows about links and signatures.
+
+Kept apart from ``trainer.cli`` so that ``inspect`` of a plain checkpoint does not import
+the export and TensorBoard machinery until it needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import TrainerError
+from trainer.serving import format_signatures, model_signatures, saved_model_signatures
+from trainer.tensorboard import LINK_KEY, resolve_link
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from trainer.export import export_from_checkpoint, read_export_metadata
+
+    path = export_from_checkpoint(
+        args.checkpoint,
+        args.out_dir,
+        keep=args.keep,
+        warmup=args.warmup,
+        format=args.format,
+        card=not args.no_card,
+    )
+    meta = read_export_metadata(path)
+    report = {
+        "export": str(path),
+        "version": meta["version"],
+        "exported_with": meta["exported_with"],
+        "warmup_requests": meta["warmup_requests"],
+        "tensorboard": meta.get(LINK_KEY),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        link = report["tensorboard"]
+        print(f"exported {args.checkpoint} -> {path} ({meta['exported_with']})")
+        print(f"warmup requests: {meta['warmup_requests']}")
+        if link:
+            print(f"tensorboard: run {link['run_name']} step {link['step']} ({link['tag']})")
+    return 0
+
+
+def run_runs(output_dir: Path, *, as_json: bool) -> int:
+    from trainer.runs import format_runs, list_runs
+
+    listing = list_runs(output_dir)
+    if as_json:
+        print(json.dumps(listing, indent=2, sort_keys=True, default=str))
+    else:
+        print(format_runs(listing))
+    return 0
+
+
+def link_report(path: Path, metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored TensorBoard link plus whether (and where) it resolves."""
+    link = metadata.get(LINK_KEY)
+    if not isinstance(link, dict):
+        return None
+    report = dict(link)
+    try:
+        resolved = resolve_link(path, metadata)
+    except TrainerError as error:
+        report.update(resolves=False, problem=str(error))
+    else:
+        report.update(
+            resolves=True,
+            event_file_path=str(resolved.event_file),
+            log_dir_path=str(resolved.log_dir),
+            tags_at_step=resolved.tags,
+        )
+    return report
+
+
+def links_and_signatures(checkpoint: Any) -> dict[str, Any]:
+    """For ``inspect`` of a checkpoint: its TB link and its (or its export's) signatures."""
+    path = Path(checkpoint.path)
+    if (path / "saved_model.pb").is_file():
+        signatures, source = saved_model_signatures(path), "saved_model.pb"
+    else:
+        try:
+            signatures = model_signatures(checkpoint.model)
+            source = "as exported (traced from the model)"
+        except TrainerError as error:
+            signatures, source = {}, f"unavailable: {error}"
+    return {
+        "tensorboard": link_report(path, checkpoint.metadata),
+        "signatures": signatures,
+        "signatures_source": source,
+    }
+
+
+def format_links_and_signatures(report: dict[str, Any]) -> list[str]:
+    lines = [f"signatures:     ({report.get('signatures_source', 'saved_model.pb')})"]
+    lines += [f"  {line}" for line in format_signatures(report["signatures"])] or ["  none"]
+    link = report.get("tensorboard")
+    if not link:
+        lines.append("tensorboard:    no link (saved without a RunBoard)")
+        return lines
+    lines.append(
+        f"tensorboard:    run {link.get('run_name')} step {link.get('step')}, tag {link.get('tag')}"
+    )
+    if link["resolves"]:
+        lines.append(f"  event file:   {link['event_file_path']}")
+        lines.append(f"  open with:    tensorboard --logdir {link['log_dir_path']}")
+    else:
+        lines.append(f"  BROKEN:       {link['problem']}")
+    return lines
+
+
+def inspect_export(path: Path, *, as_json: bool) -> int:
+    from trainer.export import read_export_metadata
+
+    meta = read_export_metadata(path)
+    state = meta.get("state") or {}
+    report = {
+        "path": str(path),
+        "kind": "export",
+        "version": meta.get("version"),
+        "exported_with": meta.get("exported_with"),
+        "created": meta.get("created"),
+        "model": meta.get("model_name"),
+        "source": meta.get("source"),
+        "epoch": state.get("epoch"),
+        "global_step": state.get("global_step"),
+        "metrics": state.get("metrics") or {},
+        "warmup_requests": meta.get("warmup_requests", 0),
+        "signatures": saved_model_signatures(path),
+        "signatures_source": "saved_model.pb",
+        "tensorboard": link_report(path, meta),
+    }
+    if as_json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+        return 0
+    metrics = ", ".join(f"{k}={v:.4g}" for k, v in report["metrics"].items()) or "none"
+    source = (report["source"] or {}).get("checkpoint") or "training run"
+    print(
+        "\n".join(
+            [
+                f"path:           {report['path']}",
+                f"export:         version {report['version']} ({report['exported_with']})",
+                f"created:        {report['created']}",
+                f"from:           {source}",
+                f"epoch / step:   {report['epoch']} / {report['global_step']}",
+                f"metrics:        {metrics}",
+                f"model:          {report['model']}",
+                f"warmup:         {report['warmup_requests']} request(s)",
+                *format_links_and_signatures(report),
+            ]
+        )
+    )
+    return 0
