@@ -1,0 +1,147 @@
+"""What checkpointing every epoch costs the default training run, in steps per second.
+
+Runs the real ``trainer.training.train(cfg)`` on the default config, changing only the
+checkpoint policy and backend through Hydra overrides, with one timing callback inserted
+through ``test_hooks``. Modes are interleaved repeat by repeat so background load hits
+them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import keras
+
+from benchmarks.timing import ERROR, Result, not_available, remove
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+FULL = ("trainer.verbose=0",)  # the default run: resnet on digits, Adam, batch 64, 5 epochs
+QUICK = (  # a smoke of the same path: every mode, tiny model and data
+    "trainer.verbose=0",
+    "model=mlp",
+    "data=synthetic",
+    "trainer.epochs=2",
+    "trainer.batch_size=16",
+    "trainer.steps_per_epoch=2",
+)
+SAVEDMODEL = "save._target_=trainer.save_backends.savedmodel.SavedModelBackend"
+NO_SAVES = (
+    "checkpoint.policy.every_n_epochs=null",
+    "checkpoint.policy.on_train_end=false",
+    "checkpoint.policy.on_interrupt=false",
+)
+MODES = {
+    "none": ("training, no checkpointing", NO_SAVES),
+    "sync_savedmodel": (
+        "training + sync savedmodel save every epoch",
+        (SAVEDMODEL, "checkpoint.policy.async_save=false"),
+    ),
+    "sync_h5": (
+        "training + sync h5 save every epoch (default save=h5)",
+        ("checkpoint.policy.async_save=false",),
+    ),
+    "async_savedmodel": (
+        "training + async savedmodel save every epoch",
+        (SAVEDMODEL, "checkpoint.policy.async_save=true"),
+    ),
+}
+HOOK = "test_hooks=[{_target_:benchmarks.overhead.EpochClock}]"
+
+
+class EpochClock(keras.callbacks.Callback):
+    """Timestamps of every ``fit`` call (one per epoch). ``on_train_end`` runs after every
+    callback's ``on_epoch_end``, so an epoch's time includes its checkpoint save."""
+
+    spans: list[tuple[float, float, int]] = []  # (start, end, steps); read after train()
+
+    def on_train_begin(self, logs=None):
+        self._start, self._steps = time.perf_counter(), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+
+    def on_train_end(self, logs=None):
+        EpochClock.spans.append((self._start, time.perf_counter(), self._steps))
+
+
+def async_option() -> tuple[bool, str]:
+    """Whether the checkpoint policy has async saving (the callback issue); until it has,
+    the async rows say so instead of carrying a figure."""
+    try:
+        from trainer.checkpointing import CheckpointPolicy
+    except ImportError as err:
+        return False, f"no async checkpointing in this checkout ({err})"
+    if "async_save" not in {f.name for f in dataclasses.fields(CheckpointPolicy)}:
+        return False, "CheckpointPolicy has no async_save option"
+    return True, ""
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as _compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return _compose("config", overrides=overrides)
+
+
+def run_once(base: tuple[str, ...], mode: str, run_dir: Path) -> tuple[float, float, int]:
+    """One ``train(cfg)``; returns (run steps/s, steady-state steps/s, steps trained).
+
+    The run's time starts at the first epoch and ends when ``train`` returns (last write
+    awaited, final evaluation included); model building and data loading are left out.
+    """
+    from trainer.training import train
+
+    cfg = compose([*base, *MODES[mode][1], HOOK, f"run_dir={run_dir}"])
+    EpochClock.spans = []
+    train(cfg)
+    end = time.perf_counter()
+    spans = EpochClock.spans
+    if len(spans) != cfg.trainer.epochs:
+        raise RuntimeError(f"expected {cfg.trainer.epochs} timed epochs, got {len(spans)}")
+    total = sum(steps for _, _, steps in spans)
+    per_epoch = [steps / (stop - start) for start, stop, steps in spans]
+    steady = per_epoch[1:] or per_epoch
+    return total / (end - spans[0][0]), statistics.median(steady), total
+
+
+def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Result]:
+    base = QUICK if quick else FULL
+    option, why_not = async_option()
+    modes = [m for m in MODES if option or not m.startswith("async")]
+    run_rows = {m: Result("training", f"train.{m}", MODES[m][0], unit="steps/s") for m in modes}
+    steady_rows = {
+        m: Result("training", f"train_steady.{m}", MODES[m][0], unit="steps/s") for m in modes
+    }
+    for repeat in range(repeats):
+        for mode in modes:
+            if run_rows[mode].status == ERROR:
+                continue
+            run_dir = Path(workdir) / f"train_{mode}_{repeat}"
+            try:
+                run, steady, total = run_once(base, mode, run_dir)
+            except Exception as err:  # reported in the table, never a number
+                for rows in (run_rows, steady_rows):
+                    rows[mode].status = ERROR
+                    rows[mode].note = f"{type(err).__name__}: {str(err)[:200]}"
+                    rows[mode].values = []
+                log(f"  [training] {mode}: error {type(err).__name__}: {err}")
+                continue
+            finally:
+                remove(run_dir)
+                keras.backend.clear_session()
+                gc.collect()
+            run_rows[mode].values.append(run)
+            steady_rows[mode].values.append(steady)
+            run_rows[mode].note = f"{total} steps per run"
+            log(f"  [training] {mode}: {run:.1f} steps/s (steady {steady:.1f})")
+    results = [*run_rows.values(), *steady_rows.values()]
+    if not option:
+        label = MODES["async_savedmodel"][0]
+        for prefix in ("train", "train_steady"):
+            results.append(not_available("training", f"{prefix}.async_savedmodel", label, why_not))
+    return results

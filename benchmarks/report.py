@@ -1,0 +1,229 @@
+"""Markdown report: per-size tables with ratios against each anchor, the issue's targets
+with met/missed, training overhead, machine and command. Rows without a measured figure
+say why ("n/a", "error") instead of showing a number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.specs import SIZES
+from benchmarks.timing import OK, Result
+
+# Which anchors a row is compared with: (anchor key, column title).
+SAVE_ANCHORS = (("keras.save", "vs `.keras` save"), ("tf_keras.save", "vs tf_keras save"))
+LOAD_ANCHORS = (("keras.load", "vs `.keras` load"), ("tf_keras.load", "vs tf_keras load"))
+# (target, row key, anchor key, limit, sizes it applies to; None = every size)
+TARGETS = (
+    ("repeat savedmodel save <= 1.0x Keras 3 `.keras` save", "savedmodel.repeat_save",
+     "keras.save", 1.0, None),
+    ("repeat savedmodel save <= 2x write+fsync floor (large model)", "savedmodel.repeat_save",
+     "floor", 2.0, ("large",)),
+    ("first savedmodel save <= 0.5x tf_keras SavedModel save", "savedmodel.first_save",
+     "tf_keras.save", 0.5, None),
+    ("load, classes known <= 1.0x Keras 3 `.keras` load", "savedmodel.load", "keras.load",
+     1.0, None),
+    ("load, custom class missing <= 1.0x tf_keras SavedModel load",
+     "savedmodel.load_missing", "tf_keras.load", 1.0, None),
+)  # fmt: skip
+ROW_ORDER = (
+    "savedmodel.first_save",
+    "savedmodel.repeat_save",
+    "savedmodel.load",
+    "savedmodel.load_missing",
+    "h5.save",
+    "h5.load",
+    "weights.save",
+    "weights.load",
+    "keras.save",
+    "keras.save_weights",
+    "keras.export",
+    "keras.load",
+    "tf_keras.save",
+    "tf_keras.load",
+    "floor",
+)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_bytes(nbytes: int | None) -> str:
+    if not nbytes:
+        return ""
+    return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def ratio(row: Result | None, anchor: Result | None) -> float | None:
+    if row is None or anchor is None or row.median is None or not anchor.median:
+        return None
+    return row.median / anchor.median
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def status_cell(row: Result) -> str:
+    return "" if row.status == OK else f"**{row.status}**"
+
+
+def size_table(rows: dict[str, Result]) -> list[str]:
+    head = ["operation", "median s", "min s", "max s", "on disk"]
+    head += [title for _, title in SAVE_ANCHORS] + ["vs floor", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in ROW_ORDER:
+        row = rows.get(key)
+        if row is None:
+            continue
+        loading = key.endswith("load") or key.endswith("load_missing")
+        anchors = LOAD_ANCHORS if loading else SAVE_ANCHORS
+        cells = [row.label, fmt(row.median), fmt(row.low), fmt(row.high), fmt_bytes(row.nbytes)]
+        cells += [fmt_ratio(ratio(row, rows.get(a))) for a, _ in anchors]
+        cells.append("—" if loading else fmt_ratio(ratio(row, rows.get("floor"))))
+        note = " ".join(filter(None, [status_cell(row), row.note])).replace("|", "/")
+        cells.append(note)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def target_rows(by_size: dict[str, dict[str, Result]], training: dict[str, Result]):
+    """(target, size, ours, anchor, ratio, limit, verdict) per target and size."""
+    out = []
+    sizes = list(by_size)
+    for title, key, anchor_key, limit, applies in TARGETS:
+        chosen = [s for s in sizes if applies is None or s in applies]
+        if not chosen and applies:  # --quick: check the floor target on what was measured
+            chosen = sizes
+        for size in chosen:
+            row, anchor = by_size[size].get(key), by_size[size].get(anchor_key)
+            if key == "savedmodel.load_missing" and not SIZES[size].has_custom_class:
+                continue
+            value = ratio(row, anchor)
+            verdict = "n/a" if value is None else ("met" if value <= limit else "**missed**")
+            out.append((title, size, row, anchor, value, f"{limit:g}x", verdict))
+    return out, async_target(training)
+
+
+def async_target(training: dict[str, Result]) -> tuple[str, str]:
+    none, run = training.get("train.none"), training.get("train.async_savedmodel")
+    if run is None or run.median is None or none is None or none.median is None:
+        why = run.note if run is not None else "not measured"
+        return "n/a", why
+    cost = 1 - run.median / none.median
+    return f"{cost:+.1%}", "met" if cost < 0.03 else "**missed**"
+
+
+def training_table(training: dict[str, Result]) -> list[str]:
+    head = ["mode", "run steps/s (median)", "min", "max", "throughput lost vs none"]
+    head += ["steady-state steps/s", "steady-state lost vs none", "note"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    none, steady_none = training.get("train.none"), training.get("train_steady.none")
+    for key, row in training.items():
+        if not key.startswith("train."):
+            continue
+        steady = training.get("train_steady." + key.split(".", 1)[1])
+        cost = ratio(row, none)
+        steady_cost = ratio(steady, steady_none)
+        cells = [
+            row.label,
+            fmt(row.median, 1),
+            fmt(row.low, 1),
+            fmt(row.high, 1),
+            "—" if cost is None else f"{1 - cost:+.1%}",
+            fmt(steady.median if steady else None, 1),
+            "—" if steady_cost is None else f"{1 - steady_cost:+.1%}",
+            " ".join(filter(None, [status_cell(row), row.note])).replace("|", "/"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
+    results = [Result.from_dict(d) for d in payload["results"]]
+    by_size: dict[str, dict[str, Result]] = {}
+    training: dict[str, Result] = {}
+    for r in results:
+        if r.size == "training":
+            training[r.key] = r
+        else:
+            by_size.setdefault(r.size, {})[r.key] = r
+    m = payload["machine"]
+    out = [
+        "# Benchmarks",
+        "",
+        "Save, load and training-overhead figures of trainer's save backends, side by side in "
+        "one run with what a user would pick instead: Keras 3's own formats, tf_keras 2.21's "
+        "legacy SavedModel, and the disk's own write-and-fsync floor. Generated by "
+        "`benchmarks/run.py`; do not edit by hand (the analysis section comes from "
+        "`benchmarks/analysis.md`).",
+        "",
+        "## How to run",
+        "",
+        "```",
+        "pip install -e '.[bench]'           # tf_keras, the anchor",
+        "python -m benchmarks.run            # full run, rewrites this README and results.json",
+        "python -m benchmarks.run --quick    # tiny model, 1 repeat, < 60 s, prints the report",
+        "python -m benchmarks.profile --size large --op first_save   # cProfile of one operation",
+        "pytest -m slow tests/test_benchmark_smoke.py",
+        "```",
+        "",
+        "Every figure is the median of the repeats (min and max beside it) in seconds, for saves "
+        "and loads; training rows are steps per second. Each save writes a fresh path; a "
+        "'first save' saves a freshly built model (every repeat a new one), a 'repeat save' "
+        "saves the same model again after one more training step. All models are compiled "
+        "with Adam and trained one step before any save, so every format stores the slots. "
+        "Our backends fsync what they write (atomic publication); Keras 3 and tf_keras do not. "
+        "The floor writes and fsyncs as many bytes as our savedmodel checkpoint (or the "
+        "`.keras` file if savedmodel is unavailable) to the same directory.",
+        "",
+        "## This run",
+        "",
+        f"- Date: {m['date']}, duration {m.get('duration', '?')}",
+        f"- Command: `{payload['command']}`",
+        f"- Repeats per size: {', '.join(f'{k}={v}' for k, v in payload['repeats'].items())}",
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory']} RAM",
+        f"- Disk: {m['disk']} (scratch directory {m['workdir']})",
+        f"- Load average (1, 5, 15 min) before: {m['load_before']}; after: "
+        f"{m.get('load_after', '?')}",
+        f"- Python {m['python']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
+        f"tf_keras {m['tf_keras']}",
+    ]
+    out += [f"- {note}" for note in payload.get("notes", [])]
+    if payload.get("quick"):
+        out.append("- **--quick run**: tiny model, one repeat, no warm-up: a smoke test only.")
+    targets, (async_value, async_verdict) = target_rows(by_size, training)
+    out += ["", "## Targets (issue 7)", "", "| target | size | ours s | anchor s | ratio | limit "
+            "| verdict |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for title, size, row, anchor, value, limit, verdict in targets:
+        ours = fmt(row.median) if row else "—"
+        base = fmt(anchor.median) if anchor else "—"
+        out.append(f"| {title} | {size} | {ours} | {base} | {fmt_ratio(value)} | {limit} | "
+                   f"{verdict} |")  # fmt: skip
+    out.append(
+        f"| async checkpointing every epoch costs < 3% of training throughput | training | "
+        f"| | {async_value} | < 3% | {async_verdict} |"
+    )
+    for size, rows in by_size.items():
+        spec = SIZES.get(size)
+        out += ["", f"## {size}: {spec.description if spec else ''}", ""]
+        out += size_table(rows)
+    if training:
+        out += ["", "## Checkpoint overhead on training", ""]
+        out += [
+            "`trainer.training.train(cfg)` on the default config (`conf/config.yaml`: resnet "
+            "with 2 blocks of width 16 on the digits data, Adam, batch 64, 5 epochs, validation "
+            "and TensorBoard scalars every epoch, op determinism on), only the checkpoint policy "
+            "and backend changed by overrides"
+            + (" (--quick: mlp on 2x2 synthetic steps)" if payload.get("quick") else "")
+            + ". 'run' is all steps over the time from the first epoch until `train` returns "
+            "(first-epoch tracing, the first checkpoint's trace, the wait for the last async "
+            "write and the final evaluation included; model building and data loading not); "
+            "'steady-state' is the median epoch after the first, its save included.",
+            "",
+        ]
+        out += training_table(training)
+    if analysis is not None and Path(analysis).exists():
+        out += ["", Path(analysis).read_text().strip()]
+    return "\n".join(out) + "\n"
