@@ -6,7 +6,8 @@ zoo's resnet gets its own test at the end.
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import copy
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -143,7 +144,7 @@ def residual(shared=False):
 
 def deep():
     inputs = keras.Input((4,))
-    return keras.Model(inputs, L.Dense(2)(Outer(4, name="outer")(inputs)))
+    return keras.Model(inputs, L.Dense(3)(Outer(4, name="outer")(inputs)))
 
 
 def subclassed():
@@ -165,17 +166,19 @@ def data(model, n=32, seed=0):
 
 
 def kernels(layer_types=(L.Dense, L.Conv2D)):
-    return lambda model: [l for l in find_layers(model, L.Layer) if isinstance(l, layer_types)]
+    return lambda model: [x for x in find_layers(model, L.Layer) if isinstance(x, layer_types)]
 
 
 def plain_count(model):
     """Dense/Conv layers NOT inside a PruneLowMagnitude."""
     inside = {id(w.layer) for w in find_layers(model, PruneLowMagnitude)}
-    return sum(id(l) not in inside for l in kernels()(model))
+    return sum(id(x) not in inside for x in kernels()(model))
 
 
 def same_outputs(a, b, x, atol=1e-5):
-    np.testing.assert_allclose(a.predict(x, verbose=0), b.predict(x, verbose=0), atol=atol)
+    """Inference outputs, called eagerly (tracing a predict function costs seconds)."""
+    out_a, out_b = a(x, training=False), b(x, training=False)
+    np.testing.assert_allclose(np.asarray(out_a), np.asarray(out_b), atol=atol)
 
 
 # ------------------------------------------------------------------- structural tests
@@ -213,7 +216,7 @@ def test_nested_custom_layers_are_wrapped_at_every_depth_and_survive_a_config_ro
 def test_shared_block_is_wrapped_once_and_stays_shared():
     model = residual(shared=True)
     wrapped = prune(model)
-    hosts = [l for l in wrapped.layers if isinstance(l, WrapHost)]
+    hosts = [x for x in wrapped.layers if isinstance(x, WrapHost)]
     assert len(hosts) == 1 and len(hosts[0]._inbound_nodes) == 2
     # stem + conv + gate (block shared) + logits: one wrapper each, not one per call site.
     assert len(find_layers(wrapped, PruneLowMagnitude)) == 4
@@ -254,7 +257,8 @@ def test_wrapping_twice_does_not_double_wrap():
     once = prune(residual())
     twice = prune(once)
     assert len(find_layers(twice, PruneLowMagnitude)) == len(find_layers(once, PruneLowMagnitude))
-    assert not any(isinstance(w.layer, PruneLowMagnitude) for w in find_layers(twice, PruneLowMagnitude))
+    inner = [w.layer for w in find_layers(twice, PruneLowMagnitude)]
+    assert not any(isinstance(layer, PruneLowMagnitude) for layer in inner)
 
 
 def test_layer_tracked_outside_any_attribute_is_refused_clearly():
@@ -271,3 +275,265 @@ def test_layer_tracked_outside_any_attribute_is_refused_clearly():
     model = keras.Model(inputs, Hidden(name="hidden")(inputs))
     with pytest.raises(TrainerError, match="no attribute"):
         prune(model, end_step=4)
+
+
+# ---------------------------------------------------------------------------- pruning
+def test_polynomial_schedule_reaches_target_at_end_and_updates_on_its_grid():
+    s = PolynomialSparsity(target=0.8, initial=0.2, begin=10, end=30, frequency=5, power=3)
+    assert s.sparsity_at(10) == pytest.approx(0.2) and s.sparsity_at(30) == pytest.approx(0.8)
+    assert s.sparsity_at(20) == pytest.approx(0.8 + (0.2 - 0.8) * 0.5**3)
+    values = [s.sparsity_at(t) for t in range(10, 40)]
+    assert values == sorted(values) and s.sparsity_at(99) == pytest.approx(0.8)
+    assert [s.last_update(t) for t in (9, 10, 14, 15, 29, 30, 31)] == [None, 10, 10, 15, 25, 30, 30]
+    with pytest.raises(ValueError, match="target_sparsity"):
+        PolynomialSparsity(target=1.0)
+    with pytest.raises(ValueError, match="frequency"):
+        PolynomialSparsity(target=0.5, frequency=0)
+
+
+def test_mask_is_in_the_forward_pass_so_outputs_and_gradients_respect_it():
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, L.Dense(4)(inputs))
+    wrapped = prune(model)
+    wrapper = find_layers(wrapped, PruneLowMagnitude)[0]
+    wrapper.prune_to(0.5)
+    mask = keras.ops.convert_to_numpy(wrapper.masks[0])
+    assert mask.sum() == 12  # exactly half of 6 x 4
+    kernel = wrapper.layer.kernel
+    kernel.assign(kernel + 1.0)  # masked entries drift (momentum does that): still ignored
+    x = np.random.default_rng(1).normal(size=(5, 6)).astype("float32")
+    expected = x @ (keras.ops.convert_to_numpy(kernel) * mask) + wrapper.layer.bias.numpy()
+    np.testing.assert_allclose(wrapped(x).numpy(), expected, rtol=1e-5, atol=1e-5)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(wrapped(x, training=True) ** 2)
+    grad = tape.gradient(loss, kernel.value)
+    assert np.all(grad.numpy()[mask == 0] == 0) and np.any(grad.numpy()[mask == 1] != 0)
+
+
+def fit(model, x, y, epochs, initial_epoch=0):
+    model.fit(
+        x, y, batch_size=8, epochs=epochs, initial_epoch=initial_epoch, shuffle=False,
+        callbacks=[PruningCallback()], verbose=0,
+    )  # fmt: skip
+
+
+def compiled(model):
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A residual model with a shared block, pruned to 50% over 8 of its 16 steps."""
+    keras.utils.set_random_seed(3)
+    model = residual(shared=True)
+    wrapped = compiled(prune(model, target_sparsity=0.5, end_step=8, frequency=2))
+    x, y = data(model, 32)
+    fit(wrapped, x, y, epochs=4)
+    return wrapped, x
+
+
+def test_training_reaches_target_sparsity_in_every_wrapped_kernel(trained):
+    wrapped, _ = trained
+    report = sparsity_report(wrapped)
+    rows = [r for r in report["layers"] if r["wrapped"]]
+    assert len(rows) == 4 and not [r for r in report["layers"] if not r["wrapped"]]
+    for row in rows:  # exactly round(0.5 * size) zeros, in the mask and in the stored kernel
+        assert row["zeros"] == round(0.5 * row["size"]), row
+        assert row["stored_sparsity"] == pytest.approx(row["sparsity"]), row
+    steps = {int(w.pruning_step.numpy()) for w in find_layers(wrapped, PruneLowMagnitude)}
+    assert steps == {8}
+
+
+def test_unwrapped_model_matches_wrapped_and_serves_the_same_from_a_savedmodel(trained, tmp_path):
+    wrapped, x = trained
+    plain = unwrap_model(wrapped)
+    assert not find_layers(plain, PruneLowMagnitude) and not find_layers(plain, WrapHost)
+    assert find_layers(wrapped, PruneLowMagnitude)  # the training model is left as it was
+    expected = wrapped.predict(x, verbose=0)
+    np.testing.assert_allclose(plain.predict(x, verbose=0), expected, atol=1e-5)
+    assert sparsity_report(plain)["sparsity"] == pytest.approx(sparsity_report(wrapped)["sparsity"])
+    plain.export(str(tmp_path / "serving"), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "serving"))  # keep it: it owns the variables
+    np.testing.assert_allclose(loaded.serve(tf.constant(x)).numpy(), expected, atol=1e-5)
+
+
+def round_trip(model, custom_objects=None):
+    """What a config-based backend does: config, weights, compile, optimizer by position."""
+    config = keras.saving.serialize_keras_object(model)
+    config.pop("compile_config", None)
+    clone = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+    for dst, src in zip(clone.weights, model.weights, strict=True):
+        dst.assign(src)
+    keras_state.restore_compile(clone, keras_state.compile_config(model), {})
+    arrays = [value for _, value in keras_state.optimizer_arrays(model)]
+    keras_state.restore_optimizer_arrays(clone, arrays, "round trip")
+    return clone
+
+
+def assert_same_weights(a, b):
+    assert len(a.weights) == len(b.weights)
+    for va, vb in zip(a.weights, b.weights, strict=True):
+        np.testing.assert_allclose(va.numpy(), vb.numpy(), atol=1e-6, err_msg=va.path)
+
+
+BACKENDS = ("h5", "weights", "savedmodel")
+WRAP_CLASSES = ("PruneLowMagnitude", "WrapHost")
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """A pruned run of 2 epochs (8 steps, masks at steps 0, 3, 6, 7) snapshotted after epoch 1,
+    mid-schedule: by a config round trip and by every save backend there is."""
+    from trainer.save_backends import get_backend
+
+    keras.utils.set_random_seed(5)
+    model = compiled(prune(deep(), target_sparsity=0.6, end_step=7, frequency=3))
+    x, y = data(model, 32, seed=2)
+    fit(model, x, y, epochs=1)
+    snapshots = {"round trip": round_trip(model)}
+    for name in BACKENDS:
+        try:
+            backend = get_backend(name)
+        except ImportError as error:  # a backend still being written: its tests skip
+            snapshots[name] = f"save backend {name!r} cannot be imported yet: {error}"
+            continue
+        snapshots[name] = backend.save(model, tmp_path_factory.mktemp(name) / "ckpt")
+    before = {
+        "outputs": model.predict(x, verbose=0),
+        "steps": [int(w.pruning_step.numpy()) for w in find_layers(model, PruneLowMagnitude)],
+    }
+    fit(model, x, y, epochs=2, initial_epoch=1)  # the uninterrupted run goes on
+    return model, x, y, snapshots, before
+
+
+def resumed(checkpointed, name, **load_options):
+    from trainer.save_backends import load_checkpoint
+
+    snapshot = checkpointed[3][name]
+    if isinstance(snapshot, str):
+        pytest.skip(snapshot)
+    if name == "round trip":
+        return snapshot
+    return load_checkpoint(snapshot, **load_options).model
+
+
+@pytest.mark.parametrize("name", ["round trip", *BACKENDS])
+def test_resuming_a_wrapped_checkpoint_continues_the_schedule_exactly(checkpointed, name):
+    reference, x, y, _, before = checkpointed
+    model = resumed(checkpointed, name)
+    assert len(find_layers(model, PruneLowMagnitude)) == 5 and plain_count(model) == 0
+    assert (
+        [int(w.pruning_step.numpy()) for w in find_layers(model, PruneLowMagnitude)]
+        == [3] * 5
+        == before["steps"]
+    )
+    np.testing.assert_allclose(model.predict(x, verbose=0), before["outputs"], atol=1e-6)
+    fit(model, x, y, epochs=2, initial_epoch=1)
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert_same_weights(reference, model)
+
+
+@pytest.mark.parametrize("name", ["h5", "weights"])
+def test_config_backends_need_the_wrapper_classes_or_custom_objects(checkpointed, name):
+    from trainer.errors import MissingClassError
+
+    with classes_hidden():
+        with pytest.raises(MissingClassError, match=r"not registered.*custom_objects"):
+            resumed(checkpointed, name)
+        model = resumed(checkpointed, name, custom_objects=wrapping.custom_objects())
+    assert len(find_layers(model, PruneLowMagnitude)) == 5
+    np.testing.assert_allclose(
+        model.predict(checkpointed[1], verbose=0), checkpointed[4]["outputs"], atol=1e-6
+    )
+
+
+def test_savedmodel_revives_a_wrapped_model_without_the_wrapper_classes(checkpointed):
+    x, before = checkpointed[1], checkpointed[4]
+    with classes_hidden():
+        model = resumed(checkpointed, "savedmodel")
+        stand_ins = {type(layer).__name__ for layer in find_layers(model, L.Layer)}
+        assert set(WRAP_CLASSES) <= stand_ins
+        np.testing.assert_allclose(model.predict(x, verbose=0), before["outputs"], atol=1e-5)
+
+
+@contextlib.contextmanager
+def classes_hidden():
+    """As if ``trainer.pruning`` / ``trainer.wrapping`` had never registered their classes."""
+    objects = keras.saving.get_custom_objects()
+    names = keras.src.saving.object_registration.GLOBAL_CUSTOM_NAMES
+    saved = {f"trainer>{n}": objects.pop(f"trainer>{n}") for n in WRAP_CLASSES}
+    for cls in saved.values():
+        names.pop(cls)
+    try:
+        yield
+    finally:
+        for key, cls in saved.items():
+            objects[key], names[cls] = cls, key
+
+
+def test_wrapped_model_needs_the_wrapper_classes_or_custom_objects():
+    wrapped = prune(deep())
+    config = keras.saving.serialize_keras_object(wrapped)
+    with classes_hidden():
+        with pytest.raises(TypeError, match=r"Could not locate class '(WrapHost|PruneLowMagn)"):
+            keras.saving.deserialize_keras_object(copy.deepcopy(config))  # Keras pops from it
+        objects = wrapping.custom_objects()
+        clone = keras.saving.deserialize_keras_object(config, custom_objects=objects)
+    assert len(find_layers(clone, PruneLowMagnitude)) == 5
+
+
+# ------------------------------------------------------------------------- config group
+def load_yaml(name):
+    return OmegaConf.load(os.path.join(CONF, f"{name}.yaml"))
+
+
+def test_wrap_none_changes_nothing():
+    model = residual()
+    assert wrapping.apply_wrap(model, load_yaml("none")) == (model, [])
+    assert wrapping.apply_wrap(model, None) == (model, [])
+
+
+def test_wrap_prune_config_wraps_listed_types_and_resolves_a_null_end_step():
+    cfg = load_yaml("prune")
+    model = residual()
+    with pytest.raises(ConfigMismatchError, match="end_step"):
+        wrapping.apply_wrap(model, cfg)
+    wrapped, callbacks = wrapping.apply_wrap(model, cfg, total_steps=40)
+    assert [type(c) for c in callbacks] == [PruningCallback]
+    wrappers = find_layers(wrapped, PruneLowMagnitude)
+    assert {type(w.layer).__name__ for w in wrappers} == set(cfg.layer_types) & {"Conv2D", "Dense"}
+    assert {w.schedule.end for w in wrappers} == {40}
+    assert {w.schedule.target for w in wrappers} == {cfg.target_sparsity}
+    again, _ = wrapping.apply_wrap(wrapped, cfg, total_steps=40)  # resumed run: no re-wrap
+    assert again is wrapped
+    bad = OmegaConf.merge(cfg, {"layer_types": ["Dense", "NoSuchLayer"]})
+    with pytest.raises(ConfigMismatchError, match="NoSuchLayer"):
+        wrapping.apply_wrap(model, bad, total_steps=40)
+    with pytest.raises(TrainerError, match="Unknown wrap kind"):
+        wrapping.apply_wrap(model, {"kind": "quantize"})
+
+
+# ------------------------------------------------------------------------- model zoo
+def test_zoo_resnet_blocks_are_wrapped_inside_and_unwrap_to_the_same_outputs():
+    models = pytest.importorskip("trainer.models", reason="trainer/models.py not landed yet")
+    model = models.build_resnet((8, 8, 1), 3, blocks=2, width=4)
+    wrapped = prune(model, target_sparsity=0.7)
+    blocks = find_layers(wrapped, models.ResidualBlock)
+    assert len(blocks) == 2
+    for block in blocks:
+        for name in ("conv1", "conv2", "gate"):
+            assert isinstance(getattr(block, name), PruneLowMagnitude), (block.name, name)
+    assert plain_count(wrapped) == 0 and len(find_layers(wrapped, PruneLowMagnitude)) == 8
+    for wrapper in find_layers(wrapped, PruneLowMagnitude):
+        wrapper.apply_schedule(wrapper.schedule.end)  # what PruningCallback does at end_step
+    report = sparsity_report(wrapped)
+    assert all(r["zeros"] == round(0.7 * r["size"]) for r in report["layers"]), report
+    plain = unwrap_model(wrapped)
+    assert type(find_layers(plain, models.ResidualBlock)[0].conv1) is L.Conv2D
+    assert sparsity_report(plain)["sparsity"] == pytest.approx(report["sparsity"])
+    x, _ = data(model, 8)
+    same_outputs(wrapped, plain, x)

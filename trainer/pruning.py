@@ -150,7 +150,7 @@ class PruneLowMagnitude(TrainingWrapper):
             variable = self._kernel(attr)
             weights = np.asarray(keras.ops.convert_to_numpy(variable))
             weights = weights * np.asarray(keras.ops.convert_to_numpy(mask))
-            count = int(round(sparsity * weights.size))
+            count = round(sparsity * weights.size)
             new_mask = np.ones(weights.size, dtype=weights.dtype)
             # Already-pruned weights are exactly 0 after masking, so they go first (the
             # stable sort keeps ties in index order): masks only ever lose entries.
