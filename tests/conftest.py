@@ -43,6 +43,11 @@ def config_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoints in ``directory`` (no temporaries, no ``latest`` pointer), by name."""
+    return sorted(p for p in directory.iterdir() if p.name[0] != "." and p.name != "latest")
+
+
 def subprocess_env() -> dict[str, str]:
     """Environment for child Python processes: quiet TensorFlow, project importable."""
     env = dict(os.environ)

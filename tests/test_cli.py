@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, config_options, subprocess_env
+from conftest import ROOT, TINY, config_options, list_checkpoints, subprocess_env
 
 from trainer.cli import main as cli_main
 from trainer.save_backends import load_checkpoint
@@ -34,7 +34,7 @@ def test_train_py_runs_for_each_backend(tmp_path, save):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    checkpoints = sorted(p for p in (tmp_path / "checkpoints").iterdir() if p.name[0] != ".")
+    checkpoints = list_checkpoints(tmp_path / "checkpoints")
     assert len(checkpoints) == 2
     assert load_checkpoint(checkpoints[-1]).state.epoch == 2
     # It says where things went.
@@ -57,7 +57,7 @@ def test_multirun_sweeps_backends(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for job, backend in (("0", "h5"), ("1", "weights")):
-        (checkpoint,) = [p for p in (tmp_path / job / "checkpoints").iterdir() if p.name[0] != "."]
+        (checkpoint,) = list_checkpoints(tmp_path / job / "checkpoints")
         assert load_checkpoint(checkpoint).metadata["backend"] == backend
 
 
@@ -65,7 +65,7 @@ def test_inspect_reports_a_checkpoint(compose_cfg, tmp_path, capsys):
     from trainer import train
 
     train(compose_cfg("save=h5", "model=resnet", "trainer.epochs=1"))
-    (checkpoint,) = (tmp_path / "run" / "checkpoints").iterdir()
+    (checkpoint,) = list_checkpoints(tmp_path / "run" / "checkpoints")
     assert cli_main(["inspect", str(checkpoint), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "h5" and report["epoch"] == 1 and report["global_step"] == 3

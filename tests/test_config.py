@@ -6,7 +6,7 @@ import hydra
 import keras
 import numpy as np
 import pytest
-from conftest import config_options
+from conftest import config_options, list_checkpoints
 from omegaconf import OmegaConf
 
 from trainer import train
@@ -117,8 +117,9 @@ def test_train_writes_checkpoints_and_events(compose_cfg, tmp_path, save):
     metrics = train(cfg)
     assert set(metrics) == {"val_loss", "val_accuracy"}
     run = tmp_path / "run"
-    checkpoints = sorted(p for p in (run / "checkpoints").iterdir() if not p.name.startswith("."))
-    assert [p.name.split(".")[0] for p in checkpoints] == ["epoch-001", "epoch-002"]
+    checkpoints = list_checkpoints(run / "checkpoints")
+    assert [p.name.split(".")[0] for p in checkpoints] == ["step-00000003", "step-00000006"]
+    assert (run / "checkpoints" / "latest").resolve() == checkpoints[-1].resolve()
     assert list((run / "tb").glob("events.out.tfevents.*"))
     restored = load_checkpoint(checkpoints[-1])
     assert restored.state.epoch == 2 and restored.state.global_step == 6

@@ -1,80 +1,105 @@
-"""Keras callbacks that the training loop attaches: checkpoint saving and TensorBoard scalars.
+"""Step counting, interrupt handling and TensorBoard scalars for the training loop.
 
 Training runs one ``fit`` call per epoch (so each epoch's seeded order can be rebuilt), so
-these callbacks keep their own step counters instead of trusting Keras' per-call ones.
+these callbacks keep their own counters in the shared ``TrainingState`` instead of trusting
+Keras' per-call ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorboard.compat.proto import event_pb2
 
-from trainer.save_backends.base import SaveBackend
+from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
 
 
 class RunProgress(keras.callbacks.Callback):
-    """Counts optimizer steps and remembers the latest logs for the other callbacks."""
+    """Counts steps into the state, restores a resumed epoch's metric sums, stops on signal."""
 
-    def __init__(self, state: TrainingState):
+    def __init__(self, state: TrainingState, steps_per_epoch: int):
         super().__init__()
         self.state = state
+        self.steps_per_epoch = steps_per_epoch
+        self.requested_signal: int | None = None
+        self.interrupted = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self.state.epoch = epoch
+        saved = self.state.extra.pop("metric_variables", None)
+        if self.state.step_in_epoch and saved is not None:
+            # Mid-epoch resume: Keras just reset the running means; put back the sums of
+            # the batches already trained so the epoch's logged metrics cover all of them.
+            variables = self.model.metrics_variables
+            if len(variables) != len(saved):
+                raise CorruptCheckpointError(
+                    f"The checkpoint holds {len(saved)} metric accumulators but the model has "
+                    f"{len(variables)}; resume with the same loss and metrics as the original "
+                    f"run. Received {len(saved)} values"
+                )
+            for variable, value in zip(variables, saved, strict=True):
+                variable.assign(value)
 
     def on_train_batch_end(self, batch, logs=None):
         self.state.global_step += 1
         self.state.step_in_epoch += 1
+        if self.requested_signal is not None and not self.interrupted:
+            self.model.stop_training = True
+            # On an epoch's last batch, let the epoch end normally (validation, history)
+            # and count as interrupted from on_epoch_end on.
+            self.interrupted = self.state.step_in_epoch < self.steps_per_epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.interrupted:
+            return  # the epoch did not finish; the state stays mid-epoch
         self.state.epoch = epoch + 1
         self.state.step_in_epoch = 0
         self.state.metrics = {k: float(v) for k, v in (logs or {}).items()}
+        history = self.state.extra.setdefault("history", [])
+        history.append({"epoch": epoch + 1, **self.state.metrics})
+        self.interrupted = self.requested_signal is not None
 
+    @contextlib.contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """While active, SIGTERM/SIGINT end training after the current batch (a second
+        SIGINT interrupts at once)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
 
-class EpochCheckpoint(keras.callbacks.Callback):
-    """Saves through the configured backend at the end of every epoch."""
+        def request(signum, _frame):
+            self.requested_signal = signum
+            log.warning("Received %s: stopping after this batch", signal.Signals(signum).name)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def __init__(
-        self,
-        backend: SaveBackend,
-        directory: Path,
-        name_pattern: str,
-        state: TrainingState,
-        metadata: dict[str, Any],
-    ):
-        super().__init__()
-        self.backend = backend
-        self.directory = Path(directory)
-        self.name_pattern = name_pattern
-        self.state = state
-        self.metadata = metadata
-        self.saved: list[Path] = []
-
-    def on_epoch_end(self, epoch, logs=None):
-        name = self.name_pattern.format(epoch=epoch + 1, step=self.state.global_step)
-        start = time.perf_counter()
-        path = self.backend.save(
-            self.model, self.directory / name, state=self.state, metadata=self.metadata
-        )
-        log.info("Saved checkpoint %s in %.2fs", path, time.perf_counter() - start)
-        self.saved.append(path)
+        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class ScalarLogger(keras.callbacks.Callback):
-    """Writes per-step loss and per-epoch metrics to TensorBoard on a global step axis."""
+    """Per-step loss and per-epoch metrics on one global-step axis, continued on resume."""
 
     def __init__(self, log_dir: Path, state: TrainingState):
         super().__init__()
         self.state = state
+        log_dir = Path(log_dir)
+        if state.global_step:
+            purge_after(log_dir, state.global_step)
         self.writer = tf.summary.create_file_writer(str(log_dir))
 
     def on_train_batch_end(self, batch, logs=None):
@@ -83,7 +108,7 @@ class ScalarLogger(keras.callbacks.Callback):
                 tf.summary.scalar("batch/loss", float(logs["loss"]))
 
     def on_epoch_end(self, epoch, logs=None):
-        with self.writer.as_default(step=epoch + 1):
+        with self.writer.as_default(step=self.state.global_step):
             for key, value in (logs or {}).items():
                 tf.summary.scalar(f"epoch/{key}", float(value))
             learning_rate = getattr(self.model.optimizer, "learning_rate", None)
@@ -93,3 +118,22 @@ class ScalarLogger(keras.callbacks.Callback):
 
     def close(self):
         self.writer.close()
+
+
+def purge_after(log_dir: Path, step: int) -> None:
+    """Tell TensorBoard to drop events after ``step`` that a crashed run wrote.
+
+    A ``SessionLog.START`` event at ``step + 1`` makes TensorBoard discard older events at
+    or after that step. It goes into its own event file whose name sorts before the writer's
+    next file (same timestamp prefix, then "0" before any pid), so it is read in between.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    name = f"events.out.tfevents.{int(now)}.0resume.{step}.purge"
+    with tf.io.TFRecordWriter(str(log_dir / name)) as records:
+        records.write(
+            event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString()
+        )
+        start = event_pb2.Event(wall_time=now, step=step + 1)
+        start.session_log.status = event_pb2.SessionLog.START
+        records.write(start.SerializeToString())

@@ -12,8 +12,11 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.callbacks import EpochCheckpoint, RunProgress, ScalarLogger
+from trainer import resume
+from trainer.callbacks import RunProgress, ScalarLogger
+from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
+from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -22,6 +25,11 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train the configured model and return the final validation (or training) metrics."""
     run_dir = resolve_run_dir(cfg)
+    resume_from = resume.resolve_resume(cfg.get("resume"), cfg.get("resume_dir"), run_dir)
+    if resume_from is not None:
+        # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
+        # TensorBoard curves carry on in one place.
+        run_dir = resume.run_dir_of(resume_from) or run_dir
     keras.utils.set_random_seed(int(cfg.seed))
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -29,18 +37,34 @@ def train(cfg: DictConfig) -> dict[str, float]:
     data: DataSplits = hydra.utils.instantiate(cfg.data)
     steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
     model = build_model(cfg, data, total_steps=steps * cfg.trainer.epochs)
-    backend = hydra.utils.instantiate(cfg.save)
-
+    build_metric_variables(model, data)
     state = TrainingState(seed=int(cfg.seed))
-    checkpoints = EpochCheckpoint(
-        backend,
-        run_dir / cfg.trainer.checkpoint_dir,
-        cfg.trainer.checkpoint_name,
-        state,
-        metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
-    )
+    if resume_from is not None:
+        checkpoint = load_checkpoint(resume_from)
+        resume.check_compatible(cfg, checkpoint.metadata, resume_from)
+        state = resume.restore_into(model, checkpoint)
+        del checkpoint
+        log.info(
+            "Resuming from %s at epoch %d, step %d (+%d in epoch)",
+            resume_from,
+            state.epoch,
+            state.global_step,
+            state.step_in_epoch,
+        )
+
+    config_record = OmegaConf.to_container(cfg, resolve=True)
+    progress = RunProgress(state, steps)
     scalars = ScalarLogger(run_dir / cfg.trainer.tensorboard_dir, state)
-    callbacks = [RunProgress(state), scalars, checkpoints]
+    checkpointer = Checkpointer(
+        hydra.utils.instantiate(cfg.save),
+        run_dir / cfg.checkpoint.directory,
+        CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True)),
+        state,
+        metadata_fn=lambda st: {"config": config_record},
+        progress=progress,
+    )
+    hooks = list(cfg.get("test_hooks") or [])  # test-only callbacks (fault injection)
+    callbacks = [progress, *(hydra.utils.instantiate(h) for h in hooks), scalars, checkpointer]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     log.info(
@@ -50,36 +74,62 @@ def train(cfg: DictConfig) -> dict[str, float]:
         len(data.x_train),
         steps,
         cfg.trainer.epochs,
-        type(backend).__name__,
+        type(checkpointer.backend).__name__,
     )
     try:
-        for epoch in range(state.epoch, cfg.trainer.epochs):
-            batches = epoch_dataset(
-                data.x_train,
-                data.y_train,
-                batch_size=cfg.trainer.batch_size,
-                seed=int(cfg.seed),
-                epoch=epoch,
-                max_batches=steps,
-            )
-            model.fit(
-                batches,
-                epochs=epoch + 1,
-                initial_epoch=epoch,
-                validation_data=val,
-                callbacks=callbacks,
-                verbose=cfg.trainer.verbose,
-                shuffle=False,  # the order is already the seeded per-epoch permutation
-            )
+        with progress.stop_on_signals():
+            fit_epochs(model, data, val, cfg, state, steps, callbacks, progress)
+            state.extra["numpy_rng"] = resume.numpy_rng_record()
+            checkpointer.finish()
     finally:
         scalars.close()
+        try:
+            checkpointer.wait()
+        except Exception:
+            log.exception("The last checkpoint write failed")
 
+    log.info("Run directory: %s", run_dir)
+    log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpointer.saved) or "none")
+    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    if progress.interrupted:
+        where = checkpointer.saved[-1] if checkpointer.saved else None
+        log.warning(
+            "Interrupted at epoch %d, step %d. %s",
+            state.epoch,
+            state.global_step,
+            f"Saved {where}; resume with: {resume.resume_hint(where)}"
+            if where
+            else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
+        )
+        return dict(state.metrics)
     metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
     log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-    log.info("Run directory: %s", run_dir)
-    log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpoints.saved) or "none")
-    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
     return metrics
+
+
+def fit_epochs(model, data, val, cfg, state, steps, callbacks, progress) -> None:
+    """One ``fit`` per epoch over that epoch's seeded order, skipping consumed batches."""
+    for epoch in range(state.epoch, cfg.trainer.epochs):
+        batches = epoch_dataset(
+            data.x_train,
+            data.y_train,
+            batch_size=cfg.trainer.batch_size,
+            seed=int(cfg.seed),
+            epoch=epoch,
+            skip_batches=state.step_in_epoch,
+            max_batches=steps,
+        )
+        model.fit(
+            batches,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            validation_data=val,
+            callbacks=callbacks,
+            verbose=cfg.trainer.verbose,
+            shuffle=False,  # the order is already the seeded per-epoch permutation
+        )
+        if progress.interrupted:
+            return
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
@@ -105,6 +155,15 @@ def build_model(cfg: DictConfig, data: DataSplits, *, total_steps: int) -> keras
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
     return model
+
+
+def build_metric_variables(model: keras.Model, data: DataSplits) -> None:
+    """Create the compiled metrics' accumulators now rather than in the first train step,
+    so a mid-epoch resume can put back their sums before that step runs. Inference on one
+    example changes no state (no dropout draw, no BatchNorm update)."""
+    x, y = data.x_train[:1], data.y_train[:1]
+    model.compute_metrics(x, y, model(x, training=False))
+    model.reset_metrics()
 
 
 def build_optimizer(

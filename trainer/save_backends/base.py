@@ -43,6 +43,8 @@ class SaveBackend(abc.ABC):
     format_version: ClassVar[int] = 1
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
+    # Whether the checkpoint callback writes in a background thread unless told otherwise.
+    async_by_default: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- public API
     def save(

@@ -1,0 +1,287 @@
+"""The checkpoint callback: when to save, what to keep, the ``latest`` pointer, async writes.
+
+Async saving snapshots every variable synchronously into a *shadow model* (same
+architecture, built once) and lets a background thread write the shadow through the
+backend while training goes on. That works for every backend unchanged (they only ever
+see a quiet model) and costs one memory copy per save; at most one write is in flight.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from trainer.atomic import clean_stale_temporaries, remove_path, temporary_sibling
+from trainer.errors import SaveError
+from trainer.save_backends.base import SaveBackend
+from trainer.state import TrainingState
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+
+
+@dataclasses.dataclass
+class CheckpointPolicy:
+    """When to save and what to keep (``conf/checkpoint``)."""
+
+    every_n_epochs: int | None = 1
+    every_n_steps: int | None = None
+    on_train_end: bool = True
+    on_interrupt: bool = True
+    keep_last: int | None = 3
+    keep_best: int = 0
+    monitor: str = "val_loss"
+    mode: str = "min"
+    keep_every_n_epochs: int | None = None
+    name: str = "step-{step:08d}"
+    async_save: bool | None = None  # None: the backend's own default
+
+    def __post_init__(self):
+        if self.mode not in ("min", "max"):
+            raise ValueError(
+                f"checkpoint.mode must be 'min' or 'max' (how checkpoint.monitor improves). "
+                f"Received {self.mode!r}"
+            )
+        for field in ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"checkpoint.{field} must be a positive integer or null. Received {value!r}"
+                )
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Saves through ``backend`` per ``policy``; keeps retention records in the state."""
+
+    def __init__(
+        self,
+        backend: SaveBackend,
+        directory: Path,
+        policy: CheckpointPolicy,
+        state: TrainingState,
+        metadata_fn: Callable[[TrainingState], dict[str, Any]],
+        progress: Any,
+    ):
+        super().__init__()
+        self.backend = backend
+        self.directory = Path(directory)
+        self.policy = policy
+        self.state = state
+        self.metadata_fn = metadata_fn
+        self.progress = progress
+        async_save = policy.async_save
+        if async_save is None:
+            async_save = getattr(backend, "async_by_default", False)
+        self.writer = AsyncWriter() if async_save else None
+        self._shadow: keras.Model | None = None
+        self._last_saved_step: int | None = None
+        # A step-triggered save waits for the next batch or the epoch end, so a save that
+        # falls on an epoch's last batch is taken after validation, as an epoch-end one.
+        self._pending_logs: dict[str, Any] | None = None
+        self.saved: list[Path] = []
+        for stale in clean_stale_temporaries(self.directory):
+            log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
+
+    # ------------------------------------------------------------------ triggers
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._pending_logs is not None:
+            self.save(self._pending_logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.progress.interrupted:
+            self._save_on_interrupt(logs)
+            return
+        every = self.policy.every_n_steps
+        if every and self.state.global_step % every == 0:
+            self._pending_logs = dict(logs or {})
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.progress.interrupted:
+            self._save_on_interrupt(logs)
+            return
+        every = self.policy.every_n_epochs
+        if self._pending_logs is not None or (every and self.state.epoch % every == 0):
+            self.save(logs)
+
+    def finish(self) -> None:
+        """End of training: the final save (if due), then wait for any write in flight."""
+        if self._pending_logs is not None or (
+            self.policy.on_train_end and not self.progress.interrupted
+        ):
+            self.save(self._pending_logs or self.state.metrics, wait=True)
+        self.wait()
+
+    def _save_on_interrupt(self, logs) -> None:
+        if self.policy.on_interrupt:
+            self.save(logs, wait=True)
+
+    def wait(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
+
+    # ---------------------------------------------------------------------- save
+    def save(self, logs: dict[str, Any] | None, *, wait: bool = False) -> Path | None:
+        self._pending_logs = None
+        if self._last_saved_step == self.state.global_step:
+            return None
+        self._last_saved_step = self.state.global_step
+        if self.writer is not None:
+            self.writer.wait()  # at most one write in flight; raises an earlier failure
+        metrics = {k: float(v) for k, v in (logs or {}).items()}
+        path = self.directory / self.policy.name.format(
+            step=self.state.global_step, epoch=self.state.epoch, **metrics
+        )
+        path = self.backend.checkpoint_path(path)
+        record = {
+            "name": path.name,
+            "step": self.state.global_step,
+            "epoch": self.state.epoch,
+            "epoch_end": self.state.step_in_epoch == 0,
+            "monitor": metrics.get(self.policy.monitor),
+        }
+        records = [r for r in self.state.extra.get("checkpoints", []) if r["name"] != path.name]
+        self.state.extra["checkpoints"] = [*records, record]
+        self.state.extra["metric_variables"] = [
+            keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
+        ]
+        state = copy.deepcopy(self.state)
+        metadata = self.metadata_fn(state)
+        if self.writer is None:
+            self._write(self.model, path, state, metadata)
+        else:
+            shadow = self._snapshot()
+            self.writer.submit(lambda: self._write(shadow, path, state, metadata))
+            if wait:
+                self.writer.wait()
+        return path
+
+    def _write(
+        self, model: keras.Model, path: Path, state: TrainingState, metadata: dict[str, Any]
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            self.backend.save(model, path, state=state, metadata=metadata)
+        except Exception as error:
+            self.state.extra["checkpoints"] = [
+                r for r in self.state.extra.get("checkpoints", []) if r["name"] != path.name
+            ]
+            raise SaveError(
+                f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
+                f"{self.directory} are intact; free space or fix permissions and resume from "
+                f"the latest one. Received error type {type(error).__name__}"
+            ) from error
+        seconds = time.perf_counter() - start
+        self.saved.append(path)
+        point_latest(self.directory, path)
+        self._apply_retention(state)
+        log.info("Saved checkpoint %s (step %d) in %.2fs", path, state.global_step, seconds)
+
+    def _snapshot(self) -> keras.Model:
+        """Copy every variable of the live model into the shadow model (built once)."""
+        if self._shadow is None:
+            self._shadow = clone_for_snapshot(self.model)
+        for source, target in zip(
+            all_variables(self.model), all_variables(self._shadow), strict=True
+        ):
+            target.assign(source)
+        return self._shadow
+
+    def _apply_retention(self, state: TrainingState) -> None:
+        records = self.state.extra.get("checkpoints", [])
+        keep = retained(records, self.policy)
+        for record in records:
+            if record["name"] not in keep:
+                remove_path(self.directory / record["name"])
+        self.state.extra["checkpoints"] = [r for r in records if r["name"] in keep]
+
+
+def retained(records: list[dict[str, Any]], policy: CheckpointPolicy) -> set[str]:
+    """Names to keep: the newest always, the last N, the best K, every Mth epoch end."""
+    if not records:
+        return set()
+    by_step = sorted(records, key=lambda r: r["step"])
+    keep = {by_step[-1]["name"]}
+    if policy.keep_last is None:
+        keep.update(r["name"] for r in records)
+    else:
+        keep.update(r["name"] for r in by_step[-policy.keep_last :])
+    scored = [r for r in records if r.get("monitor") is not None]
+    if policy.keep_best and scored:
+        best = sorted(scored, key=lambda r: r["monitor"], reverse=policy.mode == "max")
+        keep.update(r["name"] for r in best[: policy.keep_best])
+    if policy.keep_every_n_epochs:
+        keep.update(
+            r["name"]
+            for r in records
+            if r["epoch_end"] and r["epoch"] and r["epoch"] % policy.keep_every_n_epochs == 0
+        )
+    return keep
+
+
+def point_latest(directory: Path, checkpoint: Path) -> None:
+    """Atomically repoint ``directory/latest`` (a relative symlink) at ``checkpoint``."""
+    link = directory / LATEST
+    tmp = temporary_sibling(link)
+    os.symlink(checkpoint.name, tmp)
+    os.replace(tmp, link)
+
+
+def all_variables(model: keras.Model) -> list:
+    """Every variable whose value a checkpoint holds: weights, RNG seeds, optimizer, metrics."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_variables = list(optimizer.variables) if optimizer is not None else []
+    return [*model.variables, *optimizer_variables]
+
+
+def clone_for_snapshot(model: keras.Model) -> keras.Model:
+    """A second model of the same architecture and compile state, with its own variables."""
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    for each in (model, clone):
+        if getattr(each, "optimizer", None) is not None and not each.optimizer.built:
+            each.optimizer.build(each.trainable_variables)
+    mine, theirs = all_variables(model), all_variables(clone)
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise SaveError(
+            f"Async saving needs a copy of model {model.name!r} rebuilt from its config, but "
+            f"the copy's variables differ from the original's. Set checkpoint.async_save=false. "
+            f"Received {len(mine)} variables vs {len(theirs)} in the copy"
+        )
+    return clone
+
+
+class AsyncWriter:
+    """One background write at a time; its failure is raised at the next call, never lost."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job()
+            except BaseException as error:  # re-raised in the training thread
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name="trainer-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error

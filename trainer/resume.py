@@ -1,0 +1,145 @@
+"""Resuming: find the checkpoint to continue from, check it fits the config, restore state.
+
+The model is always built from the *current* config and the checkpoint's values are copied
+into it by position. That keeps the resumed model the same Python object graph a fresh run
+would have, and turns an architecture change into a clear error instead of a silent
+mismatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.atomic import is_temporary
+from trainer.checkpointing import LATEST, all_variables
+from trainer.errors import ConfigMismatchError, NotACheckpointError
+from trainer.save_backends import Checkpoint, detect_backend
+from trainer.state import TrainingState
+
+log = logging.getLogger(__name__)
+
+# Config sections that define the model's variables; anything else (epochs, checkpoint
+# policy, verbosity...) may change between the original run and the resumed one.
+ARCHITECTURE_KEYS = ("model", "data", "optimizer", "schedule", "seed")
+
+
+def resolve_resume(resume: str | None, resume_dir: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint named by ``resume`` (``latest`` or a path), or None for a fresh run."""
+    if not resume:
+        return None
+    if str(resume) == LATEST:
+        return find_latest(checkpoint_dir_of(Path(resume_dir) if resume_dir else run_dir))
+    path = Path(resume).expanduser()
+    if path.is_dir() and (path / "checkpoints").is_dir():  # a run directory
+        return find_latest(path / "checkpoints")
+    detect_backend(path)  # raises a clear error if it is not a checkpoint
+    return path
+
+
+def checkpoint_dir_of(directory: Path) -> Path:
+    return directory / "checkpoints" if (directory / "checkpoints").is_dir() else directory
+
+
+def find_latest(directory: Path) -> Path:
+    """The newest complete checkpoint in ``directory`` (temporaries are never candidates)."""
+    candidates = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name == LATEST or is_temporary(child):
+                continue
+            try:
+                detect_backend(child)
+            except NotACheckpointError:
+                continue
+            candidates.append((child.stat().st_mtime_ns, child.name, child))
+    if not candidates:
+        raise NotACheckpointError(
+            f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
+            f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
+            f"Received directory {str(directory)!r}"
+        )
+    return max(candidates)[2]
+
+
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint belongs to (``<run>/checkpoints/<name>``), if any."""
+    parent = checkpoint.resolve().parent
+    return parent.parent if parent.name == "checkpoints" else None
+
+
+def check_compatible(cfg: DictConfig, metadata: dict[str, Any], where: Path) -> None:
+    """Refuse to resume when the config changes what the checkpoint's variables mean."""
+    stored = metadata.get("config")
+    if not isinstance(stored, dict):
+        return  # saved outside `train`: only the variable shapes can be compared
+    current = OmegaConf.to_container(cfg, resolve=True)
+    differences = []
+    for key in ARCHITECTURE_KEYS:
+        differences += _diff(stored.get(key), current.get(key), key)
+    if differences:
+        shown = "; ".join(differences[:8])
+        raise ConfigMismatchError(
+            f"The config disagrees with checkpoint {where}: {shown}. Resume with the "
+            f"checkpoint's settings (see its metadata: python -m trainer inspect {where}) or "
+            f"start a fresh run. Only settings such as trainer.epochs may change on resume."
+        )
+
+
+def _diff(old: Any, new: Any, prefix: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += _diff(old.get(key), new.get(key), f"{prefix}.{key}")
+        return out
+    return [] if old == new else [f"{prefix} is {old!r} in the checkpoint but {new!r} now"]
+
+
+def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
+    """Copy every variable of the loaded checkpoint into ``model``; return its state."""
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    source, target = all_variables(checkpoint.model), all_variables(model)
+    shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
+    if shapes[0] != shapes[1]:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(*shapes, strict=False)) if a != b),
+            min(len(shapes[0]), len(shapes[1])),
+        )
+        detail = (
+            f"variable #{first} ({target[first].path if first < len(target) else 'none'}) "
+            f"has shape {shapes[1][first] if first < len(target) else None} in the model but "
+            f"{shapes[0][first] if first < len(source) else None} in the checkpoint"
+        )
+        raise ConfigMismatchError(
+            f"Checkpoint {checkpoint.path} does not fit the configured model: {detail} "
+            f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
+            f"was trained with, or start a fresh run."
+        )
+    for src, dst in zip(source, target, strict=True):
+        dst.assign(src)
+    state = checkpoint.state
+    numpy_state = state.extra.get("numpy_rng")
+    if numpy_state:
+        np.random.set_state(
+            (numpy_state[0], np.asarray(numpy_state[1], dtype=np.uint32), *numpy_state[2:])
+        )
+    return state
+
+
+def numpy_rng_record() -> list[Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def resume_hint(path: Path) -> str:
+    run = run_dir_of(path)
+    if run is not None:
+        return f"python train.py resume=latest resume_dir={os.fspath(run)}"
+    return f"python train.py resume={os.fspath(path)}"
