@@ -121,7 +121,7 @@ def test_retention_on_disk(compose_cfg, tmp_path):
 
 
 def test_policy_rejects_bad_values():
-    with pytest.raises(ValueError, match="checkpoint.mode"):
+    with pytest.raises(ValueError, match=r"checkpoint\.mode"):
         CheckpointPolicy(mode="up")
     with pytest.raises(ValueError, match="every_n_steps"):
         CheckpointPolicy(every_n_steps=0)
@@ -151,7 +151,7 @@ def test_failed_save_raises_and_keeps_previous(compose_cfg, tmp_path, async_save
                       f"resume_dir={run}", f"checkpoint.policy.async_save={async_save}",
                       "checkpoint.policy.name='" + "x" * 300 + "{step}'")  # fmt: skip
     # (Keras' traceback filter drops __cause__ when the error passes through fit.)
-    with pytest.raises(SaveError, match="previous checkpoints.*Received error type OSError"):
+    with pytest.raises(SaveError, match=r"previous checkpoints.*Received error type OSError"):
         train(cfg)
     assert list_checkpoints(run / "checkpoints") == [before]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
