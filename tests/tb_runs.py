@@ -44,9 +44,11 @@ def run_config(optimizer: str, learning_rate: float) -> dict:
     }
 
 
-def make_run(run_dir: Path, *, optimizer="adam", learning_rate=0.01, backends=("h5",)) -> dict:
-    """Train 2 epochs, checkpoint after each through ``backends`` (cycled), write hparams
-    and the graph; returns what the tests compare against."""
+def make_run(
+    run_dir: Path, *, optimizer="adam", learning_rate=0.01, backends=("h5",), epochs=2
+) -> dict:
+    """Train ``epochs`` epochs, checkpoint after each through ``backends`` (cycled), write
+    hparams and the graph; returns what the tests compare against."""
     keras.utils.set_random_seed(0)
     cfg = run_config(optimizer, learning_rate)
     (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,7 @@ def make_run(run_dir: Path, *, optimizer="adam", learning_rate=0.01, backends=("
     board.write_graph(model)
     state = TrainingState(seed=0)
     saved = []
-    for epoch in range(2):
+    for epoch in range(epochs):
         history = model.fit(data.x_train, data.y_train, batch_size=16, epochs=1, verbose=0)
         state.epoch = epoch + 1
         state.global_step += len(data.x_train) // 16
@@ -83,6 +85,7 @@ def make_run(run_dir: Path, *, optimizer="adam", learning_rate=0.01, backends=("
                 "epoch": state.epoch,
                 "metrics": dict(state.metrics),
                 "backend": backend.name,
+                "predictions": model.predict(data.x_val, verbose=0),
             }
         )
     final = {"val_loss": float(model.evaluate(data.x_val, data.y_val, verbose=0))}
@@ -107,29 +110,23 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def tensorboard_server(logdir: Path, timeout: float = 60.0):
-    """``tensorboard --logdir`` on a free loopback port; yields a ``get(path, body=None)``
-    that returns parsed JSON. Bounded wait for start-up; the process is always killed."""
+def tensorboard_server(logdir: Path, timeout: float = 90.0):
+    """``tensorboard --logdir`` on a free loopback port; yields ``get(path, body=None)``
+    returning parsed JSON. The server starts at once (its start-up, mostly importing
+    TensorFlow, overlaps whatever the test does next); the first ``get`` waits for it, for
+    at most ``timeout`` seconds. The process is always killed."""
     port = free_port()
     command = [
-        sys.executable,
-        "-m",
-        "tensorboard.main",
-        "--logdir",
-        str(logdir),
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-        "--load_fast",
-        "false",
-        "--reload_interval",
-        "1",
-    ]
+        sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+        "--port", str(port), "--host", "127.0.0.1", "--load_fast", "false",
+        "--reload_interval", "1",
+    ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    ready = False
 
-    def get(path: str, body: dict | None = None):
+    def fetch(path: str, body: dict | None = None):
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(base + path, data=data)
         if body is not None:
@@ -138,19 +135,22 @@ def tensorboard_server(logdir: Path, timeout: float = 60.0):
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read().decode())
 
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
+    def get(path: str, body: dict | None = None):
+        nonlocal ready
+        while not ready:
             if process.poll() is not None:
                 output = process.stdout.read().decode(errors="replace")
                 raise RuntimeError(f"tensorboard exited with {process.returncode}: {output}")
             try:
-                get("/data/runs")
-                break
+                fetch("/data/runs")
+                ready = True
             except (urllib.error.URLError, ConnectionError, OSError):
-                if time.monotonic() > deadline:
+                if time.monotonic() - started > timeout:
                     raise TimeoutError(f"no answer on {base} in {timeout}s") from None
                 time.sleep(0.25)
+        return fetch(path, body)
+
+    try:
         yield get
     finally:
         process.kill()

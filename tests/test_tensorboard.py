@@ -136,11 +136,11 @@ def test_a_link_to_a_step_without_card_is_reported(tmp_path):
 @pytest.mark.slow
 def test_tensorboard_server_lists_runs_scalars_hparams_and_cards(tmp_path):
     """Two runs of a "multirun" (adam vs sgd) under one directory, served by TensorBoard."""
-    runs = [
-        make_run(tmp_path / "0", optimizer="adam", learning_rate=0.01),
-        make_run(tmp_path / "1", optimizer="sgd", learning_rate=0.1),
-    ]
-    with tensorboard_server(tmp_path) as get:
+    with tensorboard_server(tmp_path) as get:  # starts now, answers once runs exist
+        runs = [
+            make_run(tmp_path / "0", optimizer="adam", learning_rate=0.01),
+            make_run(tmp_path / "1", optimizer="sgd", learning_rate=0.1),
+        ]
         names = wait_for(get, "/data/runs", lambda r: len(r) == 2)
         assert sorted(names) == ["0/tb", "1/tb"]
 
@@ -159,7 +159,7 @@ def test_tensorboard_server_lists_runs_scalars_hparams_and_cards(tmp_path):
 
         experiment = get("/data/plugin/hparams/experiment", {"experimentName": ""})
         infos = {h["name"]: h for h in experiment["hparamInfos"]}
-        assert infos["optimizer.name"]["domainDiscrete"] == ["adam", "sgd"]
+        assert sorted(infos["optimizer.name"]["domainDiscrete"]) == ["adam", "sgd"]
         assert infos["optimizer.name"]["differs"] is True
         metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
         assert "final/val_loss" in metrics

@@ -85,7 +85,7 @@ def links_and_signatures(checkpoint: Any) -> dict[str, Any]:
     else:
         try:
             signatures = model_signatures(checkpoint.model)
-            source = "as exported (traced from the model)"
+            source = "traced from the model: what an export of it serves"
         except TrainerError as error:
             signatures, source = {}, f"unavailable: {error}"
     return {
@@ -96,7 +96,7 @@ def links_and_signatures(checkpoint: Any) -> dict[str, Any]:
 
 
 def format_links_and_signatures(report: dict[str, Any]) -> list[str]:
-    lines = [f"signatures:     ({report.get('signatures_source', 'saved_model.pb')})"]
+    lines = [f"signatures:     from {report.get('signatures_source', 'saved_model.pb')}"]
     lines += [f"  {line}" for line in format_signatures(report["signatures"])] or ["  none"]
     link = report.get("tensorboard")
     if not link:

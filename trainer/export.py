@@ -41,6 +41,7 @@ EXTRA_DIR = "assets.extra"
 EXPORT_FILE = "trainer_export.json"
 WARMUP_FILE = "tf_serving_warmup_requests"
 FORMAT = "trainer-export"
+FORMAT_VERSION = 1  # of the export layout and its metadata
 FORMATS = ("auto", "keras", "savedmodel")
 _VERSION = re.compile(r"^[0-9]+$")
 
@@ -127,6 +128,7 @@ def export_serving(
         meta.update(
             {
                 "format": FORMAT,
+                "format_version": FORMAT_VERSION,
                 "exported_with": used,
                 "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 "trainer_version": __version__,
@@ -150,7 +152,7 @@ def export_serving(
             step,
             final,
             backend=used,
-            format_version=1,
+            format_version=FORMAT_VERSION,
             size_bytes=path_size(final),
             save_seconds=seconds,
             metrics=state.get("metrics") or {},

@@ -98,7 +98,7 @@ def describe_artifact(
     entry.update(
         {
             "backend": meta.get("exported_with") or meta.get("backend"),
-            "format_version": meta.get("format_version", source.get("format_version")),
+            "format_version": meta.get("format_version"),
             "epoch": state.get("epoch"),
             "step": state.get("global_step"),
             "metrics": state.get("metrics") or {},
