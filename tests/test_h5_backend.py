@@ -95,7 +95,7 @@ def test_unregistered_class_is_named_and_custom_objects_fix_it(tmp_path):
     registered = keras.saving.get_custom_objects()
     saved = registered.pop("test_h5>Doubler")
     try:
-        with pytest.raises(MissingClassError, match="not registered"):
+        with pytest.raises(MissingClassError, match="uses 'test_h5>Doubler', which is not"):
             H5Backend().load(path)
         restored = H5Backend().load(path, custom_objects={"test_h5>Doubler": Doubler}).model
     finally:

@@ -7,7 +7,9 @@ label, because Keras names variables differently in the process that loads them.
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -123,17 +125,19 @@ def compile_model(
 
 def _deserialize(config, custom_objects, safe_mode, where, what):
     try:
-        return keras.saving.deserialize_keras_object(
-            config, custom_objects=custom_objects, safe_mode=safe_mode
+        return keras.saving.deserialize_keras_object(  # Keras pops from what it is given
+            copy.deepcopy(config), custom_objects=custom_objects, safe_mode=safe_mode
         )
     except (TypeError, ValueError) as error:
         message = str(error)
-        if "Could not locate" in message:
+        missing = re.search(r"Could not locate (?:class|function) '([^']+)'", message)
+        if missing:
+            name = _registered_name(config, missing.group(1))
             raise MissingClassError(
-                f"{where}: the stored {what} names a class that is not registered in this "
+                f"{where}: the stored {what} uses {name!r}, which is not registered in this "
                 f"process. Import the module that defines it (decorated with "
                 f"@keras.saving.register_keras_serializable) before loading, or pass "
-                f"custom_objects={{'Name': cls}}. Received error: {message.splitlines()[0]}"
+                f"custom_objects={{{name!r}: cls}}. Received: missing {name!r}"
             ) from error
         if "lambda" in message:
             raise MissingClassError(
@@ -145,6 +149,23 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
             f"{where}: the stored {what} could not be deserialized; the checkpoint is "
             f"damaged or was written with incompatible classes. Received error: {message}"
         ) from error
+
+
+def _registered_name(config: Any, class_name: str) -> str:
+    """The ``package>Name`` Keras looks ``class_name`` up by, found in the stored config."""
+    if isinstance(config, dict):
+        if config.get("class_name") == class_name and config.get("registered_name"):
+            return config["registered_name"]
+        children = config.values()
+    elif isinstance(config, list):
+        children = config
+    else:
+        return class_name
+    for child in children:
+        found = _registered_name(child, class_name)
+        if found != class_name:
+            return found
+    return class_name
 
 
 def write_arrays(
