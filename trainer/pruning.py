@@ -270,7 +270,7 @@ def prunable(layer_types=DEFAULT_LAYER_TYPES, exclude=()):
 
 def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = None):
     """``apply_wrap`` for ``kind: prune``: ``(wrapped model, [PruningCallback()])``."""
-    get = cfg.get if hasattr(cfg, "get") else lambda k, d=None: getattr(cfg, k, d)
+    get = dict(cfg).get
     end_step = get("end_step", None)
     if end_step is None:
         if total_steps is None:
@@ -279,8 +279,6 @@ def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = 
                 "steps is unknown. Set wrap.end_step explicitly. Received end_step=None"
             )
         end_step = total_steps
-    if find_layers(model, PruneLowMagnitude):  # resumed from a wrapped checkpoint
-        return model, [PruningCallback()]
     params = {
         "target_sparsity": get("target_sparsity", 0.5),
         "initial_sparsity": get("initial_sparsity", 0.0),
@@ -289,6 +287,21 @@ def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = 
         "frequency": get("frequency", 100),
         "power": get("power", 3.0),
     }
+    existing = find_layers(model, PruneLowMagnitude)
+    if existing:  # a model loaded from a wrapped checkpoint: keep its wrappers and schedule
+        wanted = PolynomialSparsity(
+            float(params["target_sparsity"]), float(params["initial_sparsity"]),
+            int(params["begin_step"]), int(end_step), int(params["frequency"]),
+            float(params["power"]),
+        )  # fmt: skip
+        stored = {w.schedule for w in existing}
+        if stored != {wanted}:
+            raise ConfigMismatchError(
+                f"Model {model.name!r} is already pruned with {sorted(map(str, stored))} but "
+                f"the config asks for {wanted}; resuming would not continue the same "
+                f"schedule. Use the checkpoint's wrap settings. Received: {wanted}"
+            )
+        return model, [PruningCallback()]
     predicate = prunable(get("layer_types", DEFAULT_LAYER_TYPES), get("exclude", ()) or ())
     wrapped = wrap_model(model, predicate, lambda layer: PruneLowMagnitude(layer, **params))
     if not find_layers(wrapped, PruneLowMagnitude):

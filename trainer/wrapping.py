@@ -43,11 +43,9 @@ PACKAGE = "trainer"
 Path = tuple[str, ...]  # "attr", "[3]" (sequence index) or "{key}" (dict key) steps
 
 # Keras-internal attributes that hold layers or structures we must not rewire.
-_SKIP_ATTRS = frozenset(
-    {"_layers", "_tracker", "_inbound_nodes", "_outbound_nodes", "_metrics", "_operations",
-     "_trainable_variables", "_non_trainable_variables", "_seed_generators", "_compile_loss",
-     "_compile_metrics", "_loss_tracker", "_functional", "optimizer"}
-)  # fmt: skip
+_SKIP_ATTRS = frozenset({"_layers", "_tracker", "_inbound_nodes", "_outbound_nodes", "_metrics",
+    "_operations", "_trainable_variables", "_non_trainable_variables", "_seed_generators",
+    "_compile_loss", "_compile_metrics", "_loss_tracker", "_functional", "optimizer"})  # fmt: skip
 
 
 class TrainingWrapper(keras.layers.Wrapper):
@@ -174,7 +172,7 @@ def apply_wrap(model: keras.Model, wrap_cfg: Any, *, total_steps: int | None = N
 
     ``total_steps`` (epochs x steps per epoch) resolves schedule ends left as ``null``.
     """
-    kind = None if wrap_cfg is None else _cfg_get(wrap_cfg, "kind", "none")
+    kind = None if wrap_cfg is None else dict(wrap_cfg).get("kind", "none")
     if kind in (None, "none"):
         return model, []
     if kind not in _WRAP_KINDS:
@@ -184,10 +182,6 @@ def apply_wrap(model: keras.Model, wrap_cfg: Any, *, total_steps: int | None = N
         )
     module, _, attr = _WRAP_KINDS[kind].partition(":")
     return getattr(importlib.import_module(module), attr)(model, wrap_cfg, total_steps=total_steps)
-
-
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
 
 # ---------------------------------------------------------------------------- the rewriter
