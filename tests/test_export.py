@@ -3,7 +3,6 @@ of every backend, links back to TensorBoard, and the export / runs / inspect com
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tb_runs import assert_close, make_run
+from tensorflow_serving.apis import prediction_log_pb2
 
 from trainer.cli import main
 from trainer.export import (
@@ -92,9 +92,6 @@ def test_auto_export_uses_the_savedmodel_backend_and_serves_the_same(run, tmp_pa
 
 
 def test_warmup_requests_replay_to_the_model_outputs(run, tmp_path):
-    pytest.importorskip("tensorflow_serving")
-    from tensorflow_serving.apis import prediction_log_pb2
-
     model, x = run["model"], run["data"].x_val[:3]
     path = export_serving(model, tmp_path / "export", warmup=x, format="keras")
     assert read_export_metadata(path)["warmup_requests"] == 3
@@ -146,7 +143,7 @@ def test_cli_export_runs_and_inspect(run, tmp_path, capsys):
     outputs = run["run_dir"].parent
     h5 = run["checkpoints"][0]["path"]
     export_root = run["run_dir"] / "export"
-    warmup = 2 if importlib.util.find_spec("tensorflow_serving") else 0
+    warmup = 2
     assert main(["export", str(h5), str(export_root), "--warmup", str(warmup), "--json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     version_dir = export_root / str(exported["version"])

@@ -4,8 +4,10 @@ event files, and a real ``tensorboard`` server queried over HTTP."""
 from __future__ import annotations
 
 import shutil
+import threading
 
 import pytest
+import tensorflow as tf
 from omegaconf import OmegaConf
 from tb_runs import make_run, tensorboard_server, wait_for
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -189,3 +191,25 @@ def test_tensorboard_server_lists_runs_scalars_hparams_and_cards(tmp_path):
 
         graphs = get("/data/plugin/graphs/info")
         assert graphs["0/tb"]["run_graph"] is True
+
+
+def test_cards_from_a_background_thread_land_next_to_main_thread_scalars(tmp_path):
+    """Async checkpoint writers card from their own thread while training logs scalars."""
+    board = RunBoard(tmp_path / "tb", run_dir=tmp_path)
+
+    def write_cards():
+        for step in range(1, 21):
+            board.checkpoint_card(
+                step, tmp_path / f"c{step}", backend="h5", format_version=1, size_bytes=step
+            )
+
+    thread = threading.Thread(target=write_cards)
+    thread.start()
+    with board.writer.as_default():
+        for step in range(1, 201):
+            tf.summary.scalar("batch/loss", 1.0 / step, step=step)
+    thread.join()
+    board.close()
+    steps = event_steps(board.event_file)
+    assert all(f"checkpoints/c{s}" in steps[s] for s in range(1, 21))
+    assert all("batch/loss" in steps[s] for s in range(1, 201))
