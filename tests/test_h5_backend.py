@@ -143,3 +143,13 @@ def test_newer_format_version_is_refused(trained, tmp_path):
         handle["metadata"] = json.dumps({**metadata, "format_version": 99})
     with pytest.raises(IncompatibleFormatError, match="format version 99"):
         load_checkpoint(path)
+
+
+def test_bfloat16_variables_keep_their_dtype(tmp_path):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, dtype="bfloat16")])
+    model.compile("sgd", "mse")
+    model.fit(np.ones((8, 4), "float32"), np.ones((8, 3), "float32"), verbose=0)
+    loaded = load_checkpoint(H5Backend().save(model, tmp_path / "bf16")).model
+    for saved, restored in zip(model.weights, loaded.weights, strict=True):
+        assert restored.dtype == saved.dtype == "bfloat16"
+        np.testing.assert_array_equal(restored.numpy(), saved.numpy())

@@ -15,6 +15,7 @@ from typing import Any
 
 import h5py
 import keras
+import ml_dtypes
 import numpy as np
 
 from trainer.errors import (
@@ -181,6 +182,7 @@ def write_arrays(
         options = {"compression": compression} if compression and value.ndim else {}
         dataset = group.create_dataset(f"{index:05d}", data=value, **options)
         dataset.attrs["path"] = var_path
+        dataset.attrs["dtype"] = str(value.dtype)  # h5py keeps bfloat16 & co. as opaque bytes
 
 
 def read_arrays(parent: h5py.Group, name: str, where: Path) -> list[np.ndarray]:
@@ -198,7 +200,14 @@ def read_arrays(parent: h5py.Group, name: str, where: Path) -> list[np.ndarray]:
             f"{where}: group {name!r} should hold {count} arrays numbered from 00000 but "
             f"holds {len(keys)}; the checkpoint is damaged. Received keys: {keys[:5]}..."
         )
-    return [np.asarray(group[key][()]) for key in keys]
+    return [_typed(group[key]) for key in keys]
+
+
+def _typed(dataset: h5py.Dataset) -> np.ndarray:
+    value = np.asarray(dataset[()])
+    if value.dtype.kind == "V":  # an ml_dtypes type (bfloat16, float8...) stored as bytes
+        value = value.view(getattr(ml_dtypes, str(dataset.attrs.get("dtype"))))
+    return value
 
 
 def write_text(parent: h5py.Group, name: str, text: str) -> None:
