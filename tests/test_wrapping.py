@@ -133,6 +133,13 @@ def sequential():
     )
 
 
+def sequential_with_block():
+    return keras.Sequential(
+        [keras.Input((8, 8, 2)), L.Conv2D(4, 3, padding="same"), Block(4),
+         L.GlobalAveragePooling2D(), L.Dense(3)]
+    )  # fmt: skip
+
+
 def residual(shared=False):
     inputs = keras.Input((8, 8, 2))
     x = L.Conv2D(4, 3, padding="same", name="stem")(inputs)
@@ -183,7 +190,7 @@ def same_outputs(a, b, x, atol=1e-5):
 
 
 # ------------------------------------------------------------------- structural tests
-@pytest.mark.parametrize("build", [sequential, residual, deep, subclassed])
+@pytest.mark.parametrize("build", [sequential, sequential_with_block, residual, deep, subclassed])
 def test_every_kernel_layer_is_wrapped_once_and_outputs_are_unchanged(build):
     model = build()
     before = len(kernels()(model))
@@ -194,6 +201,12 @@ def test_every_kernel_layer_is_wrapped_once_and_outputs_are_unchanged(build):
     assert not find_layers(model, PruneLowMagnitude) and len(kernels()(model)) == before
     x, _ = data(model, 8)
     same_outputs(model, wrapped, x)
+    plain = unwrap_model(wrapped)  # back to the caller's own classes, same weights
+    assert type(plain) is type(model) and not find_layers(plain, WrapHost)
+    assert [type(x).__name__ for x in find_layers(plain, L.Layer)] == [
+        type(x).__name__ for x in find_layers(model, L.Layer)
+    ]
+    same_outputs(model, plain, x)
 
 
 def test_nested_custom_layers_are_wrapped_at_every_depth_and_survive_a_config_round_trip():
