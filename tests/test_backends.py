@@ -5,9 +5,16 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from backend_suite import MODEL_KINDS, SAFETY_CHECKS, check_round_trip
+from backend_suite import MODEL_KINDS, SAFETY_CHECKS, build_model, check_round_trip
 
-from trainer.save_backends import available_backends, backend_class, get_backend
+from trainer.errors import NotACheckpointError
+from trainer.save_backends import (
+    available_backends,
+    backend_class,
+    detect_backend,
+    get_backend,
+    registry,
+)
 
 
 def _backend_or_skip(name: str):
@@ -44,3 +51,21 @@ def test_registry_name_matches_class(name):
     backend = _backend_or_skip(name)
     assert backend_class(name) is type(backend)
     assert type(backend).name == name
+
+
+GHOST = {"ghost": "trainer.save_backends.ghost:GhostBackend"}  # a backend not landed yet
+
+
+def test_a_backend_whose_module_is_missing_is_skipped_not_an_error(monkeypatch):
+    monkeypatch.setattr(registry, "_registry", {**registry._registry, **GHOST})
+    with pytest.raises(pytest.skip.Exception, match="not available yet"):
+        _backend_or_skip("ghost")
+
+
+def test_detection_passes_over_backends_that_cannot_be_imported(monkeypatch, tmp_path):
+    monkeypatch.setattr(registry, "_registry", {**GHOST, **registry._registry})
+    path = get_backend("h5").save(build_model("sequential", compiled=False), tmp_path / "c")
+    assert detect_backend(path) is backend_class("h5")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotACheckpointError, match="could not be imported: ghost"):
+        detect_backend(tmp_path / "empty")
