@@ -14,9 +14,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from tensorflow.python.saved_model import save_context
+from tensorflow.python.util import nest
+
 from trainer.errors import ModelNotReadyError
 from trainer.savedmodel import serialize, tracing
 from trainer.savedmodel.tracing import Node, tf_variable
+
+
+SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
 
 @dataclasses.dataclass
@@ -86,11 +92,11 @@ def trace_model(model: keras.Model) -> TracedModel:
             tf_vars.append(storage)
 
     structure = tracing.model_input_structure(model)
-    serve, specs = tracing.make_serving_function(model, structure)
+    recording, specs = tracing.make_serving_function(model, structure)
     recorder = tracing.CallRecorder(layers)
     try:
-        with recorder:
-            serving = serve.get_concrete_function()
+        with recorder:  # a throwaway trace that only records what each layer receives
+            recording.get_concrete_function()
     except ModelNotReadyError:
         raise
     except Exception as err:
@@ -100,19 +106,24 @@ def trace_model(model: keras.Model) -> TracedModel:
             f"was built with. Received {type(model).__name__}"
         ) from err
 
-    nodes: list[Node] = []
-    records: list[dict[str, Any]] = []
-    for li, layer in enumerate(layers):
-        node = Node(name=f"layer_{li}")
-        node.layer_variables = [tf_variable(v) for v in layer.variables]
-        resources = tracing.trackable_resources(layer)
-        if resources:
-            node.resources = resources
-        functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)])
-        own = [var_index[id(tf_variable(v))] for v in layer.variables]
-        own = [i for i in own if var_records[i]["owner"] == li]
-        records.append(
-            serialize.layer_record(
+    nodes: list[Node | None] = [None] * len(layers)
+    records: list[dict[str, Any] | None] = [None] * len(layers)
+    # Traced inside the same save context tf.saved_model.save uses: the context is part of
+    # tf.function's cache key, and outside it the save would trace every function again.
+    with save_context.save_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
+        for li in _children_first(layers, layer_index):
+            layer = layers[li]
+            node = Node(name=f"layer_{li}")
+            node.layer_variables = [tf_variable(v) for v in layer.variables]
+            resources = tracing.trackable_resources(layer)
+            if resources:
+                node.resources = resources
+            functions, call_specs = _trace_layer(
+                layer, node, recorder.specs[id(layer)], dispatcher
+            )
+            own = [var_index[id(tf_variable(v))] for v in layer.variables]
+            own = [i for i in own if var_records[i]["owner"] == li]
+            records[li] = serialize.layer_record(
                 layer,
                 li,
                 layer_index=layer_index,
@@ -121,8 +132,12 @@ def trace_model(model: keras.Model) -> TracedModel:
                 functions=functions,
                 call_specs=call_specs,
             )
-        )
-        nodes.append(node)
+            nodes[li] = node
+            if hasattr(node, "call_infer"):  # after the record: this mutes its regularizer
+                dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
+        # The serving function calls the model's traced function: no third copy of the ops.
+        serve, specs = tracing.make_serving_function(model, structure)
+        serving = serve.get_concrete_function()
     for li, layer in enumerate(layers):
         children = [nodes[layer_index[id(c)]] for c in layer._layers if id(c) in layer_index]
         if children:
@@ -180,7 +195,41 @@ def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:
     return found
 
 
-def _trace_layer(layer: keras.layers.Layer, node: Node, specs: dict[str, Any]):
+def _named(structure: Any, prefix: str) -> Any:
+    """Name specs the way tf.function names them in ``structured_input_signature``:
+    tf.saved_model.save looks functions up again by that signature, and a spec whose name
+    differs is a cache miss that silently traces the whole layer a second time."""
+
+    def name(path: tuple, spec: Any) -> Any:
+        if not isinstance(spec, tf.TensorSpec):
+            return spec
+        return tf.TensorSpec(spec.shape, spec.dtype, name="_".join([prefix, *map(str, path)]))
+
+    return nest.map_structure_with_tuple_paths(name, structure)
+
+
+def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> list[int]:
+    """Post-order over the layer DAG, so every child is traced before its parents."""
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def visit(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        for child in layers[i]._layers:
+            if id(child) in index:
+                visit(index[id(child)])
+        order.append(i)
+
+    for i in range(len(layers)):
+        visit(i)
+    return order
+
+
+def _trace_layer(
+    layer: keras.layers.Layer, node: Node, specs: dict[str, Any], dispatcher: Any = None
+):
     """Concrete call functions for each recorded call spec, for both training values."""
     functions: dict[str, Any] = {}
     specs = specs or _fallback_specs(layer)
@@ -191,9 +240,9 @@ def _trace_layer(layer: keras.layers.Layer, node: Node, specs: dict[str, Any]):
             if not tracing.takes_training(layer):
                 modes = {"call_infer": None}
             for attr, training in modes.items():
-                fn = tracing.make_call_function(layer, training)
+                fn = tracing.make_call_function(layer, training, dispatcher)
                 for args, kwargs in specs.values():
-                    fn.get_concrete_function(args, kwargs)
+                    fn.get_concrete_function(_named(args, "args"), _named(kwargs, "kwargs"))
                 setattr(node, attr, fn)
                 functions[attr] = f"{attr}"
         regs = []

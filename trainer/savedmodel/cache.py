@@ -54,12 +54,11 @@ def write_saved_model(
         _fast_write(entry, directory)
         return entry.traced, False
     traced = build.trace_model(model)
-    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(
         traced.root,
         str(directory),
         signatures={"serving_default": traced.serving},
-        options=options,
+        options=build.SAVE_OPTIONS,
     )
     files = {}
     for path in directory.rglob("*"):

@@ -153,19 +153,85 @@ def _own_losses(layer: keras.layers.Layer) -> list[Any]:
     return losses
 
 
-def make_call_function(layer: keras.layers.Layer, training: bool | None) -> Any:
+class Dispatcher:
+    """While active, a call to an already traced layer runs its traced function instead of
+    re-tracing its Python ``call``: a parent's graph then holds one call op per child, so
+    each layer's ops are traced and stored once per ``training`` value, not once per
+    ancestor (the idea of tf.keras' child-call replacement). The child's activity
+    regularizer is muted meanwhile, as its traced function already returns that loss.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[keras.layers.Layer, Any, Any, Any]] = {}
+
+    def __enter__(self) -> Dispatcher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for layer, _infer, _train, regularizer in self.entries.values():
+            self._uninstall(layer)
+            layer.activity_regularizer = regularizer
+
+    def add(self, layer: keras.layers.Layer, infer: Any, train: Any) -> None:
+        self.entries[id(layer)] = (layer, infer, train, layer.activity_regularizer)
+        self._install(layer)
+
+    def _install(self, layer: keras.layers.Layer) -> None:
+        _, infer, train, _ = self.entries[id(layer)]
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            training = kwargs.pop("training", None)
+            use_train = train is not None and isinstance(training, bool) and training
+            outputs, losses = (train if use_train else infer)(tuple(args), kwargs)
+            for loss in losses:
+                layer._losses.append(loss)
+            return outputs
+
+        object.__setattr__(layer, "call", dispatch)
+        layer.activity_regularizer = None
+
+    def _uninstall(self, layer: keras.layers.Layer) -> None:
+        if "call" in layer.__dict__:
+            object.__delattr__(layer, "call")
+
+    def own_call(self, layer: keras.layers.Layer) -> Any:
+        """Context in which ``layer`` itself runs its Python code (for its own traces)."""
+        dispatcher = self
+
+        class _Own:
+            def __enter__(self_inner) -> None:
+                if id(layer) in dispatcher.entries:
+                    dispatcher._uninstall(layer)
+                    layer.activity_regularizer = dispatcher.entries[id(layer)][3]
+
+            def __exit__(self_inner, *exc: Any) -> None:
+                if id(layer) in dispatcher.entries:
+                    dispatcher._install(layer)
+
+        return _Own()
+
+
+def make_call_function(
+    layer: keras.layers.Layer, training: bool | None, dispatcher: Dispatcher | None = None
+) -> Any:
     """``fn(args, kwargs) -> (outputs, losses)``: the layer's ``__call__`` at a fixed
     ``training`` value. Losses added during the call (activity regularizers, ``add_loss``)
     are returned rather than left behind as graph tensors on the layer.
     """
     ref = weakref.ref(layer)  # the cache must not keep the model alive
+    dispatcher_ref = weakref.ref(dispatcher) if dispatcher is not None else None
 
     def call(args, kwargs):
         target = ref()
         kwargs = dict(kwargs)
         if training is not None:
             kwargs["training"] = training
-        outputs = target(*args, **kwargs)
+        active = dispatcher_ref() if dispatcher_ref is not None else None
+        if active is None:
+            outputs = target(*args, **kwargs)
+        else:
+            with active.own_call(target):
+                outputs = target(*args, **kwargs)
         return outputs, _own_losses(target)
 
     return tf.function(call)
