@@ -20,11 +20,11 @@ from trainer.export import (
     export_from_checkpoint,
     export_serving,
     read_export_metadata,
-    read_warmup,
     versions,
 )
 from trainer.serving import saved_model_signatures
 from trainer.tensorboard import event_steps, resolve_link
+from trainer.warmup import read_warmup
 
 
 @pytest.fixture(scope="module")

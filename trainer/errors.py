@@ -49,3 +49,7 @@ class SaveError(TrainerError):
 class TensorBoardLinkError(TrainerError):
     """A checkpoint's or export's TensorBoard link does not lead to an event file holding
     its step (the run directory moved, or the event file was deleted)."""
+
+
+class ExportError(TrainerError):
+    """A serving export could not be written as asked; earlier versions are untouched."""

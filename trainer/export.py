@@ -28,26 +28,21 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.atomic import fsync_tree, temporary_sibling
-from trainer.errors import NotACheckpointError, SaveError, TrainerError
+from trainer.errors import ExportError, NotACheckpointError, SaveError, TrainerError
 from trainer.save_backends.base import check_model_ready
 from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
 from trainer.serving import serving_function as make_serving_function
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size, resolve_link
 from trainer.version import __version__
+from trainer.warmup import EXTRA_DIR, write_warmup
 
 log = logging.getLogger(__name__)
 
-EXTRA_DIR = "assets.extra"
 EXPORT_FILE = "trainer_export.json"
-WARMUP_FILE = "tf_serving_warmup_requests"
 FORMAT = "trainer-export"
 FORMAT_VERSION = 1  # of the export layout and its metadata
 FORMATS = ("auto", "keras", "savedmodel")
 _VERSION = re.compile(r"^[0-9]+$")
-
-
-class ExportError(TrainerError):
-    """An export could not be written or read; earlier versions are untouched."""
 
 
 def versions(export_root: str | os.PathLike) -> list[int]:
@@ -238,64 +233,6 @@ def prune(export_root: str | os.PathLike, keep: int) -> list[Path]:
     return removed
 
 
-# ---------------------------------------------------------------------- warmup
-def write_warmup(
-    version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[str, Any]], max_requests=100
-) -> int:
-    """TF Serving warmup: a TFRecord of ``PredictionLog`` protos, one request per example
-    (TF Serving replays at most 1000). Needs ``tensorflow-serving-api`` for the protos."""
-    try:
-        from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
-    except ImportError as error:
-        raise ExportError(
-            f"Warmup requests need the TF Serving protos: pip install tensorflow-serving-api "
-            f"(or export without warmup). Received ImportError: {error}"
-        ) from None
-    if not isinstance(examples, Mapping):
-        if len(inputs) != 1:
-            raise ExportError(
-                f"The model has {len(inputs)} inputs ({sorted(inputs)}); pass warmup examples "
-                f"as a dict keyed by input name. Received {type(examples).__name__}"
-            )
-        examples = {next(iter(inputs)): examples}
-    unknown = sorted(set(examples) ^ set(inputs))
-    if unknown:
-        raise ExportError(
-            f"Warmup examples must name exactly the signature inputs {sorted(inputs)}. "
-            f"Received keys {sorted(examples)}"
-        )
-    arrays = {
-        name: np.asarray(value, dtype=inputs[name]["dtype"]) for name, value in examples.items()
-    }
-    count = min(min(len(a) for a in arrays.values()), max_requests)
-    path = version_dir / EXTRA_DIR / WARMUP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for i in range(count):
-            request = predict_pb2.PredictRequest()
-            request.model_spec.signature_name = SERVING_KEY
-            for name, array in arrays.items():
-                request.inputs[name].CopyFrom(tf.make_tensor_proto(array[i : i + 1]))
-            record = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=request)
-            )
-            writer.write(record.SerializeToString())
-    return count
-
-
-def read_warmup(version_dir: str | os.PathLike) -> list[dict[str, np.ndarray]]:
-    """The warmup requests of an export as ``[{input name: array}, ...]``."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    path = Path(version_dir) / EXTRA_DIR / WARMUP_FILE
-    requests = []
-    for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
-        record = prediction_log_pb2.PredictionLog.FromString(raw)
-        inputs = record.predict_log.request.inputs
-        requests.append({k: tf.make_ndarray(v) for k, v in inputs.items()})
-    return requests
-
-
 # ---------------------------------------------------------------- from checkpoints
 def export_from_checkpoint(
     checkpoint_path: str | os.PathLike,
@@ -376,3 +313,38 @@ def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any
     data = hydra.utils.instantiate(dict(config["data"]))
     inputs = data.x_val if len(data.x_val) else data.x_train
     return np.asarray(inputs[:count])
+
+
+def export_for_run(
+    model: keras.Model,
+    run_dir: str | os.PathLike,
+    export_cfg: Mapping[str, Any] | None,
+    *,
+    board: RunBoard | None,
+    state: Any,
+    validation_x: Any = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path | None:
+    """End-of-training export driven by the ``export`` config group (``conf/export``):
+    ``run_dir/<directory>/<version>/`` with warmup from ``validation_x``, the run's state
+    and config in the metadata, and a card at the current step. ``None`` if disabled."""
+    options = dict(export_cfg or {})
+    if not options.get("enabled", True):
+        return None
+    count = int(options.get("warmup_examples") or 0)
+    warmup = None
+    if count and validation_x is not None and len(validation_x):
+        warmup = np.asarray(validation_x[:count])
+    metadata: dict[str, Any] = {"state": state.to_dict(), "source": {"checkpoint": None}}
+    if config is not None:
+        metadata["config"] = dict(config)
+    return export_serving(
+        model,
+        Path(run_dir) / str(options.get("directory") or "export"),
+        keep=int(options.get("keep") or 5),
+        warmup=warmup,
+        metadata=metadata,
+        board=board,
+        step=int(state.global_step),
+        format=str(options.get("format") or "auto"),
+    )

@@ -225,7 +225,8 @@ def format_runs(listing: dict[str, Any]) -> str:
     lines = [f"{len(listing['runs'])} run(s) under {listing['output_dir']}"]
     for run in listing["runs"]:
         tb = run["tensorboard"]["run"] or "no TensorBoard log"
-        lines.append(f"\nrun {run['name']}  (TensorBoard run: {tb})")
+        name = run["name"] if run["name"] != "." else f"{Path(run['run_dir']).name} (.)"
+        lines.append(f"\nrun {name}  (TensorBoard run: {tb})")
         artifacts = run["checkpoints"] + run["exports"]
         if not artifacts:
             lines.append("  no checkpoints or exports")

@@ -1,0 +1,78 @@
+"""TF Serving warmup requests: ``assets.extra/tf_serving_warmup_requests`` in an export.
+
+A TFRecord file of ``tensorflow.serving.PredictionLog`` protos that the model server
+replays when it loads a version, so the first real request does not pay for graph
+initialisation. The protos come from ``tensorflow-serving-api``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.errors import ExportError
+from trainer.serving import SERVING_KEY
+
+EXTRA_DIR = "assets.extra"
+WARMUP_FILE = "tf_serving_warmup_requests"
+
+
+def write_warmup(
+    version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[str, Any]], max_requests=100
+) -> int:
+    """TF Serving warmup: a TFRecord of ``PredictionLog`` protos, one request per example
+    (TF Serving replays at most 1000). Needs ``tensorflow-serving-api`` for the protos."""
+    try:
+        from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+    except ImportError as error:
+        raise ExportError(
+            f"Warmup requests need the TF Serving protos: pip install tensorflow-serving-api "
+            f"(or export without warmup). Received ImportError: {error}"
+        ) from None
+    if not isinstance(examples, Mapping):
+        if len(inputs) != 1:
+            raise ExportError(
+                f"The model has {len(inputs)} inputs ({sorted(inputs)}); pass warmup examples "
+                f"as a dict keyed by input name. Received {type(examples).__name__}"
+            )
+        examples = {next(iter(inputs)): examples}
+    unknown = sorted(set(examples) ^ set(inputs))
+    if unknown:
+        raise ExportError(
+            f"Warmup examples must name exactly the signature inputs {sorted(inputs)}. "
+            f"Received keys {sorted(examples)}"
+        )
+    arrays = {
+        name: np.asarray(value, dtype=inputs[name]["dtype"]) for name, value in examples.items()
+    }
+    count = min(min(len(a) for a in arrays.values()), max_requests)
+    path = version_dir / EXTRA_DIR / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(count):
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = SERVING_KEY
+            for name, array in arrays.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(array[i : i + 1]))
+            record = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request)
+            )
+            writer.write(record.SerializeToString())
+    return count
+
+
+def read_warmup(version_dir: str | Path) -> list[dict[str, np.ndarray]]:
+    """The warmup requests of an export as ``[{input name: array}, ...]``."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = Path(version_dir) / EXTRA_DIR / WARMUP_FILE
+    requests = []
+    for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+        record = prediction_log_pb2.PredictionLog.FromString(raw)
+        inputs = record.predict_log.request.inputs
+        requests.append({k: tf.make_ndarray(v) for k, v in inputs.items()})
+    return requests
