@@ -119,7 +119,8 @@ def compile_model(
 ) -> None:
     """``model.compile`` with the stored arguments under ``safe_mode``; builds the optimizer."""
     kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
-    model.compile(**kwargs)
+    with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
+        model.compile(**kwargs)
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
 
