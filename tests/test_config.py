@@ -19,7 +19,7 @@ from trainer.training import build_model, build_optimizer
 def test_every_model_builds_trains_one_step(compose_cfg, option):
     cfg = compose_cfg(f"model={option}")
     data: DataSplits = hydra.utils.instantiate(cfg.data)
-    model = build_model(cfg, data, total_steps=10)
+    model, _ = build_model(cfg, data, total_steps=10)
     assert model.built and model.count_params() > 0
     history = model.fit(data.x_train[:16], data.y_train[:16], epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
@@ -29,7 +29,7 @@ def test_every_model_builds_trains_one_step(compose_cfg, option):
 def test_model_kinds_match_their_names(compose_cfg):
     data = hydra.utils.instantiate(compose_cfg().data)
     kinds = {
-        option: type(build_model(compose_cfg(f"model={option}"), data, total_steps=1))
+        option: type(build_model(compose_cfg(f"model={option}"), data, total_steps=1)[0])
         for option in ("mlp", "cnn", "resnet", "subclassed")
     }
     assert kinds["mlp"] is keras.Sequential
@@ -41,7 +41,7 @@ def test_model_kinds_match_their_names(compose_cfg):
 
 def test_resnet_holds_layers_within_layers(compose_cfg):
     cfg = compose_cfg("model=resnet")
-    model = build_model(cfg, hydra.utils.instantiate(cfg.data), total_steps=1)
+    model, _ = build_model(cfg, hydra.utils.instantiate(cfg.data), total_steps=1)
     block = model.get_layer("block0")
     inner = {type(layer).__name__ for layer in block._flatten_layers(include_self=False)}
     assert {"Conv2D", "BatchNormalization", "Dense"} <= inner

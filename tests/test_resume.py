@@ -237,3 +237,18 @@ def _newest_step(run):
         return load_checkpoint(find_latest(run / "checkpoints")).state.global_step
     except (NotACheckpointError, FileNotFoundError):
         return None
+
+
+def test_resumed_curves_have_no_duplicate_steps(compose_cfg, tmp_path):
+    """Resuming from an older checkpoint re-trains steps 4-6; TensorBoard shows each once."""
+    # The accumulator the TensorBoard server itself uses (it purges tensor summaries too).
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    train(compose_cfg("model=mlp", "save=h5", "checkpoint.policy.keep_last=null"))
+    older = run / "checkpoints" / "step-00000003.h5"
+    train(compose_cfg("model=mlp", "save=h5", f"resume={older}"))
+    events = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    steps = [event.step for event in events.Tensors("batch/loss")]
+    assert steps == [1, 2, 3, 4, 5, 6]

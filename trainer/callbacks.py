@@ -97,9 +97,7 @@ class ScalarLogger(keras.callbacks.Callback):
     def __init__(self, log_dir: Path, state: TrainingState):
         super().__init__()
         self.state = state
-        log_dir = Path(log_dir)
-        if state.global_step:
-            purge_after(log_dir, state.global_step)
+        mark_session_start(Path(log_dir), state.global_step)
         self.writer = tf.summary.create_file_writer(str(log_dir))
 
     def on_train_batch_end(self, batch, logs=None):
@@ -120,16 +118,19 @@ class ScalarLogger(keras.callbacks.Callback):
         self.writer.close()
 
 
-def purge_after(log_dir: Path, step: int) -> None:
-    """Tell TensorBoard to drop events after ``step`` that a crashed run wrote.
+def mark_session_start(log_dir: Path, step: int) -> None:
+    """Record that training (re)starts after ``step``, so TensorBoard drops older events
+    at later steps that a crashed or abandoned run wrote.
 
-    A ``SessionLog.START`` event at ``step + 1`` makes TensorBoard discard older events at
-    or after that step. It goes into its own event file whose name sorts before the writer's
-    next file (same timestamp prefix, then "0" before any pid), so it is read in between.
+    TensorBoard treats every ``SessionLog.START`` after a run's first one as a restart and
+    discards earlier events at or after its step; so every session writes one, at
+    ``step + 1``. It goes into its own event file whose name sorts before the writer's
+    next file (same timestamp prefix, then "0" before any host name), so it is read in
+    between the old events and the new ones.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    name = f"events.out.tfevents.{int(now)}.0resume.{step}.purge"
+    name = f"events.out.tfevents.{int(now)}.0session.{step}.start"
     with tf.io.TFRecordWriter(str(log_dir / name)) as records:
         records.write(
             event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString()

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 # Config sections that define the model's variables; anything else (epochs, checkpoint
 # policy, verbosity...) may change between the original run and the resumed one.
-ARCHITECTURE_KEYS = ("model", "data", "optimizer", "schedule", "seed")
+ARCHITECTURE_KEYS = ("model", "data", "optimizer", "schedule", "seed", "wrap")
 
 
 def resolve_resume(resume: str | None, resume_dir: str | None, run_dir: Path) -> Path | None:

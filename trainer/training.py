@@ -18,6 +18,7 @@ from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
+from trainer.wrapping import apply_wrap
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     data: DataSplits = hydra.utils.instantiate(cfg.data)
     steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
-    model = build_model(cfg, data, total_steps=steps * cfg.trainer.epochs)
+    model, wrap_callbacks = build_model(cfg, data, total_steps=steps * cfg.trainer.epochs)
     build_metric_variables(model, data)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
@@ -64,7 +65,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         progress=progress,
     )
     hooks = list(cfg.get("test_hooks") or [])  # test-only callbacks (fault injection)
-    callbacks = [progress, *(hydra.utils.instantiate(h) for h in hooks), scalars, checkpointer]
+    callbacks = [
+        progress,
+        *(hydra.utils.instantiate(h) for h in hooks),
+        *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
+        scalars,
+        checkpointer,
+    ]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     log.info(
@@ -145,16 +152,21 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
     return path
 
 
-def build_model(cfg: DictConfig, data: DataSplits, *, total_steps: int) -> keras.Model:
+def build_model(
+    cfg: DictConfig, data: DataSplits, *, total_steps: int
+) -> tuple[keras.Model, list[keras.callbacks.Callback]]:
+    """The configured model, wrapped per ``cfg.wrap`` and compiled; plus the wrapper's
+    training callbacks (e.g. the pruning schedule)."""
     model = hydra.utils.instantiate(
         cfg.model, input_shape=list(data.input_shape), num_classes=data.num_classes
     )
+    model, wrap_callbacks = apply_wrap(model, cfg.get("wrap"), total_steps=total_steps)
     model.compile(
         optimizer=build_optimizer(cfg.optimizer, cfg.get("schedule"), total_steps),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )
-    return model
+    return model, wrap_callbacks
 
 
 def build_metric_variables(model: keras.Model, data: DataSplits) -> None:
