@@ -85,7 +85,7 @@ def links_and_signatures(checkpoint: Any) -> dict[str, Any]:
     else:
         try:
             signatures = model_signatures(checkpoint.model)
-            source = "traced from the model: what an export of it serves"
+            source = "traced from the model, as a format=keras export serves it"
         except TrainerError as error:
             signatures, source = {}, f"unavailable: {error}"
     return {
