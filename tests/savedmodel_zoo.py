@@ -88,9 +88,11 @@ class MaskWrapper(layers.Wrapper):
         self.mask = self.add_weight(
             shape=kernel.shape, initializer="ones", trainable=False, name="mask"
         )
-        self.mask.assign(np.tile([1.0, 0.0], kernel.shape[0] * kernel.shape[1] // 2 + 1)[
-            : kernel.shape[0] * kernel.shape[1]
-        ].reshape(kernel.shape))
+        self.mask.assign(
+            np.tile([1.0, 0.0], kernel.shape[0] * kernel.shape[1] // 2 + 1)[
+                : kernel.shape[0] * kernel.shape[1]
+            ].reshape(kernel.shape)
+        )
 
     def call(self, x):
         return ops.matmul(x, self.layer.kernel * self.mask) + self.layer.bias
@@ -141,8 +143,13 @@ def _data(n=32, shape=(6,), seed=0):
 def sequential_mlp():
     x, y = _data(), np.random.default_rng(1).integers(0, 3, 32)
     model = keras.Sequential(
-        [keras.Input((6,)), layers.Dense(16, activation="relu"), layers.Dropout(0.3),
-         Scale(name="scale"), layers.Dense(3)],
+        [
+            keras.Input((6,)),
+            layers.Dense(16, activation="relu"),
+            layers.Dropout(0.3),
+            Scale(name="scale"),
+            layers.Dense(3),
+        ],
         name="mlp",
     )
     return _fit(model, x, y, "sparse_categorical_crossentropy", ["accuracy"]), x, y, ["Scale"]
@@ -152,8 +159,10 @@ def two_in_two_out():
     a, b = keras.Input((4,), name="left"), keras.Input((3,), name="right")
     joined = layers.Concatenate()([Scale(name="scale_left")(a), b])
     hidden = layers.Dense(8, activation="relu")(joined)
-    outputs = {"value": layers.Dense(1, name="value")(hidden),
-               "probs": layers.Dense(2, activation="softmax", name="probs")(hidden)}
+    outputs = {
+        "value": layers.Dense(1, name="value")(hidden),
+        "probs": layers.Dense(2, activation="softmax", name="probs")(hidden),
+    }
     model = keras.Model({"left": a, "right": b}, outputs, name="two_by_two")
     x = {"left": _data(shape=(4,)), "right": _data(shape=(3,), seed=2)}
     y = {"value": _data(shape=(1,), seed=3), "probs": np.eye(2)[np.arange(32) % 2]}

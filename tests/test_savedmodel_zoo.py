@@ -25,7 +25,12 @@ def _loss_value(model, x, y):
     return model.evaluate(x, y, verbose=0, batch_size=16, return_dict=True)
 
 
-@pytest.fixture(params=sorted(zoo.ZOO))
+SLOW = {"wrappers", "conv_bn_dropout"}  # RNN / conv graphs: several seconds per trace
+
+
+@pytest.fixture(
+    params=[pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(zoo.ZOO)]
+)
 def case(request, tmp_path):
     keras.utils.set_random_seed(1)
     model, x, y, hidden = zoo.ZOO[request.param]()
@@ -91,7 +96,9 @@ def test_classes_missing_revive_from_traced_functions(case, tmp_path):
             loss = sum(tf.reduce_sum(o) for o in keras.tree.flatten(out))
             loss += sum(revived.losses) if revived.losses else 0.0
         grads = tape.gradient(loss, revived.trainable_variables)
-        missing = [v.path for v, g in zip(revived.trainable_variables, grads, strict=True) if g is None]
+        missing = [
+            v.path for v, g in zip(revived.trainable_variables, grads, strict=True) if g is None
+        ]
         assert not missing, missing
 
         history = revived.fit(x, y, epochs=4, batch_size=16, verbose=0, shuffle=False)
@@ -104,6 +111,11 @@ def test_classes_missing_revive_from_traced_functions(case, tmp_path):
             np.testing.assert_allclose(a, b, atol=1e-5)
     # and with the classes back, the re-saved checkpoint rebuilds them from config
     back = get_backend("savedmodel").load(again).model
-    assert not any(type(x).__module__.startswith("trainer.") for x in back._flatten_layers())
+    still_traced = {
+        type(layer).__name__
+        for layer in back._flatten_layers()
+        if type(layer).__module__.startswith("trainer.")
+    }
+    assert still_traced <= {"Lambda"}  # safe mode never unmarshals the lambda's code
     for a, b in zip(_predict(revived, x), _predict(back, x), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)

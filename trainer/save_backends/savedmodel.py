@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from trainer import keras_state
-from trainer.errors import CorruptCheckpointError, NotACheckpointError
+from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.savedmodel import cache
 from trainer.savedmodel import metadata as md
@@ -43,6 +43,10 @@ class SavedModelBackend(SaveBackend):
     @classmethod
     def can_load(cls, path: Path) -> bool:
         return md.has_metadata(Path(path))
+
+    @classmethod
+    def read_metadata(cls, path: Path) -> dict[str, Any]:
+        return md.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
     def build_metadata(
@@ -108,22 +112,37 @@ class SavedModelBackend(SaveBackend):
             custom_objects=custom_objects,
             safe_mode=getattr(self, "_safe_mode", True),
             where=str(path),
+            directory=path,
         )
-        model = reviver.revive(0)
-        if not isinstance(model, keras.Model):
-            raise CorruptCheckpointError(f"{path}: the root layer did not revive as a keras.Model")
-        # Keep the loaded object alive as long as the model: its functions are in use.
-        object.__setattr__(model, "_trainer_loaded", loaded)
         metadata = dict(meta)
-        metadata["revived_from"] = dict(reviver.how)
-        if compile and meta.get("compile_config"):
-            dropped = _compile(model, meta["compile_config"], custom_objects)
-            if dropped:
-                metadata["dropped_metrics"] = dropped
-            arrays = [v.numpy() for v in loaded.optimizer_variables]
-            keras_state.restore_optimizer_arrays(model, arrays, str(path))
+        # Revive and compile under the model's own global policy: a mixed_float16 model is
+        # compiled with a LossScaleOptimizer only if it is built under that policy.
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy(_root_policy(saved["layers"][0]) or previous)
+        try:
+            model = reviver.revive(0)
+            if not isinstance(model, keras.Model):
+                raise CorruptCheckpointError(f"{path}: the root did not revive as a keras.Model")
+            # Keep the loaded object alive as long as the model: its functions are in use.
+            object.__setattr__(model, "_trainer_loaded", loaded)
+            metadata["revived_from"] = dict(reviver.how)
+            if compile and meta.get("compile_config"):
+                dropped = _compile(model, meta["compile_config"], custom_objects)
+                if dropped:
+                    metadata["dropped_metrics"] = dropped
+                arrays = [v.numpy() for v in loaded.optimizer_variables]
+                keras_state.restore_optimizer_arrays(model, arrays, str(path))
+        finally:
+            keras.config.set_dtype_policy(previous)
         state = TrainingState.from_dict(meta.get("state", {}))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+
+
+def _root_policy(record: dict[str, Any]) -> Any:
+    try:
+        return keras.dtype_policies.deserialize(record["dtype_policy"])
+    except Exception:
+        return None
 
 
 def _compile(model: keras.Model, config: dict[str, Any], custom_objects: dict[str, Any]):
@@ -142,7 +161,7 @@ def _compile(model: keras.Model, config: dict[str, Any], custom_objects: dict[st
         try:
             keras_state.restore_compile(model, config, custom_objects)
         except Exception:
-            raise NotACheckpointError(
+            raise MissingClassError(
                 f"The model's compile config cannot be restored ({first}). Pass the custom "
                 f"loss/optimizer classes in custom_objects. Received: {config!r}"[:800]
             ) from first

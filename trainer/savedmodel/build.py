@@ -13,14 +13,12 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.util import nest
 
 from trainer.errors import ModelNotReadyError
 from trainer.savedmodel import serialize, tracing
 from trainer.savedmodel.tracing import Node, tf_variable
-
 
 SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
@@ -118,9 +116,7 @@ def trace_model(model: keras.Model) -> TracedModel:
             resources = tracing.trackable_resources(layer)
             if resources:
                 node.resources = resources
-            functions, call_specs = _trace_layer(
-                layer, node, recorder.specs[id(layer)], dispatcher
-            )
+            functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
             own = [var_index[id(tf_variable(v))] for v in layer.variables]
             own = [i for i in own if var_records[i]["owner"] == li]
             records[li] = serialize.layer_record(
@@ -144,7 +140,8 @@ def trace_model(model: keras.Model) -> TracedModel:
             nodes[li].sublayers = children
 
     root = Node(name="trainer_savedmodel")
-    root.serve = serve
+    # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
+    root.serving_default = serve
     root.model_variables = tf_vars
     root.optimizer_variables = [tf_variable(v) for v in opt_vars]
     root.layer_nodes = nodes

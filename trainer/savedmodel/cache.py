@@ -52,6 +52,7 @@ def write_saved_model(
     entry = _CACHE.get(model) if reuse else None
     if entry is not None and entry.traced.fingerprint == build.structure_fingerprint(model):
         _fast_write(entry, directory)
+        write_vocabularies(model, directory)
         return entry.traced, False
     traced = build.trace_model(model)
     tf.saved_model.save(
@@ -60,6 +61,7 @@ def write_saved_model(
         signatures={"serving_default": traced.serving},
         options=build.SAVE_OPTIONS,
     )
+    write_vocabularies(model, directory)
     files = {}
     for path in directory.rglob("*"):
         relative = path.relative_to(directory).as_posix()
@@ -68,6 +70,20 @@ def write_saved_model(
     _annotate_node_ids(traced, files["saved_model.pb"])
     _CACHE[model] = Entry(traced=traced, files=files)
     return traced, True
+
+
+VOCAB_DIR = "assets/keras"
+
+
+def write_vocabularies(model: keras.Model, directory: Path) -> None:
+    """Lookup layers' vocabularies as plain text under ``assets/keras/<layer id>/``, so a
+    layer rebuilt from config does not depend on the vocabulary file it was made from."""
+    for index, layer in enumerate(build.tracing.all_layers(model)):
+        if hasattr(layer, "get_vocabulary") and hasattr(layer, "set_vocabulary"):
+            target = directory / VOCAB_DIR / str(index)
+            target.mkdir(parents=True, exist_ok=True)
+            words = layer.get_vocabulary(include_special_tokens=True)
+            (target / "vocabulary.txt").write_text("\n".join(str(w) for w in words))
 
 
 def _fast_write(entry: Entry, directory: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -51,7 +52,9 @@ class Reviver:
         custom_objects: dict[str, Any],
         safe_mode: bool,
         where: str,
+        directory: Any = None,
     ):
+        self.directory = Path(directory or where)
         self.loaded = loaded
         self.records = records
         self.var_records = variables
@@ -110,6 +113,7 @@ class Reviver:
                 layer = self._deserialize(cfg, extra)
                 self._build(layer, record)
                 if self._bind(layer, record, strict=False):
+                    self._load_vocabulary(layer, record)
                     self._adopt_children(layer, record)
                     self.how[record["name"]] = "config"
                     return layer
@@ -140,12 +144,20 @@ class Reviver:
             return spec
 
         layer.built = False
-        layer(*tf.nest.map_structure(to_keras, tuple(args)),
-              **tf.nest.map_structure(to_keras, dict(kwargs)))
+        layer(
+            *tf.nest.map_structure(to_keras, tuple(args)),
+            **tf.nest.map_structure(to_keras, dict(kwargs)),
+        )
         # The build call is not part of any graph; forget its node so that a Functional
         # rebuilt around this layer numbers its nodes like the saved config does.
         layer._inbound_nodes.clear()
         layer._outbound_nodes.clear()
+
+    def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
+        path = self.directory / "assets" / "keras" / str(record["id"]) / "vocabulary.txt"
+        if path.is_file() and hasattr(layer, "set_vocabulary"):
+            lines = path.read_text().splitlines()
+            layer.set_vocabulary(lines)
 
     def _substituted(self, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The config with each child's nested config replaced by a reference to the

@@ -238,17 +238,19 @@ def make_call_function(
 
 
 def make_serving_function(model: keras.Model, structure: Any) -> tuple[Any, list]:
+    """``serve(inputs)`` taking the model's own input structure (as Keras' export does), so
+    ``TFSMLayer`` can pass a dict; the spec names become the signature's input keys."""
     specs = flat_named_specs(structure)
+    named = tf.nest.pack_sequence_as(structure, specs)
     ref = weakref.ref(model)
 
-    def serve(*flat):
+    def serve(inputs):
         target = ref()
-        inputs = tf.nest.pack_sequence_as(structure, list(flat))
         outputs = target(inputs, training=False)
         target._clear_losses()
         return output_dict(target, outputs)
 
-    return tf.function(serve, input_signature=specs), specs
+    return tf.function(serve, input_signature=[named]), specs
 
 
 def make_regularizer_function(variable: Any) -> Any:
