@@ -25,7 +25,7 @@ from trainer.savedmodel.metadata import metadata_path
 @pytest.fixture(scope="module")
 def two_by_two(tmp_path_factory):
     keras.utils.set_random_seed(3)
-    model, x, y, _ = zoo.two_in_two_out()
+    model, x, _y, _ = zoo.two_in_two_out()
     path = get_backend("savedmodel").save(model, tmp_path_factory.mktemp("sm") / "ckpt")
     return model, x, path
 
@@ -114,7 +114,7 @@ def test_repeat_save_reuses_the_trace_and_stays_complete(tmp_path):
 
 def test_unbuilt_model_is_refused_and_nothing_written(tmp_path):
     model = keras.Sequential([keras.layers.Dense(3, name="never_built")])
-    with pytest.raises(ModelNotReadyError, match="never_built|not built"):
+    with pytest.raises(ModelNotReadyError, match=r"never_built|not built"):
         get_backend("savedmodel").save(model, tmp_path / "x")
     assert not any(tmp_path.iterdir())
 
@@ -189,4 +189,4 @@ def test_string_lookup_vocabulary_travels_with_the_model(tmp_path):
     revived = get_backend("savedmodel").load(path).model
     np.testing.assert_array_equal(revived(x).numpy(), expected)
     served = tf.saved_model.load(str(path)).signatures["serving_default"]
-    np.testing.assert_allclose(list(served(x).values())[0], expected)
+    np.testing.assert_allclose(next(iter(served(x).values())), expected)

@@ -71,7 +71,7 @@ def _revived_layers(model, hidden):
 def test_classes_missing_revive_from_traced_functions(case, tmp_path):
     name, model, x, y, hidden, path = case
     expected = _predict(model, x)
-    model(x if not isinstance(x, list) else x, training=False)
+    model(x, training=False)
     n_losses = len(model.losses)
     with zoo.classes_hidden(hidden):
         checkpoint = get_backend("savedmodel").load(path)
