@@ -6,6 +6,7 @@
     D/fingerprint.pb                     TF's fingerprint of the SavedModel
     D/variables/variables.{index,data*}  every model and optimizer variable, stored once
     D/assets/                            TF assets (e.g. lookup vocabularies)
+    D/assets/keras/<layer id>/vocabulary.txt  lookup layers' vocabularies, for config revival
     D/assets.extra/trainer_metadata.json per-layer records, compile config, training state
 
 The metadata file is written last: its presence marks the directory as complete and as
