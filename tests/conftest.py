@@ -21,6 +21,7 @@ TINY = [
     "trainer.batch_size=16",
     "trainer.steps_per_epoch=3",
     "trainer.verbose=0",
+    "export.enabled=false",  # the serving export has tests of its own
 ]
 
 

@@ -132,3 +132,18 @@ def test_training_is_repeatable(compose_cfg):
     first = train(cfg)
     second = train(cfg)
     assert first == second
+
+
+def test_train_exports_and_links_tensorboard(compose_cfg, tmp_path):
+    from trainer.save_backends import read_checkpoint_metadata
+    from trainer.tensorboard import LINK_KEY, resolve_link
+
+    cfg = compose_cfg("model=mlp", "save=h5", "export.enabled=true", "export.format=keras")
+    train(cfg)
+    run = tmp_path / "run"
+    (version,) = (run / "export").iterdir()
+    assert version.name == "1" and (version / "saved_model.pb").is_file()
+    latest = run / "checkpoints" / "latest"
+    metadata = read_checkpoint_metadata(latest)
+    assert metadata[LINK_KEY]["step"] == 6
+    resolve_link(latest, metadata)  # the event file exists and holds that step's card

@@ -24,6 +24,7 @@ from trainer.atomic import clean_stale_temporaries, remove_path, temporary_sibli
 from trainer.errors import SaveError
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Checkpointer(keras.callbacks.Callback):
         state: TrainingState,
         metadata_fn: Callable[[TrainingState], dict[str, Any]],
         progress: Any,
+        board: RunBoard | None = None,
     ):
         super().__init__()
         self.backend = backend
@@ -79,6 +81,7 @@ class Checkpointer(keras.callbacks.Callback):
         self.state = state
         self.metadata_fn = metadata_fn
         self.progress = progress
+        self.board = board
         async_save = policy.async_save
         if async_save is None:
             async_save = getattr(backend, "async_by_default", False)
@@ -156,6 +159,9 @@ class Checkpointer(keras.callbacks.Callback):
         ]
         state = copy.deepcopy(self.state)
         metadata = self.metadata_fn(state)
+        if self.board is not None:
+            tag = card_tag("checkpoint", path.name)
+            metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         if self.writer is None:
             self._write(self.model, path, state, metadata)
         else:
@@ -182,6 +188,16 @@ class Checkpointer(keras.callbacks.Callback):
             ) from error
         seconds = time.perf_counter() - start
         self.saved.append(path)
+        if self.board is not None:
+            self.board.checkpoint_card(
+                state.global_step,
+                path,
+                backend=self.backend.name,
+                format_version=self.backend.format_version,
+                size_bytes=path_size(path),
+                save_seconds=seconds,
+                metrics=state.metrics,
+            )
         point_latest(self.directory, path)
         self._apply_retention(state)
         log.info("Saved checkpoint %s (step %d) in %.2fs", path, state.global_step, seconds)

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.atomic import is_temporary
 from trainer.checkpointing import LATEST, all_variables
-from trainer.errors import ConfigMismatchError, NotACheckpointError
+from trainer.errors import ConfigMismatchError, NotACheckpointError, TrainerError
 from trainer.save_backends import Checkpoint, detect_backend
 from trainer.state import TrainingState
 
@@ -48,24 +48,30 @@ def checkpoint_dir_of(directory: Path) -> Path:
 
 
 def find_latest(directory: Path) -> Path:
-    """The newest complete checkpoint in ``directory`` (temporaries are never candidates)."""
+    """The complete checkpoint in ``directory`` with the highest global step.
+
+    Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
+    (not by file times or the ``latest`` link) stays right after a crash between the
+    rename and the link update, and after the run directory was copied.
+    """
     candidates = []
     if directory.is_dir():
         for child in directory.iterdir():
             if child.name == LATEST or is_temporary(child):
                 continue
             try:
-                detect_backend(child)
-            except NotACheckpointError:
+                state = detect_backend(child).read_metadata(child).get("state") or {}
+                step = int(state.get("global_step", -1))
+            except (TrainerError, OSError, ValueError, KeyError, TypeError):
                 continue
-            candidates.append((child.stat().st_mtime_ns, child.name, child))
+            candidates.append((step, child.stat().st_mtime_ns, child.name, child))
     if not candidates:
         raise NotACheckpointError(
             f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
             f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
             f"Received directory {str(directory)!r}"
         )
-    return max(candidates)[2]
+    return max(candidates)[-1]
 
 
 def run_dir_of(checkpoint: Path) -> Path | None:
@@ -82,7 +88,8 @@ def check_compatible(cfg: DictConfig, metadata: dict[str, Any], where: Path) -> 
     current = OmegaConf.to_container(cfg, resolve=True)
     differences = []
     for key in ARCHITECTURE_KEYS:
-        differences += _diff(stored.get(key), current.get(key), key)
+        if key in stored:  # a section added by a later trainer version is not a change
+            differences += _diff(stored[key], current.get(key), key)
     if differences:
         shown = "; ".join(differences[:8])
         raise ConfigMismatchError(

@@ -7,15 +7,14 @@ offers no cheap reader, which is loaded (and reported as such).
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainer.atomic import is_temporary
 from trainer.errors import NotACheckpointError, TrainerError
 from trainer.export import is_export, read_export_metadata, versions
+from trainer.save_backends import SaveBackend
 from trainer.tensorboard import LINK_KEY, event_steps
 
 # Where a run keeps what, by config key; the first key present wins, then the default.
@@ -27,31 +26,6 @@ DIR_KEYS = {
 DEFAULT_DIRS = {"checkpoints": "checkpoints", "export": "export", "tensorboard": "tb"}
 
 
-def _h5_metadata(path: Path) -> dict[str, Any]:
-    import h5py
-
-    with h5py.File(path, "r") as handle:
-        return json.loads(handle["metadata"].asstr()[()])
-
-
-def _weights_metadata(path: Path) -> dict[str, Any]:
-    return json.loads((path / "trainer.json").read_text())["metadata"]
-
-
-def _savedmodel_metadata(path: Path) -> dict[str, Any]:
-    from trainer.savedmodel.metadata import read_metadata
-
-    return read_metadata(path)
-
-
-# Cheap readers of the built-in formats, used until backends offer ``read_metadata``.
-CHEAP_READERS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "h5": _h5_metadata,
-    "weights": _weights_metadata,
-    "savedmodel": _savedmodel_metadata,
-}
-
-
 def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     """``(metadata, how)`` of a checkpoint or export; ``how`` is ``"metadata"`` when only
     metadata was read, ``"loaded model"`` when the checkpoint had to be loaded."""
@@ -61,10 +35,9 @@ def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
     if is_export(path):
         return read_export_metadata(path), "metadata"
     cls = detect_backend(path)
-    reader = getattr(cls, "read_metadata", None) or CHEAP_READERS.get(cls.name)
-    if reader is not None:
+    if cls.read_metadata.__func__ is not SaveBackend.read_metadata.__func__:
         try:
-            return reader(path), "metadata"
+            return cls.read_metadata(path), "metadata"
         except (OSError, ValueError, KeyError, TrainerError):
             pass  # fall back to a full load, which reports damage properly
     return cls().load(path, compile=False).metadata, "loaded model"

@@ -16,9 +16,11 @@ from trainer import resume
 from trainer.callbacks import RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
+from trainer.export import export_for_run
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
-from trainer.wrapping import apply_wrap
+from trainer.tensorboard import RunBoard, config_hash, flatten_config
+from trainer.wrapping import apply_wrap, unwrap_model
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     config_record = OmegaConf.to_container(cfg, resolve=True)
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(run_dir / cfg.trainer.tensorboard_dir, state)
+    # Created after ScalarLogger: its session-start mark must sort before the board's file.
+    board = RunBoard(
+        run_dir / cfg.trainer.tensorboard_dir,
+        run_dir=run_dir,
+        config_hash=config_hash(config_record),
+    )
+    if state.global_step == 0:
+        board.write_graph(model)
     checkpointer = Checkpointer(
         hydra.utils.instantiate(cfg.save),
         run_dir / cfg.checkpoint.directory,
@@ -63,6 +73,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         state,
         metadata_fn=lambda st: {"config": config_record},
         progress=progress,
+        board=board,
     )
     hooks = list(cfg.get("test_hooks") or [])  # test-only callbacks (fault injection)
     callbacks = [
@@ -88,12 +99,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
             fit_epochs(model, data, val, cfg, state, steps, callbacks, progress)
             state.extra["numpy_rng"] = resume.numpy_rng_record()
             checkpointer.finish()
-    finally:
+    except BaseException:
         scalars.close()
+        board.close()
         try:
             checkpointer.wait()
         except Exception:
             log.exception("The last checkpoint write failed")
+        raise
+    scalars.close()
 
     log.info("Run directory: %s", run_dir)
     log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpointer.saved) or "none")
@@ -108,9 +122,24 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if where
             else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
         )
+        board.close()
         return dict(state.metrics)
     metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
     log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
+    export_cfg = cfg.get("export")
+    exported = export_for_run(
+        unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
+        run_dir,
+        export_cfg,
+        board=board,
+        state=state,
+        validation_x=data.x_val,
+        config=config_record,
+    )
+    board.close()
+    if exported is not None:
+        log.info("Export:        %s", exported)
     return metrics
 
 

@@ -7,6 +7,7 @@ from trainer.save_backends.registry import (
     detect_backend,
     get_backend,
     load_checkpoint,
+    read_checkpoint_metadata,
     register_backend,
 )
 
@@ -18,5 +19,6 @@ __all__ = [
     "detect_backend",
     "get_backend",
     "load_checkpoint",
+    "read_checkpoint_metadata",
     "register_backend",
 ]

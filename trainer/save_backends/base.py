@@ -104,6 +104,14 @@ class SaveBackend(abc.ABC):
     def can_load(cls, path: Path) -> bool:
         """Cheap check (no model built) whether ``path`` is a complete checkpoint of ours."""
 
+    @classmethod
+    def read_metadata(cls, path: Path) -> dict[str, Any]:
+        """The checkpoint's metadata (including ``state``) without building the model.
+
+        Backends override this with a cheap reader; the fallback loads the checkpoint.
+        """
+        return cls().load(path, compile=False).metadata
+
     def checkpoint_path(self, path: str | os.PathLike) -> Path:
         """The final path a checkpoint at ``path`` gets (adds the file suffix if missing)."""
         path = Path(path)

@@ -54,6 +54,11 @@ class H5Backend(SaveBackend):
         except (OSError, ValueError):
             return False
 
+    @classmethod
+    def read_metadata(cls, path: Path) -> dict[str, Any]:
+        with h5py.File(path, "r") as handle:
+            return io.from_json(io.read_text(handle, "metadata", path), "metadata", path)
+
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:

@@ -92,3 +92,8 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
 def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
     """Detect the format of ``path`` and load it with the matching backend."""
     return detect_backend(path)().load(path, **kwargs)
+
+
+def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """Metadata (with the training state) of the checkpoint at ``path``, model not built."""
+    return detect_backend(path).read_metadata(Path(path))

@@ -60,6 +60,10 @@ class WeightsBackend(SaveBackend):
             return False
         return isinstance(index, dict) and index.get("format") == FORMAT and "metadata" in index
 
+    @classmethod
+    def read_metadata(cls, path: Path) -> dict[str, Any]:
+        return json.loads((Path(path) / INDEX_FILE).read_text())["metadata"]
+
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:
