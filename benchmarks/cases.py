@@ -9,12 +9,15 @@ import os
 from pathlib import Path
 
 import keras
+import tensorflow as tf
 
 from benchmarks import models
 from benchmarks.specs import Size
 from benchmarks.timing import Result, not_available, remove, timed
 
 FLOOR_CHUNK = 8 << 20
+# A fresh model per first-save repeat retraces its train step: expected, not worth a warning.
+tf.get_logger().setLevel("ERROR")
 
 
 def savedmodel_backend():

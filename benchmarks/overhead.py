@@ -20,13 +20,13 @@ from benchmarks.timing import ERROR, Result, not_available, remove
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 FULL = ("trainer.verbose=0",)  # the default run: resnet on digits, Adam, batch 64, 5 epochs
-QUICK = (  # a smoke of the same path: every mode, tiny model and data
+QUICK = (  # a smoke of the same path: every mode, tiny model, 2 epochs of 1 step
     "trainer.verbose=0",
     "model=mlp",
     "data=synthetic",
     "trainer.epochs=2",
     "trainer.batch_size=16",
-    "trainer.steps_per_epoch=2",
+    "trainer.steps_per_epoch=1",
 )
 SAVEDMODEL = "save._target_=trainer.save_backends.savedmodel.SavedModelBackend"
 NO_SAVES = (

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,7 @@ class Anchor:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m benchmarks.run " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    scratch = args.workdir is None  # ours to delete at the end
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="trainer-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     info = machine.describe(workdir)
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"report written to {args.output}")
     else:
         print(markdown)
+    if scratch:
+        shutil.rmtree(workdir, ignore_errors=True)
     log("done")
     return 0
 

@@ -1,0 +1,91 @@
+"""Smoke of the benchmark command: ``python -m benchmarks.run --quick`` runs end to end and
+every row of its report carries measured numbers, or says why it has none."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_benchmark_reports_numbers_for_every_row(tmp_path):
+    output, raw = tmp_path / "report.md", tmp_path / "results.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--quick",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--output",
+            str(output),
+            "--json",
+            str(raw),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    payload = json.loads(raw.read_text())
+    rows = {(r["size"], r["key"]): r for r in payload["results"]}
+
+    # Every row is either measured (finite positive numbers, min <= median <= max) or
+    # explicitly not available with a reason; errors are failures of the harness.
+    for (size, key), row in rows.items():
+        assert row["status"] in ("ok", "n/a"), f"{size}/{key}: {row['status']} {row['note']}"
+        if row["status"] == "ok":
+            assert row["values"], f"{size}/{key} claims a figure but has no values"
+            assert all(math.isfinite(v) and v > 0 for v in row["values"]), (size, key, row)
+            assert row["min"] <= row["median"] <= row["max"]
+        else:
+            assert row["note"], f"{size}/{key} is n/a without saying why"
+
+    # The anchors and our always-present backends must be measured, not skipped.
+    measured = {
+        "keras.save",
+        "keras.save_weights",
+        "keras.export",
+        "keras.load",
+        "tf_keras.save",
+        "tf_keras.load",
+        "h5.save",
+        "h5.load",
+        "weights.save",
+        "weights.load",
+        "floor",
+    }
+    # savedmodel may only be missing if the backend cannot be imported in this checkout.
+    first = rows[("tiny", "savedmodel.first_save")]
+    if not (first["status"] == "n/a" and first["note"].startswith("not available")):
+        measured |= {"savedmodel.first_save", "savedmodel.repeat_save", "savedmodel.load"}
+        measured.add("savedmodel.load_missing")
+        assert "traced" in rows[("tiny", "savedmodel.load_missing")]["note"], (
+            "the class-missing load must revive the custom blocks from traced functions"
+        )
+    for key in measured:
+        assert rows[("tiny", key)]["status"] == "ok", rows[("tiny", key)]
+    assert rows[("training", "train.none")]["status"] == "ok"
+    assert rows[("training", "train.sync_h5")]["status"] == "ok"
+
+    # The markdown shows each measured row with its median, as printed from the results.
+    report = output.read_text()
+    for (_size, key), row in rows.items():
+        if row["status"] == "ok" and row["unit"] == "s":
+            line = next(x for x in report.splitlines() if x.startswith(f"| {row['label']} |"))
+            assert f"| {row['median']:.3f} |" in line, (key, line)
+    assert "## Targets (issue 7)" in report
+    assert payload["command"].startswith("python -m benchmarks.run")
