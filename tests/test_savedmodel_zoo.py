@@ -101,8 +101,10 @@ def test_classes_missing_revive_from_traced_functions(case, tmp_path):
         ]
         assert not missing, missing
 
-        history = revived.fit(x, y, epochs=4, batch_size=16, verbose=0, shuffle=False)
-        assert history.history["loss"][-1] < history.history["loss"][0]
+        before = _loss_value(revived, x, y)["loss"]
+        revived.optimizer.learning_rate.assign(1e-3)  # a small, stable step for the check
+        revived.fit(x, y, epochs=5, batch_size=16, verbose=0, shuffle=False)
+        assert _loss_value(revived, x, y)["loss"] < before
 
         # saved again and revived again, still without the classes
         again = get_backend("savedmodel").save(revived, tmp_path / "again")
