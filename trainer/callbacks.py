@@ -111,7 +111,9 @@ class ScalarLogger(keras.callbacks.Callback):
                 tf.summary.scalar(f"epoch/{key}", float(value))
             learning_rate = getattr(self.model.optimizer, "learning_rate", None)
             if learning_rate is not None:
-                tf.summary.scalar("epoch/learning_rate", float(learning_rate))
+                tf.summary.scalar(
+                    "epoch/learning_rate", float(keras.ops.convert_to_numpy(learning_rate))
+                )
         self.writer.flush()
 
     def close(self):

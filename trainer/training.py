@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import resume
+from trainer import distribute, resume
 from trainer.callbacks import RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train the configured model and return the final validation (or training) metrics."""
+    dist = distribute.setup(cfg.get("strategy"))  # before any other TensorFlow op
+    try:
+        return run(cfg, dist)
+    finally:
+        dist.cleanup()  # a non-chief worker's scratch outputs
+
+
+def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
+    """``train`` under ``dist``: only the chief writes into the run directory, the other
+    workers write the same things into their scratch directory (``dist.output_dir``)."""
     run_dir = resolve_run_dir(cfg)
     resume_from = resume.resolve_resume(cfg.get("resume"), cfg.get("resume_dir"), run_dir)
     if resume_from is not None:
@@ -39,8 +49,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     data: DataSplits = hydra.utils.instantiate(cfg.data)
     steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
-    model, wrap_callbacks = build_model(cfg, data, total_steps=steps * cfg.trainer.epochs)
-    build_metric_variables(model, data)
+    with dist.scope():  # model, optimizer and metrics variables are distributed
+        model, wrap_callbacks = build_model(
+            cfg, data, total_steps=steps * cfg.trainer.epochs, lr_factor=dist.lr_factor
+        )
+        build_metric_variables(model, data)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from)
@@ -56,19 +69,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
 
     config_record = OmegaConf.to_container(cfg, resolve=True)
+    out_dir = dist.output_dir(run_dir)
     progress = RunProgress(state, steps)
-    scalars = ScalarLogger(run_dir / cfg.trainer.tensorboard_dir, state)
+    scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
     board = RunBoard(
-        run_dir / cfg.trainer.tensorboard_dir,
-        run_dir=run_dir,
+        out_dir / cfg.trainer.tensorboard_dir,
+        run_dir=out_dir,
         config_hash=config_hash(config_record),
     )
     if state.global_step == 0:
         board.write_graph(model)
     checkpointer = Checkpointer(
-        hydra.utils.instantiate(cfg.save),
-        run_dir / cfg.checkpoint.directory,
+        dist.backend(hydra.utils.instantiate(cfg.save)),
+        out_dir / cfg.checkpoint.directory,
         CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True)),
         state,
         metadata_fn=lambda st: {"config": config_record},
@@ -86,13 +100,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     log.info(
-        "Training %s (%d parameters) on %d examples, %d steps/epoch, %d epochs; backend %s",
+        "Training %s (%d parameters) on %d examples, %d steps/epoch, %d epochs; backend %s; %s",
         model.name,
         model.count_params(),
         len(data.x_train),
         steps,
         cfg.trainer.epochs,
         type(checkpointer.backend).__name__,
+        dist.describe(),
     )
     try:
         with progress.stop_on_signals():
@@ -130,7 +145,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     export_cfg = cfg.get("export")
     exported = export_for_run(
         unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
-        run_dir,
+        out_dir,
         export_cfg,
         board=board,
         state=state,
@@ -182,16 +197,20 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
 
 
 def build_model(
-    cfg: DictConfig, data: DataSplits, *, total_steps: int
+    cfg: DictConfig, data: DataSplits, *, total_steps: int, lr_factor: float = 1.0
 ) -> tuple[keras.Model, list[keras.callbacks.Callback]]:
     """The configured model, wrapped per ``cfg.wrap`` and compiled; plus the wrapper's
-    training callbacks (e.g. the pruning schedule)."""
+    training callbacks (e.g. the pruning schedule). ``lr_factor``: see trainer.distribute."""
     model = hydra.utils.instantiate(
         cfg.model, input_shape=list(data.input_shape), num_classes=data.num_classes
     )
     model, wrap_callbacks = apply_wrap(model, cfg.get("wrap"), total_steps=total_steps)
     model.compile(
-        optimizer=build_optimizer(cfg.optimizer, cfg.get("schedule"), total_steps),
+        optimizer=build_optimizer(
+            distribute.scaled_optimizer_cfg(cfg.optimizer, lr_factor),
+            cfg.get("schedule"),
+            total_steps,
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
     )

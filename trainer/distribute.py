@@ -1,0 +1,244 @@
+"""tf.distribute for ``train``: building the strategy (``conf/strategy``), who is chief, the
+batch-size and learning-rate rule, and where each worker writes.
+
+Rules (also in the README):
+
+* ``trainer.batch_size`` is the **global** batch: every optimizer step consumes that many
+  examples, split evenly over ``num_replicas`` (each replica sees ``batch_size /
+  num_replicas``). Keras scales each replica's loss by ``1 / num_replicas`` and the
+  gradients are summed across replicas, so a step is the same step as on one device (up
+  to floating-point reduction order) and the data order, step counts and resume points do
+  not depend on the strategy.
+* The learning rate is used as configured. ``strategy.scale_lr=true`` multiplies it by
+  ``num_replicas`` (the linear scaling rule), for when you also multiplied the batch size.
+* Only the chief writes into the run directory. Every other worker runs the very same
+  code (saves, events, exports), so it joins every collective those need, but into a
+  hidden scratch directory ``<run>/.worker-<id>.tmp-*`` whose checkpoints are removed after
+  each save and which is removed when training ends (TensorFlow's multi-worker convention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.atomic import remove_path
+from trainer.errors import TrainerError
+from trainer.save_backends.base import SaveBackend
+
+log = logging.getLogger(__name__)
+
+KINDS = ("default", "mirrored", "multiworker")
+_CACHE: dict[str, tf.distribute.Strategy] = {}  # one strategy per process and config
+
+
+class DistributeError(TrainerError):
+    """The strategy cannot be built as configured."""
+
+
+@dataclasses.dataclass
+class Distribution:
+    """The strategy of this process (None = default, one device) and its role."""
+
+    strategy: tf.distribute.Strategy | None = None
+    kind: str = "default"
+    task_type: str | None = None
+    task_id: int = 0
+    scale_lr: bool = False
+    scratch: Path | None = None
+
+    @property
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync if self.strategy is not None else 1
+
+    @property
+    def is_chief(self) -> bool:
+        return is_chief(self.task_type, self.task_id)
+
+    @property
+    def lr_factor(self) -> float:
+        return float(self.num_replicas) if self.scale_lr else 1.0
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Build model, optimizer and metrics in here, so their variables are distributed."""
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def per_replica_batch(self, global_batch: int) -> int:
+        if global_batch % self.num_replicas:
+            log.warning(
+                "trainer.batch_size=%d does not divide over %d replicas; batches are split "
+                "unevenly and a step is no longer exactly the single-device step",
+                global_batch,
+                self.num_replicas,
+            )
+        return max(1, global_batch // self.num_replicas)
+
+    # ------------------------------------------------------------- where we write
+    def output_dir(self, run_dir: Path) -> Path:
+        """Where this process writes checkpoints, events and exports: the run directory on
+        the chief, a private scratch directory (removed by ``cleanup``) on other workers."""
+        if self.is_chief:
+            return run_dir
+        if self.scratch is None:
+            prefix = f".worker-{self.task_id}.tmp-"
+            for stale in run_dir.glob(f"{prefix}*"):  # left by a killed run of this worker
+                remove_path(stale)
+            self.scratch = run_dir / f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self.scratch.mkdir(parents=True)
+        return self.scratch
+
+    def backend(self, backend: SaveBackend) -> SaveBackend:
+        """The backend as the checkpoint callback should use it in this process."""
+        return backend if self.is_chief else ScratchBackend(backend)
+
+    def cleanup(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def describe(self) -> str:
+        if self.strategy is None:
+            return "no strategy (one device)"
+        role = f"{self.task_type}:{self.task_id}" if self.task_type else "local"
+        return (
+            f"{type(self.strategy).__name__} with {self.num_replicas} replicas "
+            f"({role}{', chief' if self.is_chief else ''})"
+        )
+
+
+class ScratchBackend:
+    """A non-chief worker's backend: writes like the real one (so every collective the
+    save needs runs on this worker too), then removes what it wrote."""
+
+    def __init__(self, inner: SaveBackend):
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def save(self, model, path, **kwargs) -> Path:
+        written = self.inner.save(model, path, **kwargs)
+        remove_path(Path(written))
+        return Path(written)
+
+
+def is_chief(task_type: str | None, task_id: int) -> bool:
+    """TensorFlow's rule: the ``chief`` task, or worker 0 when the cluster has no chief."""
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    if task_type == "worker" and task_id == 0:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        return "chief" not in cluster
+    return False
+
+
+def setup(cfg: DictConfig | dict | None) -> Distribution:
+    """The strategy ``conf/strategy`` asks for. Call it before any other TensorFlow op:
+    logical devices and collective ops can only be configured before TF initialises."""
+    options = _as_dict(cfg)
+    kind = options.get("kind") or "default"
+    if kind not in KINDS:
+        raise DistributeError(
+            f"strategy.kind must be one of {', '.join(KINDS)} (select it with strategy=NAME). "
+            f"Received {kind!r}"
+        )
+    scale_lr = bool(options.get("scale_lr", False))
+    if kind == "default":
+        return Distribution(scale_lr=scale_lr)
+    # tf.distribute logs every all-reduce it sets up at INFO level.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    if options.get("logical_cpus"):
+        split_cpu(int(options["logical_cpus"]))
+    key = json.dumps({**options, "tf_config": os.environ.get("TF_CONFIG")}, sort_keys=True)
+    if key not in _CACHE:
+        _CACHE[key] = _build(kind, options)
+    strategy = _CACHE[key]
+    task_type, task_id = None, 0
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if kind == "multiworker" and resolver is not None:
+        task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    dist = Distribution(strategy, kind, task_type, task_id, scale_lr)
+    log.info("Distribution: %s", dist.describe())
+    return dist
+
+
+def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
+    if kind == "mirrored":
+        devices = options.get("devices")
+        if not devices and options.get("logical_cpus"):
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices=list(devices) if devices else None)
+    tf_config = os.environ.get("TF_CONFIG")
+    if not tf_config:
+        raise DistributeError(
+            "strategy=multiworker needs the TF_CONFIG environment variable on every worker, "
+            'e.g. {"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": '
+            '"worker", "index": 0}} (see README). Received no TF_CONFIG'
+        )
+    communication = {
+        "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+        "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+        "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+    }[str(options.get("communication") or "auto")]
+    timeout = options.get("timeout_seconds")
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=communication, timeout_seconds=float(timeout) if timeout else None
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+
+
+def split_cpu(count: int) -> None:
+    """Expose the CPU as ``count`` logical devices (to test mirrored training without GPUs)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, wanted)
+    except RuntimeError as error:
+        raise DistributeError(
+            f"Cannot split the CPU into {count} logical devices: TensorFlow already "
+            f"initialised its devices in this process. Build the strategy first (train() "
+            f"does), e.g. run `python train.py strategy=mirrored "
+            f"strategy.logical_cpus={count}` in a fresh process. Received error: {error}"
+        ) from error
+
+
+def scaled_optimizer_cfg(optimizer_cfg: DictConfig, factor: float) -> DictConfig:
+    """``optimizer_cfg`` with its learning rate multiplied by ``factor`` (a copy)."""
+    if factor == 1.0:
+        return optimizer_cfg
+    scaled = OmegaConf.create(OmegaConf.to_container(optimizer_cfg, resolve=True))
+    scaled.learning_rate = float(scaled.learning_rate) * factor
+    return scaled
+
+
+@contextlib.contextmanager
+def worker_outputs(dist: Distribution) -> Iterator[None]:
+    """Remove a non-chief worker's scratch directory however training ends."""
+    try:
+        yield
+    finally:
+        dist.cleanup()
+
+
+def _as_dict(cfg: DictConfig | dict | None) -> dict[str, Any]:
+    if cfg is None:
+        return {}
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg)
