@@ -24,9 +24,10 @@ class ResidualBlock(layers.Layer):
         self.filters = filters
         self.kernel_size = kernel_size
         self.conv1 = layers.Conv2D(filters, kernel_size, padding="same", use_bias=False)
-        self.bn1 = layers.BatchNormalization()
+        # momentum 0.9: the moving statistics catch up within an epoch of a small data set.
+        self.bn1 = layers.BatchNormalization(momentum=0.9)
         self.conv2 = layers.Conv2D(filters, kernel_size, padding="same", use_bias=False)
-        self.bn2 = layers.BatchNormalization()
+        self.bn2 = layers.BatchNormalization(momentum=0.9)
         self.gate = layers.Dense(filters, activation="sigmoid")
 
     def build(self, input_shape):
@@ -112,7 +113,7 @@ def build_cnn(
     x = inputs
     for width in filters:
         x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
-        x = layers.BatchNormalization()(x)
+        x = layers.BatchNormalization(momentum=0.9)(x)
     x = layers.GlobalAveragePooling2D()(x)
     x = layers.Dropout(dropout)(x)
     outputs = layers.Dense(num_classes, name="logits")(x)
