@@ -8,11 +8,14 @@ name (the same idea as orbax's atomic rename and TF Serving's version directorie
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from trainer.errors import DiskFullError, SaveIOError, SavePermissionError
 
 TMP_MARKER = ".tmp-"
 
@@ -99,3 +102,40 @@ def clean_stale_temporaries(directory: Path) -> list[Path]:
                 remove_path(child)
                 removed.append(child)
     return removed
+
+
+_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def write_error(final: Path, error: BaseException) -> SaveIOError:
+    """The ``SaveError`` for a save of ``final`` that failed with ``error`` (OSError or a
+    TensorFlow I/O error, which carries no errno but the OS message)."""
+    code = getattr(error, "errno", None)
+    text = str(error)
+    wrapped = _classify(final, code, text, type(error).__name__)
+    wrapped.errno = code
+    return wrapped
+
+
+def _classify(final: Path, code: int | None, text: str, kind: str) -> SaveIOError:
+    where = (
+        f"The previous checkpoints in {Path(final).parent} are intact and the partial "
+        f"write was removed."
+    )
+    if code in _FULL or any(s in text for s in ("No space left", "File too large", "quota")):
+        return DiskFullError(
+            f"Saving {final} failed: the disk is full or a file-size limit was reached. "
+            f"{where} Free space (or lower checkpoint.policy.keep_last) and save again. "
+            f"Received error: {kind}: {text}"
+        )
+    if code in _DENIED or any(s in text for s in ("Permission denied", "Read-only file")):
+        return SavePermissionError(
+            f"Saving {final} failed: writing there is not permitted. {where} Fix the "
+            f"directory's permissions or choose another run directory. "
+            f"Received error: {kind}: {text}"
+        )
+    return SaveIOError(
+        f"Saving {final} failed while writing. {where} Check the disk and the path. "
+        f"Received error: {kind}: {text}"
+    )

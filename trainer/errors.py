@@ -26,12 +26,28 @@ class CorruptCheckpointError(TrainerError):
     """The path looks like a checkpoint but its content is damaged or inconsistent."""
 
 
+class IntegrityError(CorruptCheckpointError):
+    """A file of a checkpoint differs from its manifest (missing, resized, other digest).
+
+    ``path`` is the checkpoint and ``file`` the first bad file, relative to it.
+    """
+
+    def __init__(self, message: str, *, path: object = None, file: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.file = file
+
+
 class IncompatibleFormatError(TrainerError):
     """The checkpoint was written in a format version this trainer cannot read."""
 
 
 class MissingClassError(TrainerError):
     """A class named in the checkpoint cannot be found and may not be revived otherwise."""
+
+
+class UnsafeCheckpointError(MissingClassError):
+    """The checkpoint asks to run stored Python code (a marshalled lambda) in safe mode."""
 
 
 class ConfigMismatchError(TrainerError):
@@ -44,6 +60,19 @@ class ModelNotReadyError(TrainerError):
 
 class SaveError(TrainerError):
     """Writing a checkpoint failed; the previous checkpoints are intact."""
+
+
+class SaveIOError(SaveError, OSError):
+    """Writing a checkpoint failed in the operating system (also an ``OSError``, so code
+    that catches I/O errors keeps working); ``errno`` is the original one, if any."""
+
+
+class DiskFullError(SaveIOError):
+    """The save ran out of space (ENOSPC, EDQUOT) or hit a file-size limit (EFBIG)."""
+
+
+class SavePermissionError(SaveIOError):
+    """The save was not allowed to write (EACCES, EPERM, EROFS)."""
 
 
 class TensorBoardLinkError(TrainerError):

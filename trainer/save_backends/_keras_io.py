@@ -8,6 +8,7 @@ label, because Keras names variables differently in the process that loads them.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import re
 from pathlib import Path
@@ -18,11 +19,13 @@ import keras
 import ml_dtypes
 import numpy as np
 
+from trainer import limits
 from trainer.errors import (
     CorruptCheckpointError,
     MissingClassError,
     ModelNotReadyError,
     SaveError,
+    UnsafeCheckpointError,
 )
 from trainer.state import TrainingState
 
@@ -30,12 +33,49 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def has_hdf5_signature(path: Path) -> bool:
-    """True if ``path`` is a file starting with the HDF5 signature (we write no user block)."""
+    """True if ``path`` is an HDF5 file: the signature at offset 0, or after a user block
+    of 512 or 1024 bytes (the ``h5`` backend keeps its manifest in a 512-byte one)."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+            for offset in (0, 512, 1024):
+                handle.seek(offset)
+                if handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    return True
     except OSError:
         return False
+    return False
+
+
+def write_file(path: Path, *chunks: bytes | memoryview) -> None:
+    """Write ``chunks`` with plain Python I/O.
+
+    HDF5 content is built in memory (``h5py.File(io.BytesIO())``) and written here because
+    h5py crashes the whole process (SIGSEGV while closing) when the HDF5 library's own
+    write fails with ENOSPC or EFBIG; Python's write raises a clean OSError instead.
+    """
+    with open(path, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+
+
+def keras_weights_bytes(model: keras.Model) -> memoryview:
+    """What ``model.save_weights("x.weights.h5")`` writes, built in memory (same layout,
+    same Keras code: its ``H5IOStore`` accepts a BytesIO)."""
+    from keras.src.saving import saving_lib
+
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    try:
+        saving_lib._save_state(
+            model,
+            weights_store=store,
+            assets_store=None,
+            inner_path="",
+            visited_saveables=set(),
+        )
+    finally:
+        store.close()
+    return buffer.getbuffer()
 
 
 def model_config(model: keras.Model) -> dict[str, Any]:
@@ -65,13 +105,17 @@ def to_json(value: Any, what: str) -> str:
 
 
 def from_json(text: str, what: str, where: Path) -> Any:
+    """Parse a stored JSON document, bounded in size and nesting (``trainer.limits``)."""
+    limits.check_text_size(len(text), what, where)
     try:
-        return json.loads(text)
-    except (TypeError, ValueError) as error:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as error:
         raise CorruptCheckpointError(
             f"{where}: the stored {what} is not valid JSON; the checkpoint is damaged. "
-            f"Load an older checkpoint. Received error: {error}"
+            f"Load an older checkpoint. Received error: {type(error).__name__}: {error}"
         ) from error
+    limits.check_structure(value, what, where, dimensions=False)
+    return value
 
 
 def parse_state(text: str, where: Path) -> TrainingState:
@@ -94,6 +138,15 @@ def rebuild_model(
     where: Path,
 ) -> keras.Model:
     """Deserialize the architecture, build it, and compile it as saved (if ``compile``)."""
+    if not isinstance(config, dict) or not (
+        compile_config is None or isinstance(compile_config, dict)
+    ):
+        raise CorruptCheckpointError(
+            f"{where}: the stored architecture and compile config must be JSON objects; the "
+            f"checkpoint is damaged. Load an older checkpoint. Received "
+            f"{type(config).__name__} and {type(compile_config).__name__}"
+        )
+    limits.check_structure(config, "architecture", where, dimensions=True)
     config = {k: v for k, v in config.items() if k != "compile_config"}
     model = _deserialize(config, custom_objects, safe_mode, where, "model")
     if not isinstance(model, keras.Model) or not model.built:
@@ -142,7 +195,7 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
                 f"custom_objects={{{name!r}: cls}}. Received: missing {name!r}"
             ) from error
         if "lambda" in message:
-            raise MissingClassError(
+            raise UnsafeCheckpointError(
                 f"{where}: the stored {what} holds a Python lambda, which would run code "
                 f"from the checkpoint. If you trust its source, load with safe_mode=False. "
                 f"Received error: {message.splitlines()[0]}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime as _dt
+import errno
+import inspect
 import os
 from pathlib import Path
 from typing import Any, ClassVar
@@ -16,8 +18,16 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer.atomic import atomic_write, is_temporary
-from trainer.errors import IncompatibleFormatError, ModelNotReadyError, NotACheckpointError
+from trainer import integrity, limits
+from trainer.atomic import atomic_write, is_temporary, write_error
+from trainer.errors import (
+    CorruptCheckpointError,
+    IncompatibleFormatError,
+    IntegrityError,
+    ModelNotReadyError,
+    NotACheckpointError,
+    TrainerError,
+)
 from trainer.state import TrainingState
 from trainer.version import __version__
 
@@ -41,6 +51,10 @@ class SaveBackend(abc.ABC):
 
     name: ClassVar[str]
     format_version: ClassVar[int] = 1
+    # Oldest format version ``load`` still reads (format versions are major versions).
+    min_format_version: ClassVar[int] = 1
+    # Manifest location inside a directory checkpoint (``trainer.integrity``); None: none.
+    manifest_file: ClassVar[str | None] = integrity.MANIFEST_FILE
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     # Whether the checkpoint callback writes in a background thread unless told otherwise.
@@ -64,8 +78,12 @@ class SaveBackend(abc.ABC):
         check_model_ready(model)
         state = state if state is not None else TrainingState()
         meta = self.build_metadata(model, state, metadata or {})
-        with atomic_write(path, directory=self.is_directory) as tmp:
-            self._write(model, tmp, state, meta)
+        try:
+            with atomic_write(path, directory=self.is_directory) as tmp:
+                self._write(model, tmp, state, meta)
+                self.seal(tmp)  # the manifest: last, before the rename
+        except (OSError, tf.errors.OpError) as error:  # disk full, permissions, I/O
+            raise write_error(path, error) from error
         return path
 
     def load(
@@ -74,29 +92,51 @@ class SaveBackend(abc.ABC):
         *,
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
+        verify: bool = False,
         **options: Any,
     ) -> Checkpoint:
         """Read a checkpoint written by this backend; the model comes back compiled as saved.
 
-        ``options`` are backend-specific (for example ``safe_mode`` or ``model``) and are
-        passed on to ``_read``; a backend that takes none rejects them with a TypeError.
+        File sizes are checked against the checkpoint's manifest always, SHA-256 digests
+        with ``verify=True``. ``options`` are backend-specific (for example ``safe_mode``
+        or ``model``) and are passed on to ``_read``; a backend that takes none rejects
+        them with a TypeError. Anything else that goes wrong while reading is a
+        ``TrainerError`` (damaged data becomes ``CorruptCheckpointError``).
         """
         path = Path(path)
-        if not path.exists():
-            raise NotACheckpointError(
-                f"No checkpoint at {path}: the path does not exist. Check the path, or list "
-                f"a run's checkpoints with `python -m trainer inspect`. Received: {str(path)!r}"
-            )
+        check_exists(path)
         if is_temporary(path) or not type(self).can_load(path):
-            raise NotACheckpointError(
-                f"{path} is not a complete {self.name!r} checkpoint. Load it with "
-                f"`trainer.save_backends.load_checkpoint`, which detects the format. "
-                f"Received: {str(path)!r}"
-            )
-        checkpoint = self._read(
-            path, custom_objects=custom_objects or {}, compile=compile, **options
+            raise NotACheckpointError(self._not_ours_message(path))
+        custom_objects = custom_objects or {}
+        inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
+            path, custom_objects=custom_objects, compile=compile, **options
         )
-        self.check_format_version(checkpoint.metadata, path)
+        sealed = self.check_integrity(path, digests=verify) is not None
+        try:
+            with limits.dimension_budget(integrity.total_size(path)):
+                checkpoint = self._read(
+                    path, custom_objects=custom_objects, compile=compile, **options
+                )
+            self.check_format_version(checkpoint.metadata, path)
+        except TrainerError:
+            raise
+        except Exception as error:  # stored data is untrusted: never leak a raw exception
+            raise CorruptCheckpointError(
+                f"{path} could not be loaded: its content is damaged or inconsistent "
+                f"({type(error).__name__} while rebuilding it). Run `python -m trainer "
+                f"verify {path}`, or load an older checkpoint. Received error: "
+                f"{type(error).__name__}: {str(error)[:500]}"
+            ) from error
+        record = checkpoint.metadata.get("integrity")
+        if not sealed and record:
+            where = record.get("manifest") if isinstance(record, dict) else record
+            raise IntegrityError(
+                f"{path}: the manifest of its files ({where!r}) is missing, although the "
+                f"checkpoint was written with one; files may have been removed or replaced. "
+                f"Restore it from a copy or load an older checkpoint. Received: no manifest",
+                path=path,
+                file=str(where),
+            )
         return checkpoint
 
     @classmethod
@@ -137,17 +177,81 @@ class SaveBackend(abc.ABC):
             "num_params": int(model.count_params()),
             "state": state.to_dict(),
         }
+        record = self.integrity_record()
+        if record is not None:
+            meta["integrity"] = record
         meta.update(extra)
         return meta
 
     def check_format_version(self, metadata: dict[str, Any], path: Path) -> None:
+        """Format versions are major versions: newer ones are refused, older ones down to
+        ``min_format_version`` load."""
+        if not isinstance(metadata, dict):
+            raise CorruptCheckpointError(
+                f"{path}: the stored metadata must be a JSON object; the checkpoint is "
+                f"damaged. Load an older checkpoint. Received {type(metadata).__name__}"
+            )
         version = metadata.get("format_version")
-        if not isinstance(version, int) or version > self.format_version:
+        if type(version) is not int:
+            raise CorruptCheckpointError(
+                f"{path}: the stored format_version must be an integer; the checkpoint is "
+                f"damaged. Load an older checkpoint. Received format_version={version!r}"
+            )
+        if version > self.format_version:
             raise IncompatibleFormatError(
                 f"{path} was written in {self.name!r} format version {version!r}, but this "
                 f"trainer reads versions up to {self.format_version}. Upgrade trainer to load "
                 f"it. Received format_version={version!r}"
             )
+        if version < self.min_format_version:
+            raise IncompatibleFormatError(
+                f"{path} was written in {self.name!r} format version {version}, which this "
+                f"trainer no longer reads (oldest supported: {self.min_format_version}). "
+                f"Load it with an older trainer and save it again. "
+                f"Received format_version={version}"
+            )
+
+    # ----------------------------------------------------------------- integrity
+    def integrity_record(self) -> dict[str, Any] | None:
+        """Where this backend keeps its manifest; stored in the metadata so that a
+        checkpoint whose manifest was removed is detected. None: no manifest."""
+        if not (self.is_directory and self.manifest_file):
+            return None
+        return {"manifest": self.manifest_file, "algorithm": integrity.ALGORITHM}
+
+    def seal(self, tmp: Path) -> None:
+        """Write the manifest of a finished directory checkpoint (before its rename)."""
+        if self.is_directory and self.manifest_file:
+            integrity.write_manifest(
+                tmp, self.manifest_file, backend=self.name, format_version=self.format_version
+            )
+
+    def check_integrity(
+        self, path: Path, *, digests: bool, strict: bool = False
+    ) -> dict[str, Any] | None:
+        """Check files against the manifest (sizes; digests and unlisted files on request).
+
+        Returns the manifest, or None if the checkpoint has none. Single-file backends
+        that embed a manifest override this.
+        """
+        if self.is_directory and self.manifest_file:
+            return integrity.verify_directory(
+                path, self.manifest_file, digests=digests, strict=strict
+            )
+        return None
+
+    def _not_ours_message(self, path: Path) -> str:
+        from trainer.save_backends.registry import detect_backend  # registry imports us
+
+        try:
+            actual = f"it is a {detect_backend(path).name!r} checkpoint"
+        except TrainerError as error:
+            actual = f"no backend recognises it ({str(error).split('. ')[0]})"
+        return (
+            f"{path} is not a complete {self.name!r} checkpoint: {actual}. Load it with "
+            f"`trainer.save_backends.load_checkpoint`, which detects the format. "
+            f"Received: {str(path)!r}"
+        )
 
     # ------------------------------------------------------------ implementation
     @abc.abstractmethod
@@ -159,6 +263,25 @@ class SaveBackend(abc.ABC):
     @abc.abstractmethod
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
         """Rebuild the model and state from a complete checkpoint at ``path``."""
+
+
+def check_exists(path: Path) -> None:
+    """``NotACheckpointError`` for a missing path, saying so when a symlink loop hides it."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            problem = "its symbolic links form a loop"
+        elif error.errno == errno.ENOTDIR:
+            problem = "a file stands where a directory is expected in the path"
+        elif error.errno == errno.ENOENT:
+            problem = "the path does not exist"
+        else:
+            problem = f"it cannot be accessed ({error.strerror})"
+        raise NotACheckpointError(
+            f"No checkpoint at {path}: {problem}. Check the path, or list a run's "
+            f"checkpoints with `python -m trainer runs`. Received: {str(path)!r}"
+        ) from None
 
 
 def check_model_ready(model: Any) -> None:

@@ -12,18 +12,22 @@ drops the RNG seed states, so we store Keras 3 configs instead::
     /rng_state/       Dropout & co. seed states (model.variables minus model.weights)
     /optimizer/       every optimizer variable: iteration, learning rate, all slots
     /metadata         JSON, written last: the completeness mark can_load looks for
+
+The first 512 bytes are an HDF5 user block (skipped by every HDF5 reader) holding the
+manifest: the file size and the SHA-256 of the bytes after the block (trainer.integrity).
 """
 
 from __future__ import annotations
 
 import functools
+import io as stdio
 from pathlib import Path
 from typing import Any, ClassVar
 
 import h5py
 import keras
 
-from trainer import keras_state
+from trainer import integrity, keras_state
 from trainer.save_backends import _keras_io as io
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.state import TrainingState
@@ -65,7 +69,10 @@ class H5Backend(SaveBackend):
         config = io.to_json(io.model_config(model), "model config")
         compile_config = io.to_json(keras_state.compile_config(model), "compile config")
         metadata_text = io.to_json(metadata, "metadata")
-        with h5py.File(tmp, "w") as handle:
+        # Built in memory and written with Python I/O: see io.write_file (h5py segfaults
+        # on a full disk). The user block in front holds the manifest (size + SHA-256).
+        buffer = stdio.BytesIO()
+        with h5py.File(buffer, "w", userblock_size=integrity.HDF5_USERBLOCK) as handle:
             handle.attrs["format"] = FORMAT
             handle.attrs["format_version"] = self.format_version
             io.write_text(handle, "model_config", config)
@@ -76,6 +83,17 @@ class H5Backend(SaveBackend):
             write("rng_state", keras_state.rng_state_arrays(model))
             write("optimizer", keras_state.optimizer_arrays(model))
             io.write_text(handle, "metadata", metadata_text)
+        data = buffer.getbuffer()
+        io.write_file(tmp, integrity.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
+
+    def integrity_record(self) -> dict[str, Any]:
+        return {"manifest": integrity.HDF5_LOCATION, "algorithm": integrity.ALGORITHM}
+
+    def check_integrity(
+        self, path: Path, *, digests: bool, strict: bool = False
+    ) -> dict[str, Any] | None:
+        """The manifest is the user block: file size always, digest of the rest if asked."""
+        return integrity.verify_hdf5(path, digests=digests)
 
     def _read(
         self,

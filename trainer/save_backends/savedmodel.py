@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer import keras_state
+from trainer import keras_state, limits
 from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.savedmodel import cache
 from trainer.savedmodel import metadata as md
@@ -35,6 +36,10 @@ class SavedModelBackend(SaveBackend):
     format_version: ClassVar[int] = 1
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
+    async_by_default: ClassVar[bool] = True
+    # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
+    # Serving ignore by convention, so the directory stays a clean SavedModel.
+    manifest_file: ClassVar[str] = f"{md.METADATA_DIR}/{MANIFEST_FILE}"
 
     def __init__(self, reuse_traces: bool = True):
         # reuse_traces=False forces a full trace + tf.saved_model.save on every save.
@@ -82,6 +87,7 @@ class SavedModelBackend(SaveBackend):
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
         safe_mode: bool = True,
+        verify: bool = False,
     ) -> Checkpoint:
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
@@ -90,14 +96,17 @@ class SavedModelBackend(SaveBackend):
             md.read_metadata(path)  # raises the "plain SavedModel" error
         self._safe_mode = safe_mode
         try:
-            return super().load(path, custom_objects=custom_objects, compile=compile)
+            return super().load(path, custom_objects=custom_objects, compile=compile, verify=verify)
         finally:
             self._safe_mode = True
 
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
+        limits.check_text_size(md.metadata_path(path).stat().st_size, "metadata", path)
         meta = md.read_metadata(path)
         self.check_format_version(meta, path)
         saved = meta["savedmodel"]
+        for record in saved["layers"]:  # untrusted: bound nesting and sizes before building
+            limits.check_structure(record, "layer record", path, dimensions=True)
         try:
             loaded = tf.saved_model.load(str(path))
         except Exception as err:

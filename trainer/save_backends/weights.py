@@ -5,6 +5,7 @@
                        RNG seed states of Dropout & co., which save_weights skips
     trainer.json       format marker, architecture config, compile config, training state
                        and metadata; written last, so it marks the directory complete
+    trainer_manifest.json  size and SHA-256 of every file above (trainer.integrity)
 
 Keras 3.15's ``.weights.h5`` also carries the optimizer variables, but restores them only
 into an optimizer that is already built and skips them with a mere warning when the count
@@ -22,6 +23,7 @@ the saved slots into its optimizer if that is built and has the same variable co
 
 from __future__ import annotations
 
+import io as stdio
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -76,10 +78,13 @@ class WeightsBackend(SaveBackend):
             "metadata": metadata,
         }
         index_text = io.to_json(index, "index (config, state and metadata)")
-        model.save_weights(tmp / WEIGHTS_FILE)
-        with h5py.File(tmp / EXTRA_FILE, "w") as handle:
+        # HDF5 built in memory, written with Python I/O: h5py segfaults on a full disk.
+        io.write_file(tmp / WEIGHTS_FILE, io.keras_weights_bytes(model))
+        buffer = stdio.BytesIO()
+        with h5py.File(buffer, "w") as handle:
             io.write_arrays(handle, "optimizer", keras_state.optimizer_arrays(model))
             io.write_arrays(handle, "rng_state", keras_state.rng_state_arrays(model))
+        io.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
         (tmp / INDEX_FILE).write_text(index_text)
 
     def _read(

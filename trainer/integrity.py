@@ -1,0 +1,391 @@
+"""Checkpoint manifests: every file with its size and SHA-256, written last, checked on load.
+
+The atomic rename already guarantees a reader never sees a half-written checkpoint; the
+manifest guarantees that what is read later is still what was written (no truncation by
+a full disk or a partial copy, no bit rot, no file swapped in from another checkpoint).
+
+* Directory checkpoints get ``trainer_manifest.json`` (JSON, below) written after every
+  other file and before the rename; the SavedModel backend keeps it in ``assets.extra/``.
+* The single-file ``h5`` backend writes its manifest into the HDF5 *user block*: the
+  first 512 bytes of the file, which HDF5 reserves for applications and skips. It holds
+  the file size and the SHA-256 of every byte after the block.
+
+``load`` checks sizes always (a few ``stat`` calls) and digests with ``verify=True``;
+``python -m trainer verify PATH`` checks digests and unlisted files, then loads.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, IntegrityError
+
+MANIFEST_FILE = "trainer_manifest.json"
+FORMAT = "trainer-manifest"
+VERSION = 1  # major version of the manifest layout; newer ones are refused
+ALGORITHM = "sha256"
+# Every place a trainer manifest can live in a directory checkpoint, for diagnosis.
+KNOWN_LOCATIONS = (MANIFEST_FILE, f"assets.extra/{MANIFEST_FILE}")
+HDF5_USERBLOCK = 512
+HDF5_LOCATION = "hdf5-userblock"
+_MAGIC = b"TRAINER-MANIFEST "
+_CHUNK = 1 << 20
+_MAX_MANIFEST_BYTES = 16 << 20
+
+
+# ------------------------------------------------------------------------- digests
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, ALGORITHM).hexdigest()
+
+
+def bytes_digest(data: bytes | memoryview) -> str:
+    return hashlib.new(ALGORITHM, data).hexdigest()
+
+
+# ------------------------------------------------------------------ directory manifests
+def build_manifest(directory: Path, relative: str, **info: Any) -> dict[str, Any]:
+    """Sizes and digests of every file under ``directory`` except the manifest itself."""
+    directory = Path(directory)
+    files = []
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(root, name)
+            rel = path.relative_to(directory).as_posix()
+            if rel == relative:
+                continue
+            if path.is_symlink():
+                raise CorruptCheckpointError(
+                    f"{path} is a symbolic link; a checkpoint must hold only real files so "
+                    f"that it can be copied and verified. Received link to {os.readlink(path)}"
+                )
+            files.append({"path": rel, "size": path.stat().st_size, "sha256": file_digest(path)})
+    return {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, **info, "files": files}
+
+
+def write_manifest(directory: Path, relative: str = MANIFEST_FILE, **info: Any) -> dict[str, Any]:
+    """Write the manifest of ``directory`` to ``directory/relative`` (flushed to disk)."""
+    manifest = build_manifest(directory, relative, **info)
+    target = Path(directory) / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return manifest
+
+
+def read_manifest(directory: Path, relative: str = MANIFEST_FILE) -> dict[str, Any] | None:
+    """The parsed, schema-checked manifest, or None if the checkpoint has none."""
+    path = Path(directory) / relative
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise IntegrityError(
+            f"{path}: the manifest cannot be read ({error.strerror}); the checkpoint is "
+            f"damaged. Load an older checkpoint. Received: {error!r}",
+            path=directory,
+            file=relative,
+        ) from error
+    if size > _MAX_MANIFEST_BYTES:
+        raise IntegrityError(
+            f"{path}: the manifest is {size} bytes, far more than any checkpoint needs "
+            f"(limit {_MAX_MANIFEST_BYTES}); it is damaged or not ours. Received size {size}",
+            path=directory,
+            file=relative,
+        )
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:
+        raise IntegrityError(
+            f"{path}: the manifest is not valid JSON; the checkpoint is damaged. Load an "
+            f"older checkpoint. Received error: {type(error).__name__}: {error}",
+            path=directory,
+            file=relative,
+        ) from error
+    check_manifest(manifest, path)
+    return manifest
+
+
+def check_manifest(manifest: Any, where: Path) -> None:
+    """Refuse manifests of another format or version, wrong types, or unsafe paths."""
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise IntegrityError(
+            f"{where} is not a trainer manifest (no format={FORMAT!r}); the checkpoint is "
+            f"damaged. Received: {_short(manifest)}",
+            path=where,
+        )
+    version = manifest.get("version")
+    if type(version) is not int or manifest.get("algorithm") != ALGORITHM:
+        raise IntegrityError(
+            f"{where}: manifest version must be an integer and algorithm {ALGORITHM!r}. "
+            f"Received version={version!r}, algorithm={manifest.get('algorithm')!r}",
+            path=where,
+        )
+    if version > VERSION:
+        raise IncompatibleFormatError(
+            f"{where} was written with manifest version {version}, but this trainer reads "
+            f"versions up to {VERSION}. Upgrade trainer to verify and load it. "
+            f"Received version={version}"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        raise IntegrityError(
+            f"{where}: the manifest's 'files' must be a list. Received: {_short(files)}",
+            path=where,
+        )
+    for entry in files:
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("path"), str)
+            and type(entry.get("size")) is int
+            and entry["size"] >= 0
+            and isinstance(entry.get("sha256"), str)
+        ):
+            raise IntegrityError(
+                f"{where}: every manifest entry needs a string 'path', a non-negative "
+                f"integer 'size' and a string 'sha256'. Received entry: {_short(entry)}",
+                path=where,
+            )
+        safe_relative(entry["path"], where)
+
+
+def safe_relative(name: str, where: Path) -> PurePosixPath:
+    """``name`` as a path that stays inside the checkpoint (no ``..``, not absolute)."""
+    pure = PurePosixPath(name)
+    if (
+        not name
+        or pure.is_absolute()
+        or "\\" in name
+        or "\0" in name
+        or any(part in ("", ".", "..") for part in name.split("/"))
+    ):
+        raise IntegrityError(
+            f"{where}: the manifest names a file outside the checkpoint or with an unsafe "
+            f"name; a trainer manifest only lists plain relative paths. Refusing to read it. "
+            f"Received path {name!r}",
+            path=where,
+            file=name,
+        )
+    return pure
+
+
+def verify_directory(
+    directory: Path, relative: str = MANIFEST_FILE, *, digests: bool, strict: bool = False
+) -> dict[str, Any] | None:
+    """Check every listed file (and with ``strict``, that nothing unlisted was added).
+
+    Returns the manifest, or None when the checkpoint has none (written before manifests).
+    Raises ``IntegrityError`` naming the first bad file.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory, relative)
+    if manifest is None:
+        return None
+    root = os.path.realpath(directory)
+    for entry in manifest["files"]:
+        _verify_entry(directory, root, entry, digests=digests)
+    if strict:
+        listed = {entry["path"] for entry in manifest["files"]} | {relative}
+        for root_dir, _dirs, names in os.walk(directory):
+            for name in sorted(names):
+                rel = Path(root_dir, name).relative_to(directory).as_posix()
+                if rel not in listed:
+                    raise IntegrityError(
+                        f"{directory}: file {rel!r} is not in the manifest; it was added "
+                        f"after the checkpoint was written (or comes from another one). "
+                        f"Remove it or restore the checkpoint from a copy. Received {rel!r}",
+                        path=directory,
+                        file=rel,
+                    )
+    return manifest
+
+
+def _verify_entry(directory: Path, root: str, entry: dict[str, Any], *, digests: bool) -> None:
+    name = entry["path"]
+    target = directory / name
+
+    def fail(problem: str, received: str) -> IntegrityError:
+        return IntegrityError(
+            f"{directory}: file {name!r} {problem}; the checkpoint is damaged or incomplete. "
+            f"Load an older checkpoint, or restore this one from a copy. Received: {received}",
+            path=directory,
+            file=name,
+        )
+
+    try:
+        info = os.lstat(target)
+        inside = os.path.realpath(target).startswith(root + os.sep)
+    except FileNotFoundError:
+        raise fail("is missing", "no such file") from None
+    except NotADirectoryError:
+        raise fail("is missing: a file stands where a directory is expected", "ENOTDIR") from None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise fail("cannot be reached: its path has a symbolic-link loop", "ELOOP") from None
+        raise fail(f"cannot be read ({error.strerror})", repr(error)) from error
+    if not inside or stat.S_ISLNK(info.st_mode):
+        raise fail("is a symbolic link or leads outside the checkpoint", str(target))
+    if not stat.S_ISREG(info.st_mode):
+        raise fail("is not a regular file", f"mode {stat.filemode(info.st_mode)}")
+    if info.st_size != entry["size"]:
+        raise fail(
+            f"has {info.st_size} bytes instead of {entry['size']} (truncated or overwritten)",
+            f"size {info.st_size}",
+        )
+    if digests and file_digest(target) != entry["sha256"]:
+        raise fail("does not match its SHA-256 digest (content changed)", "another digest")
+
+
+def find_manifest(directory: Path) -> tuple[str, dict[str, Any]] | None:
+    """The first manifest found at a known location, with its location, for diagnosis."""
+    if not Path(directory).is_dir():
+        return None
+    for relative in KNOWN_LOCATIONS:
+        manifest = read_manifest(directory, relative)
+        if manifest is not None:
+            return relative, manifest
+    return None
+
+
+def diagnose(path: Path) -> None:
+    """Raise the specific error for a directory no backend claims but that has a manifest.
+
+    A checkpoint whose index file was deleted is no longer recognised by its backend; its
+    manifest still says what it was, so the user hears "file X is missing", not "not a
+    checkpoint".
+    """
+    found = find_manifest(path)
+    if found is None:
+        return
+    relative, manifest = found
+    verify_directory(path, relative, digests=False)
+    raise CorruptCheckpointError(
+        f"{path} has a trainer manifest (backend {manifest.get('backend')!r}) and all its "
+        f"files are intact, but backend {manifest.get('backend')!r} does not recognise it; "
+        f"it is not registered in this process, or its index was rewritten. Received "
+        f"manifest {relative!r}"
+    )
+
+
+def total_size(path: Path) -> int:
+    """Bytes under ``path`` (a file or a directory), without following links."""
+    path = Path(path)
+    if not path.is_dir():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+# ------------------------------------------------------------------ HDF5 user block
+def seal_hdf5(data: memoryview | bytes) -> bytes:
+    """The user block to put in front of ``data[HDF5_USERBLOCK:]``: size and digest.
+
+    ``data`` is an HDF5 file created with ``userblock_size=HDF5_USERBLOCK``.
+    """
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "algorithm": ALGORITHM,
+        "size": len(data),
+        "offset": HDF5_USERBLOCK,
+        "sha256": bytes_digest(memoryview(data)[HDF5_USERBLOCK:]),
+    }
+    block = _MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n"
+    return block.ljust(HDF5_USERBLOCK, b"\0")
+
+
+def read_hdf5_seal(path: Path) -> dict[str, Any] | None:
+    """The manifest in the user block of ``path``, or None (an HDF5 file without one)."""
+    with open(path, "rb") as handle:
+        block = handle.read(HDF5_USERBLOCK)
+    if not block.startswith(_MAGIC):
+        return None
+    try:
+        header = json.loads(block[len(_MAGIC) :].rstrip(b"\0").decode())
+        ok = (
+            isinstance(header, dict)
+            and header.get("format") == FORMAT
+            and type(header.get("size")) is int
+            and header.get("offset") == HDF5_USERBLOCK
+            and isinstance(header.get("sha256"), str)
+        )
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise IntegrityError(
+            f"{path}: the manifest in the HDF5 user block is damaged. Load an older "
+            f"checkpoint. Received block start: {block[:80]!r}",
+            path=path,
+            file=HDF5_LOCATION,
+        )
+    if type(header.get("version")) is not int or header["version"] > VERSION:
+        raise IncompatibleFormatError(
+            f"{path} was written with manifest version {header.get('version')!r}, but this "
+            f"trainer reads versions up to {VERSION}. Upgrade trainer to load it. "
+            f"Received version={header.get('version')!r}"
+        )
+    return header
+
+
+def verify_hdf5(path: Path, *, digests: bool) -> dict[str, Any] | None:
+    """Check the file against its user-block manifest; None if it has none."""
+    path = Path(path)
+    header = read_hdf5_seal(path)
+    if header is None:
+        return None
+    size = path.stat().st_size
+    if size != header["size"]:
+        raise IntegrityError(
+            f"{path} has {size} bytes instead of {header['size']} (truncated or appended "
+            f"to); the checkpoint is damaged. Load an older checkpoint. Received size {size}",
+            path=path,
+            file=path.name,
+        )
+    if digests:
+        digest = hashlib.new(ALGORITHM)
+        with open(path, "rb") as handle:
+            handle.seek(header["offset"])
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != header["sha256"]:
+            raise IntegrityError(
+                f"{path} does not match its SHA-256 digest: its content changed after it "
+                f"was written. Load an older checkpoint. Received another digest",
+                path=path,
+                file=path.name,
+            )
+    return {"files": [{"path": path.name, "size": size, "sha256": header["sha256"]}], **header}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def reseal(path: Path) -> None:
+    """Rewrite the manifest of a checkpoint that was edited on purpose (tests that craft
+    damaged content behind the manifest's back, hand repairs). Never used by saving."""
+    path = Path(path)
+    if path.is_dir():
+        found = find_manifest(path)
+        relative, manifest = found if found else (MANIFEST_FILE, {})
+        info = {k: manifest[k] for k in ("backend", "format_version") if k in manifest}
+        write_manifest(path, relative, **info)
+        return
+    data = path.read_bytes()
+    if read_hdf5_seal(path) is None:
+        raise CorruptCheckpointError(f"{path} has no HDF5 user-block manifest to rewrite")
+    path.write_bytes(seal_hdf5(data) + data[HDF5_USERBLOCK:])
