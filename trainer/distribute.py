@@ -84,6 +84,21 @@ class Distribution:
             )
         return max(1, global_batch // self.num_replicas)
 
+    def prepare_model(self, model: Any, example_batch: tuple) -> None:
+        """Work around Keras 3.15 under a strategy: before every fit/evaluate, Keras takes
+        a batch from the distributed iterator and all-reduces it (nested) only to read its
+        shapes, which MultiWorkerMirroredStrategy rejects ("Attempt to convert a value
+        (PerReplica...)"). The model is fully built by then, so give Keras one plain
+        example batch instead; nothing else about building changes."""
+        if self.kind != "multiworker":
+            return
+        original = model._maybe_symbolic_build
+
+        def symbolic_build(iterator=None, data_batch=None):
+            original(data_batch=example_batch if iterator is not None else data_batch)
+
+        model._maybe_symbolic_build = symbolic_build
+
     # ------------------------------------------------------------- where we write
     def output_dir(self, run_dir: Path) -> Path:
         """Where this process writes checkpoints, events and exports: the run directory on
@@ -175,6 +190,29 @@ def setup(cfg: DictConfig | dict | None) -> Distribution:
     return dist
 
 
+def patch_keras_multiworker_mean() -> None:
+    """Work around Keras 3.15 under MultiWorkerMirroredStrategy: it reduces every step's
+    outputs (scalar metric results) with ``strategy.reduce("MEAN", v, axis=0)``, which fails
+    on scalars ("Invalid reduction dimension 0 for input with 0 dimensions",
+    tensorflow/tensorflow#72388). Reduce them over replicas with ``axis=None`` instead: the
+    mean across replicas, as Keras computes it under MirroredStrategy. Idempotent."""
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    original = keras_tf_trainer.reduce_per_replica
+    if getattr(original, "patched_by_trainer", False):
+        return
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy
+        ):
+            return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica.patched_by_trainer = True
+    keras_tf_trainer.reduce_per_replica = reduce_per_replica
+
+
 def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
     if kind == "mirrored":
         devices = options.get("devices")
@@ -197,6 +235,7 @@ def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
     comm = tf.distribute.experimental.CommunicationOptions(
         implementation=communication, timeout_seconds=float(timeout) if timeout else None
     )
+    patch_keras_multiworker_mean()
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
 
 

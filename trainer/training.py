@@ -54,6 +54,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
             cfg, data, total_steps=steps * cfg.trainer.epochs, lr_factor=dist.lr_factor
         )
         build_metric_variables(model, data)
+    dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from)
