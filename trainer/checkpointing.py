@@ -46,8 +46,14 @@ class CheckpointPolicy:
     keep_every_n_epochs: int | None = None
     name: str = "step-{step:08d}"
     async_save: bool | None = None  # None: the backend's own default
+    on_save_error: str = "raise"  # "continue": log a failed save and keep training
 
     def __post_init__(self):
+        if self.on_save_error not in ("raise", "continue"):
+            raise ValueError(
+                f"checkpoint.on_save_error must be 'raise' (stop training) or 'continue' "
+                f"(log it and keep training). Received {self.on_save_error!r}"
+            )
         if self.mode not in ("min", "max"):
             raise ValueError(
                 f"checkpoint.mode must be 'min' or 'max' (how checkpoint.monitor improves). "
@@ -92,6 +98,7 @@ class Checkpointer(keras.callbacks.Callback):
         # falls on an epoch's last batch is taken after validation, as an epoch-end one.
         self._pending_logs: dict[str, Any] | None = None
         self.saved: list[Path] = []
+        self.failed: list[Path] = []  # saves that failed under on_save_error=continue
         for stale in clean_stale_temporaries(self.directory):
             log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
 
@@ -181,11 +188,16 @@ class Checkpointer(keras.callbacks.Callback):
             self.state.extra["checkpoints"] = [
                 r for r in self.state.extra.get("checkpoints", []) if r["name"] != path.name
             ]
-            raise SaveError(
+            failure = SaveError(
                 f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
                 f"{self.directory} are intact; free space or fix permissions and resume from "
                 f"the latest one. Received error type {type(error).__name__}"
-            ) from error
+            )
+            if self.policy.on_save_error == "continue":
+                self.failed.append(path)
+                log.error("%s Training continues (checkpoint.on_save_error=continue).", failure)
+                return
+            raise failure from error
         seconds = time.perf_counter() - start
         self.saved.append(path)
         if self.board is not None:

@@ -1,4 +1,4 @@
-"""``python -m trainer``: inspect checkpoints, export them for serving, list runs.
+"""``python -m trainer``: inspect and verify checkpoints, export them for serving, list runs.
 
 Every deliberate error (``TrainerError``) becomes one line on stderr and exit code 2;
 nothing here prints a traceback for bad input.
@@ -44,10 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = commands.add_parser("runs", help="list every run with its checkpoints and exports")
     runs.add_argument("output_dir", type=Path)
     runs.add_argument("--json", action="store_true", help="machine-readable output")
+    verify = commands.add_parser(
+        "verify", help="check every file of a checkpoint against its manifest, then load it"
+    )
+    verify.add_argument("path", type=Path)
+    verify.add_argument("--files-only", action="store_true", help="do not rebuild the model")
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
     try:
         if args.command == "inspect":
             return run_inspect(args.path, as_json=args.json)
+        if args.command == "verify":
+            return run_verify(args.path, load=not args.files_only, as_json=args.json)
         if args.command in ("export", "runs"):
             from trainer import cli_extra
 
@@ -55,10 +63,19 @@ def main(argv: list[str] | None = None) -> int:
                 return cli_extra.run_export(args)
             return cli_extra.run_runs(args.output_dir, as_json=args.json)
     except (TrainerError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        message = " ".join(str(error).split())  # one line, even for multi-line causes
+        print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
     parser.error(f"unknown command {args.command!r}")
     return EXIT_USAGE
+
+
+def run_verify(path: Path, *, load: bool, as_json: bool) -> int:
+    from trainer.verify import format_report, verify_checkpoint
+
+    report = verify_checkpoint(path, load=load)
+    print(json.dumps(report, indent=2, sort_keys=True) if as_json else format_report(report))
+    return 0
 
 
 def run_inspect(path: Path, *, as_json: bool) -> int:

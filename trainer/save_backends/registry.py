@@ -12,8 +12,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import NotACheckpointError, UnknownBackendError
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer import integrity
+from trainer.errors import NotACheckpointError, TrainerError, UnknownBackendError
+from trainer.save_backends.base import Checkpoint, SaveBackend, check_exists
 
 _BUILTIN = {
     "savedmodel": "trainer.save_backends.savedmodel:SavedModelBackend",
@@ -63,11 +64,7 @@ def get_backend(name: str, **options: Any) -> SaveBackend:
 def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
     """The registered backend whose format ``path`` is in."""
     path = Path(path)
-    if not path.exists():
-        raise NotACheckpointError(
-            f"No checkpoint at {path}: the path does not exist. Check the path. "
-            f"Received: {str(path)!r}"
-        )
+    check_exists(path)
     unavailable = []
     for name in list(_registry):
         try:
@@ -78,6 +75,7 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
             continue
         if cls.can_load(path):
             return cls
+    integrity.diagnose(path)  # a damaged checkpoint of ours: name the bad file
     skipped = ""
     if unavailable:
         skipped = f" Backends that could not be imported: {'; '.join(unavailable)}."
@@ -90,8 +88,63 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
 
 
 def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
-    """Detect the format of ``path`` and load it with the matching backend."""
-    return detect_backend(path)().load(path, **kwargs)
+    """Detect the format of ``path`` and load it with the matching backend.
+
+    Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
+    resolved once, and if the checkpoint it named was replaced or removed by retention
+    during the read, the read starts over from where the link points now. The returned
+    ``Checkpoint.path`` is the checkpoint actually read.
+    """
+    path = Path(path)
+    for attempt in range(_ATTEMPTS):
+        target = _resolve(path)
+        before = _identity(target)
+        try:
+            checkpoint = detect_backend(target)().load(target, **kwargs)
+        except (TrainerError, OSError):
+            if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
+                continue  # the writer replaced what we were reading: read the new one
+            raise
+        now = _identity(target)
+        if now is None or now == before:  # gone after a complete read is fine; not swapped
+            return checkpoint
+    raise NotACheckpointError(
+        f"{path} changed {_ATTEMPTS} times while it was being read; a writer is replacing "
+        f"it faster than it can be loaded. Load a specific checkpoint instead of a link. "
+        f"Received: {str(path)!r}"
+    )
+
+
+_ATTEMPTS = 8
+
+
+def _resolve(path: Path) -> Path:
+    if not path.is_symlink():
+        return path
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError):  # a dangling link or a loop
+        check_exists(path)
+        raise
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Published checkpoints are never modified in place, only replaced (a new inode) or
+    removed, so device and inode tell whether ``path`` still holds what was read."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
+    """Whether ``path`` now names something other than what the read started from."""
+    try:
+        now = _resolve(path)
+    except (OSError, RuntimeError, TrainerError):
+        return True
+    return now != target or _identity(target) != before
 
 
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
