@@ -65,20 +65,9 @@ def restore_optimizer_arrays(model: keras.Model, arrays: list[np.ndarray], where
         return
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
-    variables = optimizer.variables
-    if len(variables) != len(arrays):
-        raise CorruptCheckpointError(
-            f"{where} holds {len(arrays)} optimizer variables but the rebuilt "
-            f"{type(optimizer).__name__} has {len(variables)}. The checkpoint does not match "
-            f"its own model config; it is damaged or was edited."
-        )
-    for variable, value in zip(variables, arrays, strict=True):
-        if tuple(variable.shape) != tuple(value.shape):
-            raise CorruptCheckpointError(
-                f"{where}: optimizer variable {variable.path!r} has shape "
-                f"{tuple(variable.shape)} but the checkpoint holds shape {tuple(value.shape)}."
-            )
-        variable.assign(value)
+    assign_by_position(
+        optimizer.variables, arrays, where, f"optimizer variables ({type(optimizer).__name__})"
+    )
 
 
 def model_weight_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
@@ -87,19 +76,7 @@ def model_weight_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
 
 
 def restore_model_weight_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
-    variables = model.weights
-    if len(variables) != len(arrays):
-        raise CorruptCheckpointError(
-            f"{where} holds {len(arrays)} model variables but the model rebuilt from its "
-            f"config has {len(variables)}. The checkpoint is damaged or was edited."
-        )
-    for variable, value in zip(variables, arrays, strict=True):
-        if tuple(variable.shape) != tuple(value.shape):
-            raise CorruptCheckpointError(
-                f"{where}: variable {variable.path!r} has shape {tuple(variable.shape)} but "
-                f"the checkpoint holds shape {tuple(value.shape)}."
-            )
-        variable.assign(value)
+    assign_by_position(model.weights, arrays, where, "model variables")
 
 
 def rng_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
@@ -112,13 +89,23 @@ def rng_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
 
 
 def restore_rng_state_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
-    variables = _rng_variables(model)
+    assign_by_position(_rng_variables(model), arrays, where, "RNG seed states")
+
+
+def assign_by_position(variables: list, arrays: list[np.ndarray], where: str, what: str) -> None:
+    """Assign ``arrays`` to ``variables`` in order, refusing any count or shape mismatch."""
     if len(variables) != len(arrays):
         raise CorruptCheckpointError(
-            f"{where} holds {len(arrays)} RNG seed states but the model rebuilt from its "
-            f"config has {len(variables)}. The checkpoint is damaged or was edited."
+            f"{where} holds {len(arrays)} {what} but the model rebuilt from its config has "
+            f"{len(variables)}. The checkpoint is damaged or was edited; load an older one."
         )
     for variable, value in zip(variables, arrays, strict=True):
+        if tuple(variable.shape) != tuple(value.shape):
+            raise CorruptCheckpointError(
+                f"{where}: variable {variable.path!r} (among the {what}) has shape "
+                f"{tuple(variable.shape)} but the checkpoint holds shape {tuple(value.shape)}. "
+                f"The checkpoint is damaged or was edited."
+            )
         variable.assign(value)
 
 
