@@ -38,8 +38,12 @@ class DenseResidualBlock(layers.Layer):
         return {**super().get_config(), "width": self.width}
 
 
-def build(size: Size, seed: int = 0) -> keras.Model:
-    """The model of ``size``, compiled with Adam and trained on one batch."""
+def build(size: Size, seed: int = 0, *, train: bool = True) -> keras.Model:
+    """The model of ``size``, compiled with Adam and trained on one batch.
+
+    ``train=False`` only builds the optimizer (same slot variables, still zero): the model
+    a first-save repeat needs, without tracing a training step for every repeat.
+    """
     keras.utils.set_random_seed(seed)
     if size.kind == "dense":
         inputs = keras.Input(shape=input_shape(size), name="features")
@@ -62,7 +66,10 @@ def build(size: Size, seed: int = 0) -> keras.Model:
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    train_step(model, size)
+    if train:
+        train_step(model, size)
+    else:
+        model.optimizer.build(model.trainable_variables)
     return model
 
 

@@ -167,10 +167,13 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "```",
         "",
         "Every figure is the median of the repeats (min and max beside it) in seconds, for saves "
-        "and loads; training rows are steps per second. Each save writes a fresh path; a "
-        "'first save' saves a freshly built model (every repeat a new one), a 'repeat save' "
-        "saves the same model again after one more training step. All models are compiled "
-        "with Adam and trained one step before any save, so every format stores the slots. "
+        "and loads; training rows are steps per second. Each save writes a fresh path. "
+        "Models are compiled with Adam and trained one step, so every format stores the "
+        "optimizer slots. A 'first save' saves a freshly built model, a new one every repeat "
+        "(its Adam slots built but not trained, so that no repeat pays for tracing a training "
+        "step); a 'repeat save' saves the trained model again after one more training step "
+        "(it was saved once, untimed, before). The whole run starts with an untimed warm-up "
+        "of every operation on the tiny model (imports, first-use costs). "
         "Our backends fsync what they write (atomic publication); Keras 3 and tf_keras do not. "
         "The floor writes and fsyncs as many bytes as our savedmodel checkpoint (or the "
         "`.keras` file if savedmodel is unavailable) to the same directory.",
