@@ -137,6 +137,13 @@ def training_table(training: dict[str, Result]) -> list[str]:
     return lines
 
 
+def _busy(load: str) -> bool:
+    try:
+        return float(load.split(",")[0]) > 1.0
+    except ValueError:
+        return False
+
+
 def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
     results = [Result.from_dict(d) for d in payload["results"]]
     by_size: dict[str, dict[str, Result]] = {}
@@ -190,6 +197,13 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         f"- Python {m['python']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
         f"tf_keras {m['tf_keras']}",
     ]
+    if _busy(m.get("load_before", "")):
+        out.append(
+            f"- **Other load was present**: the 1-minute load average was "
+            f"{m['load_before'].split(',')[0]} on {m['cores']} cores before the run started "
+            f"(other processes on the machine). Every figure includes that contention; ratios "
+            f"within one run are more trustworthy than absolute seconds."
+        )
     out += [f"- {note}" for note in payload.get("notes", [])]
     if payload.get("quick"):
         out.append("- **--quick run**: tiny model, one repeat, no warm-up: a smoke test only.")
