@@ -59,7 +59,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from)
         resume.check_compatible(cfg, checkpoint.metadata, resume_from)
-        state = resume.restore_into(model, checkpoint)
+        with dist.scope():  # may build the optimizer: its variables are distributed too
+            state = resume.restore_into(model, checkpoint)
         del checkpoint
         log.info(
             "Resuming from %s at epoch %d, step %d (+%d in epoch)",

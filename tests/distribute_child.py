@@ -1,0 +1,50 @@
+"""Child process of tests/test_distribute.py: ``train()`` jobs under a strategy, then
+predictions of checkpoints loaded *inside* that strategy's scope.
+
+Logical CPU devices can only be configured before TensorFlow initialises, so this runs in
+a fresh interpreter: ``python tests/distribute_child.py SPEC.json`` where SPEC holds
+``{"jobs": [[override, ...], ...], "strategy": [override, ...],
+"predict": {"inputs": X.npy, "checkpoints": {name: path}, "out": OUT.npz}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+from conftest import CONF_DIR  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from trainer import distribute, train  # noqa: E402
+from trainer.save_backends import load_checkpoint  # noqa: E402
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return compose("config", overrides=overrides)
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    for overrides in spec["jobs"]:
+        train(compose_cfg(overrides))
+    predict = spec.get("predict")
+    if predict:
+        dist = distribute.setup(compose_cfg(spec["strategy"]).strategy)  # the cached one
+        x = np.load(predict["inputs"])
+        outputs = {}
+        for name, path in predict["checkpoints"].items():
+            with dist.scope():
+                model = load_checkpoint(path).model
+            assert model.distribute_strategy is dist.strategy, "not loaded under the strategy"
+            outputs[name] = model.predict(x, verbose=0)
+        np.savez(predict["out"], **outputs)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
