@@ -264,6 +264,19 @@ def diagnose(path: Path) -> None:
     manifest still says what it was, so the user hears "file X is missing", not "not a
     checkpoint".
     """
+    if Path(path).is_file():
+        try:
+            header = read_hdf5_seal(path)
+        except OSError:
+            return
+        if header is not None:
+            verify_hdf5(path, digests=False)
+            raise CorruptCheckpointError(
+                f"{path} carries a trainer manifest and has its recorded size, but its HDF5 "
+                f"content is not a readable trainer checkpoint; it is damaged. Run `python -m "
+                f"trainer verify {path}` or load an older checkpoint. Received {path.name!r}"
+            )
+        return
     found = find_manifest(path)
     if found is None:
         return

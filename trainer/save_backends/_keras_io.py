@@ -119,13 +119,9 @@ def from_json(text: str, what: str, where: Path) -> Any:
 
 
 def parse_state(text: str, where: Path) -> TrainingState:
-    try:
-        return TrainingState.from_json(text)
-    except (TypeError, ValueError) as error:
-        raise CorruptCheckpointError(
-            f"{where}: the stored training state is invalid; the checkpoint is damaged or "
-            f"was written by a newer trainer. Received error: {error}"
-        ) from error
+    from trainer.save_backends.base import checkpoint_state
+
+    return checkpoint_state(from_json(text, "training state", where), where)
 
 
 def rebuild_model(

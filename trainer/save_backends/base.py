@@ -106,7 +106,7 @@ class SaveBackend(abc.ABC):
         path = Path(path)
         check_exists(path)
         if is_temporary(path) or not type(self).can_load(path):
-            raise NotACheckpointError(self._not_ours_message(path))
+            raise self._not_ours(path)
         custom_objects = custom_objects or {}
         inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
@@ -240,14 +240,21 @@ class SaveBackend(abc.ABC):
             )
         return None
 
-    def _not_ours_message(self, path: Path) -> str:
+    def _not_ours(self, path: Path) -> TrainerError:
+        """Why ``path`` is not ours: another backend's, damaged (its manifest says which
+        file), or nothing trainer knows."""
         from trainer.save_backends.registry import detect_backend  # registry imports us
 
-        try:
-            actual = f"it is a {detect_backend(path).name!r} checkpoint"
-        except TrainerError as error:
-            actual = f"no backend recognises it ({str(error).split('. ')[0]})"
-        return (
+        if is_temporary(path):
+            actual = "it is the temporary of a save in progress or of a crashed one"
+        else:
+            try:
+                actual = f"it is a {detect_backend(path).name!r} checkpoint"
+            except CorruptCheckpointError as error:
+                return error
+            except TrainerError as error:
+                actual = f"no backend recognises it ({str(error).split('. ')[0]})"
+        return NotACheckpointError(
             f"{path} is not a complete {self.name!r} checkpoint: {actual}. Load it with "
             f"`trainer.save_backends.load_checkpoint`, which detects the format. "
             f"Received: {str(path)!r}"
@@ -282,6 +289,24 @@ def check_exists(path: Path) -> None:
             f"No checkpoint at {path}: {problem}. Check the path, or list a run's "
             f"checkpoints with `python -m trainer runs`. Received: {str(path)!r}"
         ) from None
+
+
+STATE_KEYS = ("epoch", "step_in_epoch", "global_step")
+
+
+def checkpoint_state(data: Any, where: Path | str) -> TrainingState:
+    """The stored training state, which must name its counters: a state that silently fell
+    back to zeros would restart a resumed run from the beginning."""
+    missing = [k for k in STATE_KEYS if k not in data] if isinstance(data, dict) else STATE_KEYS
+    try:
+        if missing:
+            raise ValueError(f"missing {list(missing)}")
+        return TrainingState.from_dict(data)
+    except (TypeError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"{where}: the stored training state is invalid; the checkpoint is damaged or "
+            f"was written by a newer trainer. Load an older checkpoint. Received error: {error}"
+        ) from error
 
 
 def check_model_ready(model: Any) -> None:

@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer import keras_state, limits
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
 from trainer.savedmodel import cache
 from trainer.savedmodel import metadata as md
 from trainer.savedmodel.revive import Reviver
@@ -143,7 +143,7 @@ class SavedModelBackend(SaveBackend):
                 keras_state.restore_optimizer_arrays(model, arrays, str(path))
         finally:
             keras.config.set_dtype_policy(previous)
-        state = TrainingState.from_dict(meta.get("state", {}))
+        state = checkpoint_state(meta.get("state"), path)
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
 
 

@@ -58,7 +58,7 @@ class WeightsBackend(SaveBackend):
             return False
         try:
             index = json.loads((path / INDEX_FILE).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return False
         return isinstance(index, dict) and index.get("format") == FORMAT and "metadata" in index
 
