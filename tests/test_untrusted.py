@@ -1,0 +1,153 @@
+"""Checkpoints as untrusted input: safe mode never runs stored code, and fuzzed metadata
+yields a model or a project error, nothing else."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import h5py
+import keras
+import numpy as np
+import pytest
+from fault_corpus import BACKENDS, build_model, copy_checkpoint, save_all
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainer.errors import TrainerError, UnsafeCheckpointError
+from trainer.integrity import reseal
+from trainer.save_backends import get_backend, load_checkpoint
+
+
+# ----------------------------------------------------------------------- safe mode
+def lambda_model(marker: Path) -> keras.Model:
+    """A Lambda whose marshalled bytecode leaves ``marker`` behind whenever it runs."""
+    where = str(marker)
+    inputs = keras.Input((4,))
+    touched = keras.layers.Lambda(lambda x: (open(where, "a").close(), x * 2.0)[1])(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(touched))
+    model.compile("sgd", "mse")
+    return model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_safe_mode_never_runs_lambda_bytecode(tmp_path, backend):
+    marker = tmp_path / "code-ran"
+    model = lambda_model(marker)
+    path = get_backend(backend).save(model, tmp_path / "lambda")
+    marker.unlink(missing_ok=True)  # building and saving called the lambda
+    if backend == "savedmodel":
+        # Craft the record so the reviver believes the config carries no code and tries it.
+        meta_file = path / "assets.extra" / "trainer_metadata.json"
+        meta = json.loads(meta_file.read_text())
+        for record in meta["savedmodel"]["layers"]:
+            record["carries_code"] = False
+        meta_file.write_text(json.dumps(meta))
+        reseal(path)
+        # Keras' safe mode refuses the bytecode; the layer is revived from its traced graph.
+        revived = load_checkpoint(path).model
+        x = np.ones((1, 4), "float32")
+        np.testing.assert_allclose(revived(x), model(x), rtol=1e-6)
+        marker.unlink(missing_ok=True)  # model(x) above ran the original, in this process
+        load_checkpoint(path)
+    else:
+        with pytest.raises(UnsafeCheckpointError, match="safe_mode=False"):
+            load_checkpoint(path)
+    assert not marker.exists(), "stored Python code ran in safe mode"
+    loaded = load_checkpoint(path, safe_mode=False).model  # the user vouches for the source
+    assert marker.exists(), "safe_mode=False should rebuild the Lambda from its code"
+    assert isinstance(loaded, keras.Model)
+
+
+# -------------------------------------------------------------------------- fuzzing
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.sampled_from([2**31, -(2**63), 10**30])
+    | st.floats()
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=6,
+)
+MUTATION = st.tuples(st.integers(0, 10**6), st.one_of(st.just("delete"), JSON))
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory):
+    return save_all(build_model(), tmp_path_factory.mktemp("fuzz"))
+
+
+def documents(backend: str, path: Path) -> tuple[dict, callable]:
+    """The stored JSON of a checkpoint as one dict, and a function writing it back."""
+    if backend == "h5":
+        names = ("metadata", "model_config", "compile_config", "training_state")
+        with h5py.File(path, "r") as handle:
+            doc = {n: json.loads(handle[n].asstr()[()]) for n in names}
+
+        def write(new):
+            with h5py.File(path, "r+") as handle:
+                for name in names:
+                    del handle[name]
+                    if name in new:
+                        text = json.dumps(new[name])
+                        handle.create_dataset(name, data=text, dtype=h5py.string_dtype())
+
+        return doc, write
+    file = path / ("trainer.json" if backend == "weights" else "assets.extra/trainer_metadata.json")
+    return json.loads(file.read_text()), lambda new: file.write_text(json.dumps(new))
+
+
+def mutate(doc, index: int, replacement) -> None:
+    """Replace (or delete) the ``index``-th node of ``doc`` in a stable walk order."""
+    nodes = []
+    stack = [doc]
+    while stack:
+        parent = stack.pop()
+        keys = sorted(parent) if isinstance(parent, dict) else range(len(parent))
+        for key in keys:
+            nodes.append((parent, key))
+            if isinstance(parent[key], dict | list):
+                stack.append(parent[key])
+    parent, key = nodes[index % len(nodes)]
+    if replacement == "delete":
+        del parent[key]
+    else:
+        parent[key] = replacement
+
+
+def fuzz_backend(backend: str, original: Path, mutations) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        path = copy_checkpoint(original, Path(scratch))
+        doc, write = documents(backend, path)
+        for index, replacement in mutations:
+            mutate(doc, index, replacement)
+        write(doc)
+        reseal(path)  # the manifest agrees: only the readers stand between us and harm
+        try:
+            checkpoint = load_checkpoint(path)
+        except TrainerError:
+            return
+        assert isinstance(checkpoint.model, keras.Model)
+
+
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.mark.parametrize("backend", ["h5", "weights"])
+@FUZZ
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_fuzzed_metadata_gives_a_model_or_a_project_error(originals, backend, mutations):
+    fuzz_backend(backend, originals[backend], mutations)
+
+
+@settings(FUZZ, max_examples=25)
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=2))
+def test_fuzzed_savedmodel_metadata_gives_a_model_or_a_project_error(originals, mutations):
+    fuzz_backend("savedmodel", originals["savedmodel"], mutations)
