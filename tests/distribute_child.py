@@ -16,12 +16,12 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-from conftest import CONF_DIR  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
+import numpy as np
+from conftest import CONF_DIR
+from hydra import compose, initialize_config_dir
 
-from trainer import distribute, train  # noqa: E402
-from trainer.save_backends import load_checkpoint  # noqa: E402
+from trainer import distribute, train
+from trainer.save_backends import load_checkpoint
 
 
 def compose_cfg(overrides: list[str]):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, TINY, subprocess_env
+from hydra.utils import instantiate
 
 from trainer import train
 from trainer.atomic import is_temporary
@@ -41,8 +40,12 @@ BASE = [*TINY, "model=mlp", "model.dropout=0"]
 SAVEDMODEL = "save._target_=trainer.save_backends.savedmodel.SavedModelBackend"
 BACKENDS = {"h5": "save=h5", "weights": "save=weights", "savedmodel": SAVEDMODEL}
 MIRRORED = ["strategy=mirrored", "strategy.logical_cpus=2"]
-SIGTERM_AT_4 = "+test_hooks=[{_target_: trainer.faults.SignalAtStep, step: 4}]"
 CHILD_TIMEOUT = 240
+
+
+def sigterm_at(step: int) -> str:
+    """SIGTERM to the training process after ``step``; it stops after the next batch."""
+    return f"+test_hooks=[{{_target_: trainer.faults.SignalAtStep, step: {step}}}]"
 
 
 def values(checkpoint_path: Path) -> tuple[list[np.ndarray], object]:
@@ -76,33 +79,29 @@ def test_rules_without_a_strategy():
     assert dist.lr_factor == 1.0 and dist.per_replica_batch(16) == 16
     assert Distribution(scale_lr=False).output_dir(Path("/x")) == Path("/x")
     assert is_chief("chief", 0) and not is_chief("worker", 1)
-    with pytest.raises(Exception, match="strategy.kind"):
+    with pytest.raises(Exception, match=r"strategy\.kind"):
         setup({"kind": "tpu"})
 
 
 @pytest.mark.slow
 def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path):
-    # One device: a straight run, and one stopped by SIGTERM in the middle of epoch 2.
+    # One device: a straight run, and one stopped by SIGTERM after step 2 of 6.
     single, broken = tmp_path / "single", tmp_path / "broken"
     train(compose_cfg(*BASE, "save=weights", f"run_dir={single}"))
-    train(compose_cfg(*BASE, "save=weights", f"run_dir={broken}", SIGTERM_AT_4))
-    assert load_checkpoint(broken / "checkpoints" / "latest").state.global_step == 5
+    train(compose_cfg(*BASE, "save=weights", f"run_dir={broken}", sigterm_at(1)))
+    assert load_checkpoint(broken / "checkpoints" / "latest").state.global_step == 2
 
-    dropout = [*TINY, "model=mlp", "model.dropout=0.3", "save=h5", *MIRRORED]
+    # Under the strategy with dropout, so the RNG seed states go through every backend too.
+    dropout = [*TINY, "model=mlp", "model.dropout=0.3", *MIRRORED]
     jobs = [
-        # A one-device checkpoint resumed under the strategy.
+        # The one-device checkpoint, resumed under the strategy for its last 4 steps.
         [*BASE, *MIRRORED, "resume=latest", f"resume_dir={broken}"],
-        # Every backend under the strategy.
-        *([*BASE, *MIRRORED, flag, f"run_dir={tmp_path / name}"] for name, flag in BACKENDS.items()),
-        # Interrupted and resumed under the strategy, with dropout (RNG state restored).
-        [*dropout, f"run_dir={tmp_path / 'm_straight'}"],
-        [*dropout, f"run_dir={tmp_path / 'm_broken'}", SIGTERM_AT_4],
-        [*dropout, "resume=latest", f"resume_dir={tmp_path / 'm_broken'}"],
+        *([*dropout, flag, f"run_dir={tmp_path / name}"] for name, flag in BACKENDS.items()),
+        # Interrupted in the middle of epoch 2 and resumed, under the strategy.
+        [*dropout, "save=h5", f"run_dir={tmp_path / 'm_broken'}", sigterm_at(4)],
+        [*dropout, "save=h5", "resume=latest", f"resume_dir={tmp_path / 'm_broken'}"],
     ]  # fmt: skip
-    x = compose_cfg(*BASE)  # the validation inputs, as the runs split them
-    from hydra.utils import instantiate
-
-    inputs = instantiate(x.data).x_val
+    inputs = instantiate(compose_cfg(*BASE).data).x_val
     np.save(tmp_path / "x.npy", inputs)
     checkpoints = {name: str(tmp_path / name / "checkpoints" / "latest") for name in BACKENDS}
     checkpoints["single"] = str(single / "checkpoints" / "latest")
@@ -117,27 +116,150 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
     }
     run_child(spec, tmp_path)
 
+    # The one-device checkpoint resumed under the strategy continues as on one device.
     expected, expected_state = values(single / "checkpoints" / "latest")
-    # One-device checkpoint, resumed under the strategy: continues as on one device.
     got, state = values(broken / "checkpoints" / "latest")
     assert state.global_step == expected_state.global_step == 6
     assert_close(got, expected)
-    # Checkpoints written under the strategy load here (no strategy) and match.
+    assert [h["epoch"] for h in state.extra["history"]] == [1, 2]
+
+    # Checkpoints written under the strategy load here, without it: every backend holds
+    # the same values, and predicts as the same checkpoint loaded under the strategy.
     predictions = np.load(tmp_path / "predictions.npz")
+    reference, reference_state = values(tmp_path / "h5" / "checkpoints" / "latest")
+    assert reference_state.global_step == 6
     for name in BACKENDS:
         path = tmp_path / name / "checkpoints" / "latest"
         got, state = values(path)
-        assert state.global_step == 6 and [h["epoch"] for h in state.extra["history"]] == [1, 2]
-        assert_close(got, expected)
-        # Loaded under the strategy (child) and without it (here): the same predictions.
+        assert_close(got, reference, exact=True)
+        assert state.extra["history"] == reference_state.extra["history"]
         here = load_checkpoint(path).model.predict(inputs, verbose=0)
         np.testing.assert_allclose(predictions[name], here, rtol=1e-6, atol=1e-6)
-    # A one-device checkpoint loaded under the strategy predicts as it does here.
+    # ... and a one-device checkpoint loaded under the strategy predicts as it does here.
     here = load_checkpoint(single / "checkpoints" / "latest").model.predict(inputs, verbose=0)
     np.testing.assert_allclose(predictions["single"], here, rtol=1e-6, atol=1e-6)
-    # Same strategy, interrupted and resumed: bitwise the straight run.
-    straight, straight_state = values(tmp_path / "m_straight" / "checkpoints" / "latest")
+
+    # Same strategy, interrupted mid-epoch and resumed: bitwise the straight run.
     resumed, resumed_state = values(tmp_path / "m_broken" / "checkpoints" / "latest")
-    assert resumed_state.global_step == straight_state.global_step == 6
-    assert_close(resumed, straight, exact=True)
-    assert resumed_state.extra["history"] == straight_state.extra["history"]
+    assert resumed_state.global_step == 6
+    assert_close(resumed, reference, exact=True)
+    assert resumed_state.extra["history"] == reference_state.extra["history"]
+
+
+# ----------------------------------------------------------------------- multi-worker
+WORKER_TIMEOUT = 240  # seconds for a phase of two workers (TF start-up included)
+STEPS = 9  # 3 epochs of 3 steps
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for each in sockets:
+            each.bind(("127.0.0.1", 0))
+        return [each.getsockname()[1] for each in sockets]
+
+
+def start_workers(overrides: list[str], tmp_path: Path, phase: str) -> list[subprocess.Popen]:
+    """Two `python train.py strategy=multiworker ...` processes, one TF_CONFIG each."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
+    workers = []
+    for index in range(2):
+        env = subprocess_env()
+        task = {"type": "worker", "index": index}
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
+        command = [
+            sys.executable, str(ROOT / "train.py"), "strategy=multiworker", *overrides,
+            f"hydra.run.dir={tmp_path / f'hydra-{phase}-{index}'}",
+        ]  # fmt: skip
+        with open(tmp_path / f"{phase}-worker{index}.log", "w") as log:
+            workers.append(
+                subprocess.Popen(
+                    command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+    return workers
+
+
+def worker_logs(tmp_path: Path, phase: str) -> str:
+    return "\n".join(
+        f"--- worker {i}:\n" + (tmp_path / f"{phase}-worker{i}.log").read_text()[-3000:]
+        for i in range(2)
+    )
+
+
+def kill(workers: list[subprocess.Popen]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            worker.kill()
+    for worker in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(timeout=30)
+
+
+def latest_step(directory: Path) -> int:
+    try:
+        return load_checkpoint(find_latest(directory)).state.global_step
+    except Exception:  # nothing complete yet
+        return -1
+
+
+@pytest.mark.slow
+def test_multiworker_checkpoints_kill_and_resume(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    config = [*BASE, "trainer.epochs=3", "checkpoint.policy.every_n_steps=1", f"run_dir={run}"]
+    # Every save sleeps 1 s (after writing, before publishing) so the kill lands mid-run.
+    slow = ["save=weights", "save._target_=trainer.faults.slow_backend", "+save.delay=1.0"]
+    workers = start_workers([*config, *slow], tmp_path, "first")
+    pids = {"first": workers[1].pid}
+    try:
+        deadline = time.monotonic() + WORKER_TIMEOUT
+        while latest_step(run / "checkpoints") < 4:
+            crashed = [w.returncode for w in workers if w.poll() is not None]
+            assert not crashed, (
+                f"a worker exited early: {crashed}\n{worker_logs(tmp_path, 'first')}"
+            )
+            assert time.monotonic() < deadline, worker_logs(tmp_path, "first")
+            time.sleep(0.2)
+    finally:
+        kill(workers)  # SIGKILL both: no cleanup of any kind runs
+    killed_at = latest_step(run / "checkpoints")
+    assert 4 <= killed_at < STEPS
+
+    # Every checkpoint the chief published is complete and loads without a strategy.
+    published = [p for p in (run / "checkpoints").iterdir() if p.name != "latest"]
+    for path in published:
+        if not is_temporary(path):
+            assert load_checkpoint(path).state.global_step == int(path.name.split("-")[-1])
+
+    # A one-device reference run of the same config, while nothing else runs.
+    single = tmp_path / "single"
+    train(compose_cfg(*BASE, "trainer.epochs=3", "save=weights", f"run_dir={single}"))
+
+    workers = start_workers(
+        [*config, "save=weights", "resume=latest", f"resume_dir={run}"], tmp_path, "resumed"
+    )
+    pids["resumed"] = workers[1].pid
+    try:
+        for worker in workers:
+            worker.wait(timeout=WORKER_TIMEOUT)
+    finally:
+        kill(workers)
+    codes = [w.returncode for w in workers]
+    assert codes == [0, 0], worker_logs(tmp_path, "resumed")
+
+    # The resumed run finished where the uninterrupted one does, with the same values.
+    got, state = values(run / "checkpoints" / "latest")
+    expected, expected_state = values(single / "checkpoints" / "latest")
+    assert state.global_step == expected_state.global_step == STEPS
+    assert [h["epoch"] for h in state.extra["history"]] == [1, 2, 3]
+    assert_close(got, expected)
+
+    # Nothing left by the non-chief worker, nor by the killed writes.
+    leftovers = [p.name for p in run.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+    assert not [p for p in (run / "checkpoints").iterdir() if is_temporary(p)]
+    # Only the chief wrote events: one session mark per chief start, no worker event file.
+    events = [p.name for p in (run / "tb").iterdir()]
+    assert len([n for n in events if "0session" in n]) == 2
+    assert not [n for n in events for pid in pids.values() if f".{pid}." in n]
