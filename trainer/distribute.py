@@ -25,11 +25,14 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
@@ -99,6 +102,12 @@ class Distribution:
 
         model._maybe_symbolic_build = symbolic_build
 
+    def callbacks(self, progress: Any) -> list[keras.callbacks.Callback]:
+        """Callbacks to run before every other one (see ``AgreeOnStop``)."""
+        if self.kind != "multiworker":
+            return []
+        return [AgreeOnStop(self.strategy, progress)]
+
     # ------------------------------------------------------------- where we write
     def output_dir(self, run_dir: Path) -> Path:
         """Where this process writes checkpoints, events and exports: the run directory on
@@ -130,6 +139,46 @@ class Distribution:
             f"{type(self.strategy).__name__} with {self.num_replicas} replicas "
             f"({role}{', chief' if self.is_chief else ''})"
         )
+
+
+class AgreeOnStop(keras.callbacks.Callback):
+    """Multi-worker: a SIGTERM/SIGINT that reached any worker stops every worker after the
+    same batch, so they all take the interrupt checkpoint and no collective is left waiting.
+
+    While training, this callback owns the signal handlers: a signal only marks this worker,
+    and at each batch end one tiny all-reduce tells every worker whether anyone was
+    marked; only then is ``RunProgress.requested_signal`` set, on all workers at the same
+    batch. Must come before ``RunProgress``, which reads it at the end of each batch.
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, progress: Any):
+        super().__init__()
+        self.strategy = strategy
+        self.progress = progress
+        self.received: int | None = None
+
+    def on_train_begin(self, logs=None):
+        if self.progress.requested_signal is not None:  # arrived before training began
+            self.received, self.progress.requested_signal = self.progress.requested_signal, None
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._receive)
+
+    def _receive(self, signum, _frame):
+        self.received = signum
+        log.warning(
+            "Received %s: every worker stops after the same batch", signal.Signals(signum).name
+        )
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: at once
+
+    def on_train_batch_end(self, batch, logs=None):
+        mine = 0.0 if self.received is None else 1.0
+        flags = self.strategy.experimental_distribute_values_from_function(
+            lambda _context: tf.constant(mine)
+        )
+        anyone = float(self.strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None))
+        if anyone > 0 and self.progress.requested_signal is None:
+            self.progress.requested_signal = self.received or int(signal.SIGTERM)
 
 
 class ScratchBackend:

@@ -93,6 +93,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     hooks = list(cfg.get("test_hooks") or [])  # test-only callbacks (fault injection)
     callbacks = [
+        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
         progress,
         *(hydra.utils.instantiate(h) for h in hooks),
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
