@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 from conftest import ROOT, TINY, subprocess_env
@@ -29,9 +30,9 @@ from hydra.utils import instantiate
 from trainer import train
 from trainer.atomic import is_temporary
 from trainer.checkpointing import all_variables
-from trainer.distribute import Distribution, is_chief, setup
+from trainer.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
 from trainer.resume import find_latest
-from trainer.save_backends import load_checkpoint
+from trainer.save_backends import get_backend, load_checkpoint
 
 RTOL, ATOL = 1e-5, 1e-6
 # No dropout where runs under different strategies are compared: each replica draws its
@@ -81,6 +82,34 @@ def test_rules_without_a_strategy():
     assert is_chief("chief", 0) and not is_chief("worker", 1)
     with pytest.raises(Exception, match=r"strategy\.kind"):
         setup({"kind": "tpu"})
+
+
+def test_learning_rate_scaling_is_opt_in(compose_cfg):
+    cfg = compose_cfg("optimizer=sgd")
+    assert scaled_optimizer_cfg(cfg.optimizer, 1.0) is cfg.optimizer
+    scaled = scaled_optimizer_cfg(cfg.optimizer, 4.0)
+    assert scaled.learning_rate == pytest.approx(4 * cfg.optimizer.learning_rate)
+    assert scaled.momentum == cfg.optimizer.momentum
+    assert cfg.optimizer.learning_rate == 0.05  # the run's config is left alone
+    assert Distribution(scale_lr=True).lr_factor == 1.0  # one replica: nothing to scale
+
+
+def test_non_chief_writes_only_into_its_scratch_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]}}))
+    stale = tmp_path / ".worker-1.tmp-1-dead"  # left by a killed run of the same worker
+    stale.mkdir()
+    worker = Distribution(kind="multiworker", task_type="worker", task_id=1)
+    assert not worker.is_chief and Distribution(task_type="worker", task_id=0).is_chief
+    scratch = worker.output_dir(tmp_path)
+    assert scratch.parent == tmp_path and is_temporary(scratch) and not stale.exists()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    backend = worker.backend(get_backend("h5"))
+    written = backend.save(model, scratch / "checkpoints" / "step-1")
+    assert written.name == "step-1.h5" and backend.name == "h5"
+    assert not written.exists()  # removed right after the write
+    worker.cleanup()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
