@@ -127,15 +127,15 @@ def _classify(final: Path, code: int | None, text: str, kind: str) -> SaveIOErro
         return DiskFullError(
             f"Saving {final} failed: the disk is full or a file-size limit was reached. "
             f"{where} Free space (or lower checkpoint.policy.keep_last) and save again. "
-            f"Received error: {kind}: {text}"
+            f"Received error type {kind}: {text}"
         )
     if code in _DENIED or any(s in text for s in ("Permission denied", "Read-only file")):
         return SavePermissionError(
             f"Saving {final} failed: writing there is not permitted. {where} Fix the "
             f"directory's permissions or choose another run directory. "
-            f"Received error: {kind}: {text}"
+            f"Received error type {kind}: {text}"
         )
     return SaveIOError(
         f"Saving {final} failed while writing. {where} Check the disk and the path. "
-        f"Received error: {kind}: {text}"
+        f"Received error type {kind}: {text}"
     )

@@ -188,15 +188,21 @@ class Checkpointer(keras.callbacks.Callback):
             self.state.extra["checkpoints"] = [
                 r for r in self.state.extra.get("checkpoints", []) if r["name"] != path.name
             ]
-            failure = SaveError(
-                f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
-                f"{self.directory} are intact; free space or fix permissions and resume from "
-                f"the latest one. Received error type {type(error).__name__}"
+            failure = (
+                error
+                if isinstance(error, SaveError)
+                else SaveError(
+                    f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
+                    f"{self.directory} are intact; free space or fix permissions and resume from "
+                    f"the latest one. Received error type {type(error).__name__}"
+                )
             )
             if self.policy.on_save_error == "continue":
                 self.failed.append(path)
                 log.error("%s Training continues (checkpoint.on_save_error=continue).", failure)
                 return
+            if failure is error:
+                raise
             raise failure from error
         seconds = time.perf_counter() - start
         self.saved.append(path)
