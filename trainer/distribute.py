@@ -28,7 +28,6 @@ import shutil
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,12 +130,13 @@ class Distribution:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
-    def describe(self) -> str:
+    def describe(self, global_batch: int) -> str:
         if self.strategy is None:
             return "no strategy (one device)"
         role = f"{self.task_type}:{self.task_id}" if self.task_type else "local"
         return (
-            f"{type(self.strategy).__name__} with {self.num_replicas} replicas "
+            f"{type(self.strategy).__name__}, {self.num_replicas} replicas x "
+            f"{self.per_replica_batch(global_batch)} examples per step "
             f"({role}{', chief' if self.is_chief else ''})"
         )
 
@@ -234,9 +234,7 @@ def setup(cfg: DictConfig | dict | None) -> Distribution:
     resolver = getattr(strategy, "cluster_resolver", None)
     if kind == "multiworker" and resolver is not None:
         task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
-    dist = Distribution(strategy, kind, task_type, task_id, scale_lr)
-    log.info("Distribution: %s", dist.describe())
-    return dist
+    return Distribution(strategy, kind, task_type, task_id, scale_lr)
 
 
 def patch_keras_multiworker_mean() -> None:
@@ -313,15 +311,6 @@ def scaled_optimizer_cfg(optimizer_cfg: DictConfig, factor: float) -> DictConfig
     scaled = OmegaConf.create(OmegaConf.to_container(optimizer_cfg, resolve=True))
     scaled.learning_rate = float(scaled.learning_rate) * factor
     return scaled
-
-
-@contextlib.contextmanager
-def worker_outputs(dist: Distribution) -> Iterator[None]:
-    """Remove a non-chief worker's scratch directory however training ends."""
-    try:
-        yield
-    finally:
-        dist.cleanup()
 
 
 def _as_dict(cfg: DictConfig | dict | None) -> dict[str, Any]:

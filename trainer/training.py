@@ -110,7 +110,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         steps,
         cfg.trainer.epochs,
         type(checkpointer.backend).__name__,
-        dist.describe(),
+        dist.describe(cfg.trainer.batch_size),
     )
     try:
         with progress.stop_on_signals():
