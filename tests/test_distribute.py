@@ -32,7 +32,8 @@ from trainer.atomic import is_temporary
 from trainer.checkpointing import all_variables
 from trainer.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
 from trainer.resume import find_latest
-from trainer.save_backends import get_backend, load_checkpoint
+from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
+from trainer.tensorboard import resolve_link
 
 RTOL, ATOL = 1e-5, 1e-6
 # No dropout where runs under different strategies are compared: each replica draws its
@@ -229,6 +230,10 @@ def kill(workers: list[subprocess.Popen]) -> None:
             worker.wait(timeout=30)
 
 
+def read_step(path: Path) -> int:
+    return read_checkpoint_metadata(path)["state"]["global_step"]
+
+
 def latest_step(directory: Path) -> int:
     try:
         return load_checkpoint(find_latest(directory)).state.global_step
@@ -289,6 +294,12 @@ def test_multiworker_checkpoints_kill_resume_and_stop_together(compose_cfg, tmp_
     assert_close(got, expected)
     for mine, theirs in zip(state.extra["history"], expected_state.extra["history"], strict=True):
         assert mine == pytest.approx(theirs, rel=RTOL)
+
+    # The chief's checkpoints link to the chief's own event files, which hold their cards.
+    for path in (run / "checkpoints").iterdir():
+        if path.name != "latest":
+            link = resolve_link(path, read_checkpoint_metadata(path))
+            assert link.run_dir == run and link.step == read_step(path)
 
     # Nothing left by the non-chief worker, nor by the killed writes.
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == []
