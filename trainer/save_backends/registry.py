@@ -7,6 +7,7 @@ Built-in backends are registered by import path; users add theirs with
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import types
 from pathlib import Path
@@ -22,6 +23,7 @@ _BUILTIN = {
     "weights": "trainer.save_backends.weights:WeightsBackend",
 }
 _registry: dict[str, str | type[SaveBackend]] = dict(_BUILTIN)
+log = logging.getLogger(__name__)
 
 
 def register_backend(name: str, backend: str | type[SaveBackend], *, overwrite=False) -> None:
@@ -103,11 +105,13 @@ def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
             checkpoint = detect_backend(target)().load(target, **kwargs)
         except (TrainerError, OSError):
             if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
+                log.info("%s changed while it was read; reading it again", path)
                 continue  # the writer replaced what we were reading: read the new one
             raise
         now = _identity(target)
         if now is None or now == before:  # gone after a complete read is fine; not swapped
             return checkpoint
+        log.info("%s was replaced while it was read; reading it again", path)
     raise NotACheckpointError(
         f"{path} changed {_ATTEMPTS} times while it was being read; a writer is replacing "
         f"it faster than it can be loaded. Load a specific checkpoint instead of a link. "
