@@ -68,8 +68,9 @@ JSON = st.recursive(
     | st.sampled_from([2**31, -(2**63), 10**30])
     | st.floats()
     | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=3)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=6,
 )
 MUTATION = st.tuples(st.integers(0, 10**6), st.one_of(st.just("delete"), JSON))
