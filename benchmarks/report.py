@@ -168,9 +168,11 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "```",
         "pip install -e '.[bench]'           # tf_keras, the anchor",
         "python -m benchmarks.run            # full run, rewrites this README and results.json",
-        "python -m benchmarks.run --quick    # tiny model, 1 repeat, < 60 s, prints the report",
-        "python -m benchmarks.profile --size large --op first_save   # cProfile of one operation",
-        "pytest -m slow tests/test_benchmark_smoke.py",
+        "python -m benchmarks.run --quick    # tiny model, 1 repeat, prints the report",
+        "python -m benchmarks.run --sizes small,large --repeats 5   # a subset, more repeats",
+        "python -m benchmarks.profile --size deep --op first_save   # cProfile of one operation",
+        "python -m benchmarks.report         # re-render this README from results.json",
+        "pytest -m slow tests/test_benchmark_smoke.py                # runs --quick",
         "```",
         "",
         "Every figure is the median of the repeats (min and max beside it) in seconds, for saves "
@@ -242,3 +244,22 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
     if analysis is not None and Path(analysis).exists():
         out += ["", Path(analysis).read_text().strip()]
     return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render a report from saved results (after editing ``analysis.md``), no re-run."""
+    import argparse
+    import json
+
+    here = Path(__file__).resolve().parent
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=main.__doc__)
+    parser.add_argument("results", nargs="?", default=str(here / "results.json"))
+    parser.add_argument("output", nargs="?", default=str(here / "README.md"))
+    args = parser.parse_args(argv)
+    payload = json.loads(Path(args.results).read_text())
+    Path(args.output).write_text(render(payload, analysis=here / "analysis.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
