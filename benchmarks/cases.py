@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import re
 from pathlib import Path
 
 import keras
@@ -160,12 +161,15 @@ def savedmodel_rows(size: Size, model: keras.Model, repeats: int, root: Path, lo
 
 
 def revival_note(checkpoint) -> str:
-    """How the custom blocks came back: "config" (class known) or from traced functions."""
+    """How the layers came back: from config (class known) or from traced functions; the
+    custom blocks are counted apart, since the class-missing load is about them."""
     how = checkpoint.metadata.get("revived_from", {})
-    counts = collections.Counter(how[name] for name in how if name.startswith("block"))
+    blocks = [name for name in how if re.fullmatch(r"block\d+", name)]
+    chosen, what = (blocks, "custom blocks") if blocks else (list(how), "layers")
+    counts = collections.Counter(how[name] for name in chosen)
     if not counts:
         return ""
-    return "blocks revived from " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return f"{what} revived from " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
 
 
 def backend_rows(size: Size, model: keras.Model, repeats: int, root: Path) -> list[Result]:

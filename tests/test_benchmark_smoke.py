@@ -73,9 +73,10 @@ def test_quick_benchmark_reports_numbers_for_every_row(tmp_path):
     if not (first["status"] == "n/a" and first["note"].startswith("not available")):
         measured |= {"savedmodel.first_save", "savedmodel.repeat_save", "savedmodel.load"}
         measured.add("savedmodel.load_missing")
-        assert "traced" in rows[("tiny", "savedmodel.load_missing")]["note"], (
-            "the class-missing load must revive the custom blocks from traced functions"
-        )
+        assert (
+            "custom blocks revived from traced" in rows[("tiny", "savedmodel.load_missing")]["note"]
+        ), "the class-missing load must revive the custom blocks from traced functions"
+        assert "custom blocks revived from config" in rows[("tiny", "savedmodel.load")]["note"]
     for key in measured:
         assert rows[("tiny", key)]["status"] == "ok", rows[("tiny", key)]
     assert rows[("training", "train.none")]["status"] == "ok"
