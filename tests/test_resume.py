@@ -260,3 +260,13 @@ def test_resumed_curves_have_no_duplicate_steps(compose_cfg, tmp_path):
     events.Reload()
     steps = [event.step for event in events.Tensors("batch/loss")]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_finds_a_custom_checkpoint_directory(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    custom = ["model=mlp", "save=h5", "checkpoint.directory=saved/ckpt"]
+    train(compose_cfg(*custom, "trainer.epochs=1"))
+    train(compose_cfg(*custom, "trainer.epochs=2", "resume=latest", f"resume_dir={run}"))
+    state = load_checkpoint(run / "saved" / "ckpt" / "latest").state
+    assert (state.epoch, state.global_step) == (2, 6)
+    assert not (run / "checkpoints").exists()

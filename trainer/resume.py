@@ -30,21 +30,29 @@ log = logging.getLogger(__name__)
 ARCHITECTURE_KEYS = ("model", "data", "optimizer", "schedule", "seed", "wrap")
 
 
-def resolve_resume(resume: str | None, resume_dir: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint named by ``resume`` (``latest`` or a path), or None for a fresh run."""
+# Where a run keeps its checkpoints unless `checkpoint.directory` says otherwise.
+CHECKPOINT_DIR = "checkpoints"
+
+
+def resolve_resume(
+    resume: str | None, resume_dir: str | None, run_dir: Path, dirname: str = CHECKPOINT_DIR
+) -> Path | None:
+    """The checkpoint named by ``resume`` (``latest``, a checkpoint or a run directory), or
+    None for a fresh run. ``dirname`` is the run's checkpoint sub-directory."""
     if not resume:
         return None
     if str(resume) == LATEST:
-        return find_latest(checkpoint_dir_of(Path(resume_dir) if resume_dir else run_dir))
+        directory = Path(resume_dir) if resume_dir else run_dir
+        return find_latest(checkpoint_dir_of(directory, dirname))
     path = Path(resume).expanduser()
-    if path.is_dir() and (path / "checkpoints").is_dir():  # a run directory
-        return find_latest(path / "checkpoints")
+    if path.is_dir() and (path / dirname).is_dir():  # a run directory
+        return find_latest(path / dirname)
     detect_backend(path)  # raises a clear error if it is not a checkpoint
     return path
 
 
-def checkpoint_dir_of(directory: Path) -> Path:
-    return directory / "checkpoints" if (directory / "checkpoints").is_dir() else directory
+def checkpoint_dir_of(directory: Path, dirname: str = CHECKPOINT_DIR) -> Path:
+    return directory / dirname if (directory / dirname).is_dir() else directory
 
 
 def find_latest(directory: Path) -> Path:
@@ -74,10 +82,13 @@ def find_latest(directory: Path) -> Path:
     return max(candidates)[-1]
 
 
-def run_dir_of(checkpoint: Path) -> Path | None:
-    """The run directory a checkpoint belongs to (``<run>/checkpoints/<name>``), if any."""
+def run_dir_of(checkpoint: Path, dirname: str = CHECKPOINT_DIR) -> Path | None:
+    """The run directory a checkpoint belongs to (``<run>/<dirname>/<name>``), if any."""
     parent = checkpoint.resolve().parent
-    return parent.parent if parent.name == "checkpoints" else None
+    tail = Path(dirname).parts
+    if tail and parent.parts[-len(tail) :] == tail:
+        return Path(*parent.parts[: -len(tail)])
+    return None
 
 
 def check_compatible(cfg: DictConfig, metadata: dict[str, Any], where: Path) -> None:
@@ -145,8 +156,8 @@ def numpy_rng_record() -> list[Any]:
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
 
 
-def resume_hint(path: Path) -> str:
-    run = run_dir_of(path)
+def resume_hint(path: Path, dirname: str = CHECKPOINT_DIR) -> str:
+    run = run_dir_of(path, dirname)
     if run is not None:
         return f"python train.py resume=latest resume_dir={os.fspath(run)}"
     return f"python train.py resume={os.fspath(path)}"

@@ -38,11 +38,14 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     """``train`` under ``dist``: only the chief writes into the run directory, the other
     workers write the same things into their scratch directory (``dist.output_dir``)."""
     run_dir = resolve_run_dir(cfg)
-    resume_from = resume.resolve_resume(cfg.get("resume"), cfg.get("resume_dir"), run_dir)
+    checkpoint_dirname = cfg.checkpoint.directory
+    resume_from = resume.resolve_resume(
+        cfg.get("resume"), cfg.get("resume_dir"), run_dir, checkpoint_dirname
+    )
     if resume_from is not None:
         # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
         # TensorBoard curves carry on in one place.
-        run_dir = resume.run_dir_of(resume_from) or run_dir
+        run_dir = resume.run_dir_of(resume_from, checkpoint_dirname) or run_dir
     keras.utils.set_random_seed(int(cfg.seed))
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -136,7 +139,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
             "Interrupted at epoch %d, step %d. %s",
             state.epoch,
             state.global_step,
-            f"Saved {where}; resume with: {resume.resume_hint(where)}"
+            f"Saved {where}; resume with: {resume.resume_hint(where, checkpoint_dirname)}"
             if where
             else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
         )
