@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from benchmarks import machine, report
 from benchmarks.specs import DEFAULT_SIZES, QUICK_SIZES, SIZES
-from benchmarks.timing import ERROR, Result, not_available
+from benchmarks.timing import ERROR, NA, Result, not_available
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -112,10 +112,10 @@ class Anchor:
         )
 
     def results(self, log) -> list[Result]:
-        """Let the child measure, wait for it; a failure becomes explicit error rows."""
+        """Let the child measure, wait for it; an anchor that cannot run becomes n/a rows
+        (tf_keras not installed) or explicit error rows (the child failed)."""
         try:
-            self.proc.stdin.write("go\n")
-            self.proc.stdin.close()
+            self._send_go()
             returncode = self.proc.wait(timeout=ANCHOR_TIMEOUT)
             self.stderr.close()
             lines = self.stderr_path.read_text().splitlines()
@@ -124,18 +124,34 @@ class Anchor:
                     log(line)
             if returncode != 0:
                 raise RuntimeError(f"exit code {returncode}: {lines[-1] if lines else ''}")
-            return [Result.from_dict(d) for d in json.loads(self.out.read_text())]
-        except Exception as err:
+            payload = json.loads(self.out.read_text())
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
             self.proc.kill()
             why = f"tf_keras subprocess failed: {type(err).__name__}: {err}"[:300]
             log(f"  {why}")
-            rows = []
-            for size in self.sizes:
-                for key, label in (("tf_keras.save", "tf_keras save"), ("tf_keras.load", "load")):
-                    row = not_available(size, key, label, why)
-                    row.status = ERROR
-                    rows.append(row)
-            return rows
+            return self._rows(why, ERROR)
+        if isinstance(payload, dict):  # {"unavailable": reason}: the extra is not installed
+            log(f"  not available: {payload['unavailable']}")
+            return self._rows(f"not available: {payload['unavailable']}", NA)
+        return [Result.from_dict(d) for d in payload]
+
+    def _send_go(self) -> None:
+        """The child exits at once when tf_keras is missing, so its stdin may be closed
+        already: that is not an error, its ``--out`` file says why."""
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def _rows(self, why: str, status: str) -> list[Result]:
+        rows = []
+        for size in self.sizes:
+            for key, label in (("tf_keras.save", "tf_keras save"), ("tf_keras.load", "load")):
+                row = not_available(size, key, label, why)
+                row.status = status
+                rows.append(row)
+        return rows
 
 
 def main(argv: list[str] | None = None) -> int:

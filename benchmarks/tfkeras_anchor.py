@@ -1,15 +1,15 @@
-"""The tf_keras 2.21 anchor: legacy ``save_format="tf"`` save and ``load_model`` on the same
-architecture, built with tf_keras.
+"""The tf_keras 2.21 anchor process: ``python -m benchmarks.tfkeras_anchor``.
 
-Runs as its own process (``python -m benchmarks.tfkeras_anchor``), started by
-``benchmarks.run``: tf_keras and Keras 3 in one process interfere. It must therefore never
-import Keras 3 (nor ``benchmarks.models``). Results go to ``--out`` as JSON.
+Started by ``benchmarks.run`` in a process of its own (tf_keras and Keras 3 interfere in one
+process). tf_keras is an optional extra, so this entry point imports it only inside
+``main``: when it cannot be imported, the child says so in its ``--out`` file and exits at
+once, and the parent reports the anchor rows as not available instead of failing.
+Results go to ``--out`` as JSON: a list of rows, or ``{"unavailable": reason}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -18,112 +18,10 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np
-import tf_keras
-
-from benchmarks.specs import (
-    BATCH,
-    BLOCK_NAME,
-    NUM_CLASSES,
-    PACKAGE,
-    SIZES,
-    Size,
-    input_shape,
-)
-from benchmarks.timing import Result, not_available, remove, timed
-
-layers = tf_keras.layers
+INSTALL_HINT = "install it with: pip install -e '.[bench]'"
 
 
-@tf_keras.saving.register_keras_serializable(package=PACKAGE, name=BLOCK_NAME)
-class DenseResidualBlock(layers.Layer):
-    """Same block as ``benchmarks.models.DenseResidualBlock``, written for tf_keras."""
-
-    def __init__(self, width: int, **kwargs):
-        super().__init__(**kwargs)
-        self.width = width
-        self.inner = layers.Dense(width, activation="relu")
-        self.outer = layers.Dense(width)
-
-    def call(self, inputs):
-        return tf_keras.activations.relu(inputs + self.outer(self.inner(inputs)))
-
-    def get_config(self):
-        return {**super().get_config(), "width": self.width}
-
-
-def build(size: Size, seed: int = 0) -> tf_keras.Model:
-    tf_keras.utils.set_random_seed(seed)
-    if size.kind == "dense":
-        inputs = tf_keras.Input(shape=input_shape(size), name="features")
-        x = layers.Dense(size.width, activation="relu", name="stem")(inputs)
-        for index in range(size.blocks):
-            x = DenseResidualBlock(size.width, name=f"block{index}")(x)
-        outputs = layers.Dense(NUM_CLASSES, name="logits")(x)
-        model = tf_keras.Model(inputs, outputs, name=f"bench_{size.name}")
-    else:
-        model = tf_keras.applications.MobileNetV2(
-            input_shape=input_shape(size),
-            alpha=size.alpha,
-            weights=None,
-            classes=NUM_CLASSES,
-            classifier_activation=None,
-        )
-    model.compile(
-        optimizer=tf_keras.optimizers.Adam(1e-3),
-        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    train_step(model, size, seed)
-    return model
-
-
-def train_step(model: tf_keras.Model, size: Size, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(BATCH, *input_shape(size))).astype("float32")
-    y = rng.integers(0, NUM_CLASSES, size=BATCH).astype("int32")
-    model.train_on_batch(x, y)
-
-
-def measure_size(size: Size, repeats: int, root: Path) -> list[Result]:
-    root.mkdir(parents=True, exist_ok=True)
-    model = build(size)
-    target = lambda i: root / f"tfk_{i}"  # noqa: E731
-    save = timed(
-        size.name,
-        "tf_keras.save",
-        'tf_keras model.save(dir, save_format="tf")',
-        lambda i: model.save(str(target(i)), save_format="tf"),
-        repeats,
-        before=lambda i: train_step(model, size, 100 + i),
-        artifact=target,
-    )
-    save.note = f"{model.count_params():,} parameters"
-    last = target(repeats - 1)
-    load = (
-        timed(
-            size.name,
-            "tf_keras.load",
-            "tf_keras.models.load_model(dir)",
-            lambda i: tf_keras.models.load_model(str(last)),
-            repeats,
-        )
-        if save.status == "ok"
-        else not_available(size.name, "tf_keras.load", "tf_keras load_model", "save failed")
-    )
-    for i in range(repeats):
-        remove(target(i))
-    tf_keras.backend.clear_session()
-    gc.collect()
-    return [save, load]
-
-
-def warm_up(root: Path) -> None:
-    """One untimed save and load of the tiny model: import and first-use costs are paid
-    here, as the Keras 3 side pays them in its own warm-up."""
-    measure_size(SIZES["tiny"], 1, root / "warmup")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", required=True)
     parser.add_argument("--repeats", type=int, required=True)
@@ -137,7 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         help="import, then wait for a line on stdin before measuring: the parent overlaps "
         "the slow imports with its own but never its measurements",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from benchmarks import tfkeras_cases
+    except ImportError as error:  # the optional extra is missing: a fact, not a failure
+        reason = f"tf_keras cannot be imported ({type(error).__name__}: {error}); {INSTALL_HINT}"
+        Path(args.out).write_text(json.dumps({"unavailable": reason}))
+        return 0
     if args.wait_for_go:
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
@@ -145,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(item.split("=") for item in args.repeats_for.split(",") if item)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="tfk-bench-"))
     if not args.no_warmup:
-        warm_up(root)
+        tfkeras_cases.warm_up(root)
     results = []
     for name in args.sizes.split(","):
         repeats = int(overrides.get(name, args.repeats))
-        for result in measure_size(SIZES[name], repeats, root / name):
+        for result in tfkeras_cases.measure_size(tfkeras_cases.SIZES[name], repeats, root / name):
             results.append(result.to_dict())
             shown = f"{result.median:.3f}s" if result.median is not None else result.status
             print(f"  [{name}] {result.label}: {shown} {result.note}", file=sys.stderr)

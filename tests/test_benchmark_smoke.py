@@ -15,32 +15,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_quick_benchmark(tmp_path, *extra, pythonpath=()):
+    """``python -m benchmarks.run --quick`` in a child; returns its JSON results."""
+    raw = tmp_path / "results.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    paths = [*map(str, pythonpath), str(ROOT), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    command = [
+        sys.executable, "-m", "benchmarks.run", "--quick",
+        "--workdir", str(tmp_path / "work"), "--json", str(raw), *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(raw.read_text()), proc.stdout
+
+
 @pytest.mark.slow
 def test_quick_benchmark_reports_numbers_for_every_row(tmp_path):
-    output, raw = tmp_path / "report.md", tmp_path / "results.json"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.run",
-            "--quick",
-            "--workdir",
-            str(tmp_path / "work"),
-            "--output",
-            str(output),
-            "--json",
-            str(raw),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    payload = json.loads(raw.read_text())
+    output = tmp_path / "report.md"
+    payload, _ = run_quick_benchmark(tmp_path, "--output", str(output))
     rows = {(r["size"], r["key"]): r for r in payload["results"]}
 
     # Every row is either measured (finite positive numbers, min <= median <= max) or
@@ -90,3 +83,26 @@ def test_quick_benchmark_reports_numbers_for_every_row(tmp_path):
             assert f"| {row['median']:.3f} |" in line, (key, line)
     assert "## Targets (issue 7)" in report
     assert payload["command"].startswith("python -m benchmarks.run")
+
+
+@pytest.mark.slow
+def test_quick_benchmark_without_tf_keras_reports_the_anchor_not_available(tmp_path):
+    """A fresh ``pip install -e .`` has no tf_keras: the anchor rows say so and how to
+    install it, the rest of the benchmark still runs, and nothing is a harness error."""
+    blocker = tmp_path / "blocked"
+    (blocker / "tf_keras").mkdir(parents=True)
+    (blocker / "tf_keras" / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'tf_keras' (blocked by the test)\")\n"
+    )
+    payload, stdout = run_quick_benchmark(tmp_path, "--skip-training", pythonpath=[blocker])
+    rows = {(r["size"], r["key"]): r for r in payload["results"]}
+    for key in ("tf_keras.save", "tf_keras.load"):
+        row = rows[("tiny", key)]
+        assert row["status"] == "n/a", row
+        assert "tf_keras cannot be imported" in row["note"], row
+        assert "blocked by the test" in row["note"], row
+        assert "pip install -e '.[bench]'" in row["note"], row
+    assert "BrokenPipeError" not in stdout
+    errors = [key for key, row in rows.items() if row["status"] == "error"]
+    assert errors == [], errors
+    assert rows[("tiny", "keras.save")]["status"] == "ok"

@@ -13,7 +13,7 @@ from trainer.cli import main as cli_main
 from trainer.save_backends import load_checkpoint
 
 
-def run(args: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+def run(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args],
         cwd=cwd,
@@ -84,7 +84,7 @@ def test_inspect_bad_path_is_one_line_exit_2(tmp_path, kind):
         target.mkdir()
     elif kind == "junk_file":
         target.write_text("not a checkpoint")
-    result = run(["-m", "trainer", "inspect", str(target)], cwd=tmp_path, timeout=120)
+    result = run(["-m", "trainer", "inspect", str(target)], cwd=tmp_path, timeout=600)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]

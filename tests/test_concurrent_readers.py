@@ -23,35 +23,54 @@ def train_command(run_dir, backend):
     ]  # fmt: skip
 
 
+LOADS, NEW_EVERY = 200, 10  # 200 verified loads; a new checkpoint before every 10th
+HANG_GUARD = 1200  # seconds: only stops a run that hangs, never judges speed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["weights"])
 def test_reader_never_sees_a_partial_checkpoint(tmp_path, backend):
     run = tmp_path / "run"
     quiet = {**subprocess_env(), "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
-    trainer = subprocess.Popen(  # one core each: the trainer leaves the other to the reader
-        train_command(run, backend),
-        env=quiet,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trainer_log = tmp_path / "trainer.log"
+    with open(trainer_log, "w") as log:  # a file, not a pipe: a full pipe would stall it
+        trainer = subprocess.Popen(  # one core each: the trainer leaves the other to the reader
+            train_command(run, backend), env=quiet, stdout=subprocess.DEVNULL, stderr=log
+        )
     try:  # started together, so that both TensorFlow start-ups overlap
-        reader = subprocess.run(
+        reader = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "reader_child.py"),
-             str(run / "checkpoints"), "200", "80"],
-            env=quiet, capture_output=True, text=True, timeout=240,
+             str(run / "checkpoints"), str(LOADS), str(NEW_EVERY)],
+            env=quiet, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert trainer.poll() is None, f"the trainer stopped: {trainer.stderr.read()[-3000:]}"
+        # The trainer runs (100000 epochs) until the reader has done all its loads.
+        stdout, stderr = wait_for_reader(reader, trainer, trainer_log)
     finally:
         trainer.send_signal(signal.SIGTERM)  # a clean stop: interrupt save, then exit 0
         try:
-            trainer.wait(timeout=60)
+            trainer.wait(timeout=120)
         except subprocess.TimeoutExpired:
             trainer.kill()
             trainer.wait()
-    assert reader.returncode == 0, reader.stderr[-3000:]
-    report = json.loads(reader.stdout.strip().splitlines()[-1])
+    assert reader.returncode == 0, stderr[-3000:]
+    report = json.loads(stdout.strip().splitlines()[-1])
     assert report["failures"] == [] and report["mismatches"] == [], report
-    assert report["loads"] >= 200, report
-    assert report["distinct_steps"] >= 20, f"the trainer hardly wrote meanwhile: {report}"
+    assert report["loads"] == LOADS, report
+    assert report["distinct_steps"] >= LOADS // NEW_EVERY, report
     print(f"concurrent reader ({backend}): {report}")
+
+
+def wait_for_reader(reader, trainer, trainer_log):
+    """The reader's output once it is done; fails at once if the trainer stops first (the
+    reader would then wait for a new checkpoint forever)."""
+    for _ in range(HANG_GUARD * 2):
+        try:
+            return reader.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if trainer.poll() is not None:
+                reader.kill()
+                reader.communicate()
+                pytest.fail(f"the trainer stopped first: {trainer_log.read_text()[-3000:]}")
+    reader.kill()
+    reader.communicate()
+    pytest.fail(f"hung: the reader did not finish {LOADS} loads in {HANG_GUARD} s")

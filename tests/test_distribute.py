@@ -42,7 +42,7 @@ BASE = [*TINY, "model=mlp", "model.dropout=0"]
 SAVEDMODEL = "save._target_=trainer.save_backends.savedmodel.SavedModelBackend"
 BACKENDS = {"h5": "save=h5", "weights": "save=weights", "savedmodel": SAVEDMODEL}
 MIRRORED = ["strategy=mirrored", "strategy.logical_cpus=2"]
-CHILD_TIMEOUT = 240
+CHILD_TIMEOUT = 900  # hang guard, never a speed check
 
 
 def sigterm_at(step: int) -> str:
@@ -177,7 +177,7 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
 
 
 # ----------------------------------------------------------------------- multi-worker
-WORKER_TIMEOUT = 240  # seconds for a phase of two workers (TF start-up included)
+WORKER_TIMEOUT = 900  # hang guard for a phase of two workers, never a speed check
 STEPS = 9  # 3 epochs of 3 steps
 
 

@@ -83,7 +83,7 @@ def test_verify_as_a_command_exits_2_with_one_line(saved, tmp_path):
     (path / "variables" / "variables.index").unlink()
     result = subprocess.run(
         [sys.executable, "-m", "trainer", "verify", str(path)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -3,6 +3,7 @@ event files, and a real ``tensorboard`` server queried over HTTP."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import threading
 
@@ -76,7 +77,7 @@ def test_event_files_hold_cards_scalars_hparams_and_graph(run):
     sizes = {e.step: scalar(e) for e in acc.Tensors("checkpoint/size_bytes")}
     assert sizes == {s["step"]: float(path_size(s["path"])) for s in run["checkpoints"]}
     seconds = [scalar(e) for e in acc.Tensors("checkpoint/save_seconds")]
-    assert len(seconds) == 2 and all(0 < s < 60 for s in seconds)
+    assert len(seconds) == 2 and all(math.isfinite(s) and s > 0 for s in seconds)
     (final,) = acc.Tensors("final/val_loss")
     assert scalar(final) == pytest.approx(run["final"]["val_loss"])
 
