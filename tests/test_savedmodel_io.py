@@ -18,8 +18,8 @@ import tensorflow as tf
 from tests import savedmodel_zoo as zoo
 from trainer.errors import ModelNotReadyError, NotACheckpointError
 from trainer.save_backends import detect_backend, get_backend
-from trainer.savedmodel import cache
-from trainer.savedmodel.metadata import metadata_path
+from trainer.save_backends.savedmodel import trace_cache
+from trainer.save_backends.savedmodel.layout import metadata_path
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_repeat_save_reuses_the_trace_and_stays_complete(tmp_path):
     assert (first / "saved_model.pb").read_bytes() == (second / "saved_model.pb").read_bytes()
     # the checkpoint written by tf.train.Checkpoint(root) restores under the SavedModel
     loaded = tf.saved_model.load(str(second))
-    expected = [v.numpy() for v in cache.cached(model).traced.root.model_variables]
+    expected = [v.numpy() for v in trace_cache.cached(model).traced.root.model_variables]
     for got, want in zip(loaded.model_variables, expected, strict=True):
         np.testing.assert_array_equal(got.numpy(), want)
     revived = backend.load(second).model

@@ -21,14 +21,14 @@ from omegaconf import OmegaConf
 
 from trainer import keras_state, wrapping
 from trainer.errors import ConfigMismatchError, TrainerError
-from trainer.pruning import (
+from trainer.wrapping import WrapHost, find_layers, unwrap_model, wrap_model
+from trainer.wrapping.pruning import (
     PolynomialSparsity,
     PruneLowMagnitude,
     PruningCallback,
     prunable,
     sparsity_report,
 )
-from trainer.wrapping import WrapHost, find_layers, unwrap_model, wrap_model
 
 # Test blocks build lazily on first call, as many user layers do; Keras warns on reload.
 pytestmark = pytest.mark.filterwarnings("ignore:`build\\(\\)` was called on layer")

@@ -1,13 +1,23 @@
 """trainer: Hydra-configured Keras 3 training with swappable save backends.
 
 ``train(cfg)`` is the whole training run; checkpoints go through
-``trainer.save_backends`` (``get_backend``, ``load_checkpoint``). Importing the package
-registers the project's own serializable classes (model zoo, pruning wrapper), so any
-process that imports trainer can load checkpoints that use them.
+``trainer.save_backends`` (``get_backend``, ``load_checkpoint``). The package root is kept
+light on purpose: ``import trainer`` (or ``trainer.errors``) imports no TensorFlow, Keras
+or Hydra, and ``train`` is imported on first use.
 """
 
-from trainer import models, pruning  # noqa: F401  (registers serializable classes)
-from trainer.training import train
+from __future__ import annotations
+
+from typing import Any
+
 from trainer.version import __version__
 
 __all__ = ["__version__", "train"]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: lazy attributes of the package
+    if name == "train":
+        from trainer.training import train
+
+        return train
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")

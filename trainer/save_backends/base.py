@@ -12,6 +12,7 @@ import datetime as _dt
 import errno
 import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from trainer.errors import (
     NotACheckpointError,
     TrainerError,
 )
+from trainer.serializables import register_serializables
 from trainer.state import TrainingState
 from trainer.version import __version__
 
@@ -107,6 +109,7 @@ class SaveBackend(abc.ABC):
         check_exists(path)
         if is_temporary(path) or not type(self).can_load(path):
             raise self._not_ours(path)
+        register_serializables()  # the classes it may name, before anything is rebuilt
         custom_objects = custom_objects or {}
         inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
@@ -243,13 +246,13 @@ class SaveBackend(abc.ABC):
     def _not_ours(self, path: Path) -> TrainerError:
         """Why ``path`` is not ours: another backend's, damaged (its manifest says which
         file), or nothing trainer knows."""
-        from trainer.save_backends.registry import detect_backend  # registry imports us
-
         if is_temporary(path):
             actual = "it is the temporary of a save in progress or of a crashed one"
+        elif _format_detector is None:
+            actual = "no backend registry was imported to tell what it is"
         else:
             try:
-                actual = f"it is a {detect_backend(path).name!r} checkpoint"
+                actual = f"it is a {_format_detector(path).name!r} checkpoint"
             except CorruptCheckpointError as error:
                 return error
             except TrainerError as error:
@@ -270,6 +273,16 @@ class SaveBackend(abc.ABC):
     @abc.abstractmethod
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
         """Rebuild the model and state from a complete checkpoint at ``path``."""
+
+
+_format_detector: Callable[[Path], type[SaveBackend]] | None = None
+
+
+def set_format_detector(detector: Callable[[Path], type[SaveBackend]]) -> None:
+    """Called by the registry, which sits above this module: a backend asked to load
+    another backend's checkpoint names the right one without importing the registry."""
+    global _format_detector
+    _format_detector = detector
 
 
 def check_exists(path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainer import integrity
 from trainer.errors import NotACheckpointError, TrainerError, UnknownBackendError
-from trainer.save_backends.base import Checkpoint, SaveBackend, check_exists
+from trainer.save_backends.base import Checkpoint, SaveBackend, check_exists, set_format_detector
 
 _BUILTIN = {
     "savedmodel": "trainer.save_backends.savedmodel:SavedModelBackend",
@@ -87,6 +87,9 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
         f"opened with tf.saved_model.load or keras.layers.TFSMLayer instead. "
         f"Received: {str(path)!r}"
     )
+
+
+set_format_detector(detect_backend)
 
 
 def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:

@@ -30,7 +30,6 @@ input model was compiled: wrap before training starts.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,15 +155,27 @@ def find_layers(model: keras.layers.Layer, cls: type) -> list[keras.layers.Layer
     return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
 
 
+_WRAP_KINDS: dict[str, Callable[..., tuple[keras.Model, list]]] = {}
+_WRAPPER_CLASSES: list[type] = []
+
+
+def register_wrap_kind(
+    kind: str, factory: Callable[..., tuple[keras.Model, list]], classes: tuple[type, ...] = ()
+) -> None:
+    """Make ``wrap.kind: <kind>`` build ``factory(model, wrap_cfg, total_steps=...)``.
+
+    Wrapper kinds register themselves (pruning does, on import), so this core never
+    imports a particular wrapper. ``classes`` are the kind's serializable layer classes,
+    returned by :func:`custom_objects`.
+    """
+    _WRAP_KINDS[kind] = factory
+    _WRAPPER_CLASSES.extend(c for c in classes if c not in _WRAPPER_CLASSES)
+
+
 def custom_objects() -> dict[str, type]:
     """The classes a wrapped checkpoint needs; pass as ``custom_objects`` if not registered."""
-    from trainer.pruning import PruneLowMagnitude
-
-    classes = [WrapHost, PruneLowMagnitude]
+    classes = [WrapHost, *_WRAPPER_CLASSES]
     return {**{f"{PACKAGE}>{c.__name__}": c for c in classes}, **{c.__name__: c for c in classes}}
-
-
-_WRAP_KINDS = {"prune": "trainer.pruning:wrap_from_config"}
 
 
 def apply_wrap(model: keras.Model, wrap_cfg: Any, *, total_steps: int | None = None):
@@ -180,8 +191,7 @@ def apply_wrap(model: keras.Model, wrap_cfg: Any, *, total_steps: int | None = N
             f"Unknown wrap kind {kind!r}. Valid kinds: none, {', '.join(sorted(_WRAP_KINDS))}. "
             f"Pick one with `wrap=<kind>` on the command line. Received: {kind!r}"
         )
-    module, _, attr = _WRAP_KINDS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)(model, wrap_cfg, total_steps=total_steps)
+    return _WRAP_KINDS[kind](model, wrap_cfg, total_steps=total_steps)
 
 
 # ---------------------------------------------------------------------------- the rewriter

@@ -17,8 +17,8 @@ from tensorflow.python.saved_model import save_context
 from tensorflow.python.util import nest
 
 from trainer.errors import ModelNotReadyError
-from trainer.savedmodel import serialize, tracing
-from trainer.savedmodel.tracing import Node, tf_variable
+from trainer.save_backends.savedmodel import records, tracing
+from trainer.save_backends.savedmodel.tracing import Node, tf_variable
 
 SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
@@ -105,7 +105,7 @@ def trace_model(model: keras.Model) -> TracedModel:
         ) from err
 
     nodes: list[Node | None] = [None] * len(layers)
-    records: list[dict[str, Any] | None] = [None] * len(layers)
+    layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
     # tf.function's cache key, and outside it the save would trace every function again.
     with save_context.save_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
@@ -119,7 +119,7 @@ def trace_model(model: keras.Model) -> TracedModel:
             functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
             own = [var_index[id(tf_variable(v))] for v in layer.variables]
             own = [i for i in own if var_records[i]["owner"] == li]
-            records[li] = serialize.layer_record(
+            layer_records[li] = records.layer_record(
                 layer,
                 li,
                 layer_index=layer_index,
@@ -160,7 +160,7 @@ def trace_model(model: keras.Model) -> TracedModel:
     return TracedModel(
         root=root,
         serving=serving,
-        layers=records,
+        layers=layer_records,
         variables=var_records,
         optimizer_variables=opt_records,
         signature=signature,
@@ -169,7 +169,7 @@ def trace_model(model: keras.Model) -> TracedModel:
 
 
 def variable_record_for(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
-    return serialize.variable_record(variable, index, owner)
+    return records.variable_record(variable, index, owner)
 
 
 def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from trainer.savedmodel import build
+from trainer.save_backends.savedmodel import object_graph
 
 log = logging.getLogger(__name__)
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -32,7 +32,7 @@ _COPIED = ("saved_model.pb",)
 
 @dataclasses.dataclass
 class Entry:
-    traced: build.TracedModel
+    traced: object_graph.TracedModel
     files: dict[str, bytes]  # relative path -> content, everything but variables/
 
 
@@ -46,20 +46,20 @@ def cached(model: keras.Model) -> Entry | None:
 
 def write_saved_model(
     model: keras.Model, directory: Path, *, reuse: bool = True
-) -> tuple[build.TracedModel, bool]:
+) -> tuple[object_graph.TracedModel, bool]:
     """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save)."""
     directory = Path(directory)
     entry = _CACHE.get(model) if reuse else None
-    if entry is not None and entry.traced.fingerprint == build.structure_fingerprint(model):
+    if entry is not None and entry.traced.fingerprint == object_graph.structure_fingerprint(model):
         _fast_write(entry, directory)
         write_vocabularies(model, directory)
         return entry.traced, False
-    traced = build.trace_model(model)
+    traced = object_graph.trace_model(model)
     tf.saved_model.save(
         traced.root,
         str(directory),
         signatures={"serving_default": traced.serving},
-        options=build.SAVE_OPTIONS,
+        options=object_graph.SAVE_OPTIONS,
     )
     write_vocabularies(model, directory)
     files = {}
@@ -78,7 +78,7 @@ VOCAB_DIR = "assets/keras"
 def write_vocabularies(model: keras.Model, directory: Path) -> None:
     """Lookup layers' vocabularies as plain text under ``assets/keras/<layer id>/``, so a
     layer rebuilt from config does not depend on the vocabulary file it was made from."""
-    for index, layer in enumerate(build.tracing.all_layers(model)):
+    for index, layer in enumerate(object_graph.tracing.all_layers(model)):
         if hasattr(layer, "get_vocabulary") and hasattr(layer, "set_vocabulary"):
             target = directory / VOCAB_DIR / str(index)
             target.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def _fast_write(entry: Entry, directory: Path) -> None:
         log.info("SavedModel fingerprint not written: %s", err)
 
 
-def _annotate_node_ids(traced: build.TracedModel, pb: bytes) -> None:
+def _annotate_node_ids(traced: object_graph.TracedModel, pb: bytes) -> None:
     """Record the object-graph node id of every variable (``model_variables/i``)."""
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString(pb)

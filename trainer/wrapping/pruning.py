@@ -18,7 +18,13 @@ import keras
 import numpy as np
 
 from trainer.errors import ConfigMismatchError
-from trainer.wrapping import PACKAGE, TrainingWrapper, find_layers, wrap_model
+from trainer.wrapping.core import (
+    PACKAGE,
+    TrainingWrapper,
+    find_layers,
+    register_wrap_kind,
+    wrap_model,
+)
 
 # Attributes under which Keras layers keep the weight matrices worth pruning.
 KERNEL_ATTRS = ("_kernel", "kernel", "depthwise_kernel", "pointwise_kernel")
@@ -310,3 +316,6 @@ def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = 
             stacklevel=2,
         )
     return wrapped, [PruningCallback()]
+
+
+register_wrap_kind("prune", wrap_from_config, classes=(PruneLowMagnitude,))

@@ -107,7 +107,7 @@ def layer_record(
     call_specs: list[str],
 ) -> dict[str, Any]:
     """The JSON record of one layer (see the README's on-disk layout)."""
-    from trainer.savedmodel.tracing import takes_training, tf_variable
+    from trainer.save_backends.savedmodel.tracing import takes_training, tf_variable
 
     config, config_error = keras_config(layer)
     original = original_identity(layer) or {}

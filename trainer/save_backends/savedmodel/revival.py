@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import CorruptCheckpointError, MissingClassError
-from trainer.savedmodel import revived
+from trainer.save_backends.savedmodel import standins
 
 log = logging.getLogger(__name__)
 TOKEN = "__trainer_revived_{}__"
@@ -228,7 +228,7 @@ class Reviver:
         own_ids = [i for i in record["variables"] if i not in child_vars]
         own = [self._keras_variable(i) for i in own_ids]
         dtype = _policy(record["dtype_policy"])
-        layer = revived.make_revived(record, node, children, own, dtype)
+        layer = standins.make_revived(record, node, children, own, dtype)
         self._attach_regularizers(node, own_ids, own)
         self.how[record["name"]] = "traced"
         return layer
@@ -237,7 +237,7 @@ class Reviver:
     def _keras_variable(self, index: int) -> keras.Variable:
         if index not in self.keras_vars:
             rec = self.var_records[index]
-            self.keras_vars[index] = revived.wrap_variable(
+            self.keras_vars[index] = standins.wrap_variable(
                 self.storage[index],
                 name=rec.get("name") or f"variable_{index}",
                 trainable=rec["trainable"],
@@ -252,7 +252,7 @@ class Reviver:
             if self.var_records[i]["has_regularizer"] and self.var_records[i]["trainable"]
         ]
         for variable, function in zip(with_reg, functions, strict=False):
-            variable.regularizer = revived.TracedRegularizer(function)
+            variable.regularizer = standins.TracedRegularizer(function)
 
     def _bind(self, layer: keras.layers.Layer, record: dict[str, Any], *, strict: bool) -> bool:
         """Point every Keras variable of ``layer`` at the loaded storage, by position."""

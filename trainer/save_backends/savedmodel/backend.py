@@ -3,10 +3,10 @@
 Servable by anyone (``tf.saved_model.load``, ``TFSMLayer``, ``saved_model_cli``), and
 revivable by trainer: per-layer records in ``assets.extra/trainer_metadata.json`` say how
 to rebuild each layer from config, or from its traced functions when its class is gone.
-Layout and record fields: ``trainer.savedmodel.metadata`` and the README.
+Layout and record fields: ``trainer.save_backends.savedmodel.layout`` and the README.
 
 Saving is traced once per model structure: later saves of the same model only write the
-variables checkpoint and the metadata next to the cached graph (``trainer.savedmodel.cache``).
+variables checkpoint and the metadata next to the cached graph (``trace_cache``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from trainer import keras_state, limits
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
-from trainer.savedmodel import cache
-from trainer.savedmodel import metadata as md
-from trainer.savedmodel.revive import Reviver
-from trainer.savedmodel.serialize import check_json
+from trainer.save_backends.savedmodel import layout, trace_cache
+from trainer.save_backends.savedmodel.records import check_json
+from trainer.save_backends.savedmodel.revival import Reviver
 from trainer.state import TrainingState
 
 
@@ -39,7 +38,7 @@ class SavedModelBackend(SaveBackend):
     async_by_default: ClassVar[bool] = True
     # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
     # Serving ignore by convention, so the directory stays a clean SavedModel.
-    manifest_file: ClassVar[str] = f"{md.METADATA_DIR}/{MANIFEST_FILE}"
+    manifest_file: ClassVar[str] = f"{layout.METADATA_DIR}/{MANIFEST_FILE}"
 
     def __init__(self, reuse_traces: bool = True):
         # reuse_traces=False forces a full trace + tf.saved_model.save on every save.
@@ -47,11 +46,11 @@ class SavedModelBackend(SaveBackend):
 
     @classmethod
     def can_load(cls, path: Path) -> bool:
-        return md.has_metadata(Path(path))
+        return layout.has_metadata(Path(path))
 
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
-        return md.read_metadata(Path(path))
+        return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
     def build_metadata(
@@ -66,10 +65,10 @@ class SavedModelBackend(SaveBackend):
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:
-        traced, full = cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
+        traced, full = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
         metadata = dict(metadata)
         metadata["savedmodel"] = {
-            "format": md.FORMAT,
+            "format": layout.FORMAT,
             "layers": traced.layers,
             "variables": traced.variables,
             "optimizer_variables": traced.optimizer_variables,
@@ -77,7 +76,7 @@ class SavedModelBackend(SaveBackend):
             "structure_fingerprint": traced.fingerprint,
         }
         metadata["full_save"] = full
-        md.write_metadata(tmp, metadata)
+        layout.write_metadata(tmp, metadata)
 
     # ---------------------------------------------------------------------- load
     def load(
@@ -92,8 +91,8 @@ class SavedModelBackend(SaveBackend):
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
         path = Path(path)
-        if md.is_saved_model(path) and not md.has_metadata(path):
-            md.read_metadata(path)  # raises the "plain SavedModel" error
+        if layout.is_saved_model(path) and not layout.has_metadata(path):
+            layout.read_metadata(path)  # raises the "plain SavedModel" error
         self._safe_mode = safe_mode
         try:
             return super().load(path, custom_objects=custom_objects, compile=compile, verify=verify)
@@ -101,8 +100,8 @@ class SavedModelBackend(SaveBackend):
             self._safe_mode = True
 
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
-        limits.check_text_size(md.metadata_path(path).stat().st_size, "metadata", path)
-        meta = md.read_metadata(path)
+        limits.check_text_size(layout.metadata_path(path).stat().st_size, "metadata", path)
+        meta = layout.read_metadata(path)
         self.check_format_version(meta, path)
         saved = meta["savedmodel"]
         for record in saved["layers"]:  # untrusted: bound nesting and sizes before building

@@ -1,0 +1,17 @@
+"""``savedmodel``: a real TensorFlow SavedModel that also revives as a trainable Keras model.
+
+Modules, in the order a save and a load go through them:
+
+- ``backend``: :class:`SavedModelBackend`, the ``SaveBackend`` (``save=savedmodel``);
+- ``trace_cache``: trace once, save many (the graph bytes kept between saves);
+- ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
+- ``tracing``: traced call, serving, regularizer and activity functions;
+- ``records``: the per-layer JSON records a loader rebuilds from;
+- ``layout``: the files of the directory and its metadata file;
+- ``revival``: from a loaded SavedModel and its records back to a Keras model;
+- ``standins``: layers that stand in for a class that is missing at load time.
+"""
+
+from trainer.save_backends.savedmodel.backend import SavedModelBackend
+
+__all__ = ["SavedModelBackend"]
