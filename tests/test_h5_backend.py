@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 from backend_suite import build_model, suite_data, train
+from fault_corpus import reseal
 
 from trainer.errors import (
     CorruptCheckpointError,
@@ -16,7 +17,6 @@ from trainer.errors import (
     MissingClassError,
     NotACheckpointError,
 )
-from trainer.integrity import reseal
 from trainer.save_backends import detect_backend, load_checkpoint
 from trainer.save_backends.h5 import H5Backend
 from trainer.state import TrainingState
@@ -42,7 +42,7 @@ def test_keras_legacy_h5_fails_on_string_compile_where_ours_works(trained, tmp_p
         keras.saving.load_model(tmp_path / "legacy.h5")
 
     # The legacy save above also popped "optimizer" from the live compile config; ours must
-    # still restore Adam with all its slots (keras_state.compile_config fills it back in).
+    # still restore Adam with all its slots (modelstate.compile_config fills it back in).
     loaded = H5Backend().load(H5Backend().save(trained, tmp_path / "ours")).model
     assert isinstance(loaded.optimizer, keras.optimizers.Adam)
     assert loaded.loss == "mse"

@@ -19,8 +19,9 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from trainer import keras_state, wrapping
+from trainer import wrapping
 from trainer.errors import ConfigMismatchError, TrainerError
+from trainer.save_backends import modelstate
 from trainer.wrapping import WrapHost, find_layers, unwrap_model, wrap_model
 from trainer.wrapping.pruning import (
     PolynomialSparsity,
@@ -382,9 +383,11 @@ def round_trip(model, custom_objects=None):
     clone = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
     for dst, src in zip(clone.weights, model.weights, strict=True):
         dst.assign(src)
-    keras_state.restore_compile(clone, keras_state.compile_config(model), {})
-    arrays = [value for _, value in keras_state.optimizer_arrays(model)]
-    keras_state.restore_optimizer_arrays(clone, arrays, "round trip")
+    modelstate.compile_model(
+        clone, modelstate.compile_config(model), custom_objects={}, safe_mode=True, where=Path("-")
+    )
+    arrays = [value for _, value in modelstate.optimizer_arrays(model)]
+    modelstate.restore_optimizer_arrays(clone, arrays, "round trip")
     return clone
 
 

@@ -22,6 +22,7 @@ import keras
 
 from trainer.atomic import clean_stale_temporaries, remove_path, temporary_sibling
 from trainer.errors import SaveError
+from trainer.save_backends import modelstate
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
@@ -281,8 +282,7 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     """A second model of the same architecture and compile state, with its own variables."""
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
     for each in (model, clone):
-        if getattr(each, "optimizer", None) is not None and not each.optimizer.built:
-            each.optimizer.build(each.trainable_variables)
+        modelstate.build_optimizer(each)
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SaveError(

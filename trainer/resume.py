@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.atomic import is_temporary
 from trainer.checkpointing import LATEST, all_variables
 from trainer.errors import ConfigMismatchError, NotACheckpointError, TrainerError
-from trainer.save_backends import Checkpoint, detect_backend
+from trainer.save_backends import Checkpoint, detect_backend, modelstate
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ def _diff(old: Any, new: Any, prefix: str) -> list[str]:
 
 def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model``; return its state."""
-    if model.optimizer is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
+    modelstate.build_optimizer(model)
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
     if shapes[0] != shapes[1]:

@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
-from trainer import integrity, keras_state
-from trainer.save_backends import _keras_io as io
+from trainer import integrity
+from trainer.save_backends import hdf5_arrays, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.state import TrainingState
 
@@ -50,7 +50,7 @@ class H5Backend(SaveBackend):
     @classmethod
     def can_load(cls, path: Path) -> bool:
         path = Path(path)
-        if not path.is_file() or not io.has_hdf5_signature(path):
+        if not path.is_file() or not hdf5_arrays.has_hdf5_signature(path):
             return False
         try:
             with h5py.File(path, "r") as handle:
@@ -61,30 +61,34 @@ class H5Backend(SaveBackend):
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
         with h5py.File(path, "r") as handle:
-            return io.from_json(io.read_text(handle, "metadata", path), "metadata", path)
+            return modelstate.from_json(
+                hdf5_arrays.read_text(handle, "metadata", path), "metadata", path
+            )
 
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:
-        config = io.to_json(io.model_config(model), "model config")
-        compile_config = io.to_json(keras_state.compile_config(model), "compile config")
-        metadata_text = io.to_json(metadata, "metadata")
-        # Built in memory and written with Python I/O: see io.write_file (h5py segfaults
+        config = modelstate.to_json(modelstate.model_config(model), "model config")
+        compile_config = modelstate.to_json(modelstate.compile_config(model), "compile config")
+        metadata_text = modelstate.to_json(metadata, "metadata")
+        # Built in memory and written with Python I/O: see hdf5_arrays.write_file (h5py segfaults
         # on a full disk). The user block in front holds the manifest (size + SHA-256).
         buffer = stdio.BytesIO()
         with h5py.File(buffer, "w", userblock_size=integrity.HDF5_USERBLOCK) as handle:
             handle.attrs["format"] = FORMAT
             handle.attrs["format_version"] = self.format_version
-            io.write_text(handle, "model_config", config)
-            io.write_text(handle, "compile_config", compile_config)
-            io.write_text(handle, "training_state", state.to_json())
-            write = functools.partial(io.write_arrays, handle, compression=self.compression)
-            write("model_weights", keras_state.model_weight_arrays(model))
-            write("rng_state", keras_state.rng_state_arrays(model))
-            write("optimizer", keras_state.optimizer_arrays(model))
-            io.write_text(handle, "metadata", metadata_text)
+            hdf5_arrays.write_text(handle, "model_config", config)
+            hdf5_arrays.write_text(handle, "compile_config", compile_config)
+            hdf5_arrays.write_text(handle, "training_state", state.to_json())
+            write = functools.partial(
+                hdf5_arrays.write_arrays, handle, compression=self.compression
+            )
+            write("model_weights", modelstate.model_weight_arrays(model))
+            write("rng_state", modelstate.rng_state_arrays(model))
+            write("optimizer", modelstate.optimizer_arrays(model))
+            hdf5_arrays.write_text(handle, "metadata", metadata_text)
         data = buffer.getbuffer()
-        io.write_file(tmp, integrity.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
+        hdf5_arrays.write_file(tmp, integrity.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
 
     def integrity_record(self) -> dict[str, Any]:
         return {"manifest": integrity.HDF5_LOCATION, "algorithm": integrity.ALGORITHM}
@@ -105,17 +109,23 @@ class H5Backend(SaveBackend):
     ) -> Checkpoint:
         """Rebuild from the stored config; ``safe_mode=False`` allows stored lambdas."""
         with h5py.File(path, "r") as handle:
-            metadata = io.from_json(io.read_text(handle, "metadata", path), "metadata", path)
-            self.check_format_version(metadata, path)
-            config = io.from_json(io.read_text(handle, "model_config", path), "config", path)
-            compile_config = io.from_json(
-                io.read_text(handle, "compile_config", path), "compile config", path
+            metadata = modelstate.from_json(
+                hdf5_arrays.read_text(handle, "metadata", path), "metadata", path
             )
-            state = io.parse_state(io.read_text(handle, "training_state", path), path)
-            weights = io.read_arrays(handle, "model_weights", path)
-            rng = io.read_arrays(handle, "rng_state", path)
-            optimizer = io.read_arrays(handle, "optimizer", path) if compile else []
-        model = io.rebuild_model(
+            self.check_format_version(metadata, path)
+            config = modelstate.from_json(
+                hdf5_arrays.read_text(handle, "model_config", path), "config", path
+            )
+            compile_config = modelstate.from_json(
+                hdf5_arrays.read_text(handle, "compile_config", path), "compile config", path
+            )
+            state = modelstate.parse_state(
+                hdf5_arrays.read_text(handle, "training_state", path), path
+            )
+            weights = hdf5_arrays.read_arrays(handle, "model_weights", path)
+            rng = hdf5_arrays.read_arrays(handle, "rng_state", path)
+            optimizer = hdf5_arrays.read_arrays(handle, "optimizer", path) if compile else []
+        model = modelstate.rebuild_model(
             config,
             compile_config,
             custom_objects=custom_objects,
@@ -123,8 +133,8 @@ class H5Backend(SaveBackend):
             compile=compile,
             where=path,
         )
-        keras_state.restore_model_weight_arrays(model, weights, str(path))
-        keras_state.restore_rng_state_arrays(model, rng, str(path))
+        modelstate.restore_model_weight_arrays(model, weights, str(path))
+        modelstate.restore_rng_state_arrays(model, rng, str(path))
         if compile:
-            keras_state.restore_optimizer_arrays(model, optimizer, str(path))
+            modelstate.restore_optimizer_arrays(model, optimizer, str(path))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)

@@ -31,9 +31,8 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
-from trainer import keras_state
 from trainer.errors import ConfigMismatchError
-from trainer.save_backends import _keras_io as io
+from trainer.save_backends import hdf5_arrays, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, check_model_ready
 from trainer.state import TrainingState
 
@@ -72,19 +71,19 @@ class WeightsBackend(SaveBackend):
         index = {
             "format": FORMAT,
             "format_version": self.format_version,
-            "model_config": io.model_config(model),
-            "compile_config": keras_state.compile_config(model),
+            "model_config": modelstate.model_config(model),
+            "compile_config": modelstate.compile_config(model),
             "training_state": state.to_dict(),
             "metadata": metadata,
         }
-        index_text = io.to_json(index, "index (config, state and metadata)")
+        index_text = modelstate.to_json(index, "index (config, state and metadata)")
         # HDF5 built in memory, written with Python I/O: h5py segfaults on a full disk.
-        io.write_file(tmp / WEIGHTS_FILE, io.keras_weights_bytes(model))
+        hdf5_arrays.write_file(tmp / WEIGHTS_FILE, hdf5_arrays.keras_weights_bytes(model))
         buffer = stdio.BytesIO()
         with h5py.File(buffer, "w") as handle:
-            io.write_arrays(handle, "optimizer", keras_state.optimizer_arrays(model))
-            io.write_arrays(handle, "rng_state", keras_state.rng_state_arrays(model))
-        io.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
+            hdf5_arrays.write_arrays(handle, "optimizer", modelstate.optimizer_arrays(model))
+            hdf5_arrays.write_arrays(handle, "rng_state", modelstate.rng_state_arrays(model))
+        hdf5_arrays.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
         (tmp / INDEX_FILE).write_text(index_text)
 
     def _read(
@@ -97,13 +96,13 @@ class WeightsBackend(SaveBackend):
         model: keras.Model | None = None,
     ) -> Checkpoint:
         """Rebuild (or fill ``model``); ``safe_mode=False`` allows stored lambdas."""
-        index = io.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
+        index = modelstate.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
         metadata = index.get("metadata")
         self.check_format_version(index, path)
-        state = io.parse_state(json.dumps(index.get("training_state")), path)
+        state = modelstate.parse_state(json.dumps(index.get("training_state")), path)
         compile_config = index.get("compile_config")
         if model is None:
-            model = io.rebuild_model(
+            model = modelstate.rebuild_model(
                 index.get("model_config") or {},
                 compile_config,
                 custom_objects=custom_objects,
@@ -114,7 +113,7 @@ class WeightsBackend(SaveBackend):
         else:
             _prepare_existing(model, index.get("model_config") or {}, path)
             if compile and compile_config:
-                io.compile_model(
+                modelstate.compile_model(
                     model,
                     compile_config,
                     custom_objects=custom_objects,
@@ -123,11 +122,13 @@ class WeightsBackend(SaveBackend):
                 )
         _load_weights(model, path)
         with h5py.File(path / EXTRA_FILE, "r") as handle:
-            rng = io.read_arrays(handle, "rng_state", path / EXTRA_FILE)
-            optimizer = io.read_arrays(handle, "optimizer", path / EXTRA_FILE) if compile else []
-        keras_state.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
+            rng = hdf5_arrays.read_arrays(handle, "rng_state", path / EXTRA_FILE)
+            optimizer = (
+                hdf5_arrays.read_arrays(handle, "optimizer", path / EXTRA_FILE) if compile else []
+            )
+        modelstate.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
         if compile and compile_config:
-            keras_state.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
+            modelstate.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
 
 

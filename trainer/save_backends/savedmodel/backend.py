@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer import keras_state, limits
+from trainer import limits
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
+from trainer.save_backends import modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
 from trainer.save_backends.savedmodel import layout, trace_cache
 from trainer.save_backends.savedmodel.records import check_json
@@ -57,7 +58,7 @@ class SavedModelBackend(SaveBackend):
         self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
     ) -> dict[str, Any]:
         meta = super().build_metadata(model, state, extra)
-        meta["compile_config"] = keras_state.compile_config(model)
+        meta["compile_config"] = modelstate.compile_config(model)
         check_json(meta["compile_config"], f"compile config of model {model.name!r}")
         check_json(extra, "caller metadata")
         return meta
@@ -135,11 +136,13 @@ class SavedModelBackend(SaveBackend):
             object.__setattr__(model, "_trainer_loaded", loaded)
             metadata["revived_from"] = dict(reviver.how)
             if compile and meta.get("compile_config"):
-                dropped = _compile(model, meta["compile_config"], custom_objects)
+                dropped = _compile(
+                    model, meta["compile_config"], custom_objects, reviver.safe_mode, path
+                )
                 if dropped:
                     metadata["dropped_metrics"] = dropped
                 arrays = [v.numpy() for v in loaded.optimizer_variables]
-                keras_state.restore_optimizer_arrays(model, arrays, str(path))
+                modelstate.restore_optimizer_arrays(model, arrays, str(path))
         finally:
             keras.config.set_dtype_policy(previous)
         state = checkpoint_state(meta.get("state"), path)
@@ -153,24 +156,31 @@ def _root_policy(record: dict[str, Any]) -> Any:
         return None
 
 
-def _compile(model: keras.Model, config: dict[str, Any], custom_objects: dict[str, Any]):
-    """Compile as saved; metrics whose class is gone are dropped (and reported), because
-    a metric's state cannot be revived from a traced function."""
+def _compile(
+    model: keras.Model,
+    config: dict[str, Any],
+    custom_objects: dict[str, Any],
+    safe_mode: bool,
+    where: Path,
+) -> list[Any]:
+    """Compile as saved, under ``safe_mode``. Metrics whose class is missing are dropped and
+    returned (the caller reports them in the metadata), because a metric's state cannot be
+    revived from a traced function; a missing loss or optimizer class is an error."""
+    options = {"custom_objects": custom_objects, "safe_mode": safe_mode, "where": where}
     try:
-        keras_state.restore_compile(model, config, custom_objects)
+        modelstate.compile_model(model, config, **options)
         return []
-    except Exception as first:
+    except MissingClassError as first:
         config = dict(config)
         dropped = []
         for key in ("metrics", "weighted_metrics"):
             if config.get(key):
                 dropped.append(config[key])
                 config[key] = None
+        if not dropped:
+            raise
         try:
-            keras_state.restore_compile(model, config, custom_objects)
-        except Exception:
-            raise MissingClassError(
-                f"The model's compile config cannot be restored ({first}). Pass the custom "
-                f"loss/optimizer classes in custom_objects. Received: {config!r}"[:800]
-            ) from first
+            modelstate.compile_model(model, config, **options)
+        except MissingClassError:
+            raise first from None
         return dropped

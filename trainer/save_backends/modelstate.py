@@ -1,0 +1,273 @@
+"""The model-state kit for backend authors: everything about a Keras model that a checkpoint
+stores the same way whatever its format.
+
+- the architecture as a config (:func:`model_config`) and the model rebuilt from it without
+  running stored code unless ``safe_mode=False`` (:func:`rebuild_model`);
+- the compile arguments (:func:`compile_config`) and compiling from them, always under
+  ``safe_mode`` (:func:`compile_model`), with the optimizer built (:func:`build_optimizer`);
+- the variables as ``(path, array)`` lists: model weights, RNG seed states, optimizer
+  variables, and copying arrays back by position with one error type
+  (:func:`assign_by_position` raises ``CorruptCheckpointError`` on any count or shape
+  mismatch);
+- bounded JSON for the documents stored next to the arrays (:func:`to_json`,
+  :func:`from_json`).
+
+Variables are matched by position, not by path: Keras names variables (and optimizer slots,
+after the layer paths at creation time) differently in the process that loads them.
+Position is stable because both sides build the same model and optimizer over the same
+``model.trainable_variables`` in the same order.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer import limits
+from trainer.errors import (
+    CorruptCheckpointError,
+    MissingClassError,
+    ModelNotReadyError,
+    SaveError,
+    UnsafeCheckpointError,
+)
+from trainer.save_backends.base import checkpoint_state
+from trainer.state import TrainingState
+
+
+# ------------------------------------------------------------------ compile and optimizer
+def compile_config(model: keras.Model) -> dict[str, Any] | None:
+    """The serialized arguments of ``model.compile``, or None if it was never compiled."""
+    if not getattr(model, "compiled", False):
+        return None
+    config = dict(model.get_compile_config())
+    if config.get("optimizer") is None and getattr(model, "optimizer", None) is not None:
+        # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
+        # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
+        config["optimizer"] = keras.saving.serialize_keras_object(model.optimizer)
+    json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
+    return config
+
+
+def build_optimizer(model: keras.Model) -> None:
+    """Create the optimizer's variables (iteration count, slots) if it has none yet, so they
+    can be read or assigned: Keras builds an optimizer lazily on the first training step."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+
+def compile_model(
+    model: keras.Model,
+    compile_config: dict[str, Any],
+    *,
+    custom_objects: dict[str, Any],
+    safe_mode: bool,
+    where: Path,
+) -> None:
+    """``model.compile`` with the stored arguments under ``safe_mode``; builds the optimizer."""
+    kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
+    with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
+        model.compile(**kwargs)
+    build_optimizer(model)
+
+
+# ------------------------------------------------------------------ variables
+def optimizer_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of every optimizer variable, in the optimizer's own order."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return []
+    build_optimizer(model)
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in optimizer.variables]
+
+
+def restore_optimizer_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    """Assign saved optimizer values by position, checking count and shapes."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        if arrays:
+            raise CorruptCheckpointError(
+                f"{where} holds {len(arrays)} optimizer variables but no compile config to "
+                f"rebuild the optimizer from. The checkpoint is inconsistent; re-save it."
+            )
+        return
+    build_optimizer(model)
+    assign_by_position(
+        optimizer.variables, arrays, where, f"optimizer variables ({type(optimizer).__name__})"
+    )
+
+
+def model_weight_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of every model weight (trainable and non-trainable, no RNG seeds)."""
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in model.weights]
+
+
+def restore_model_weight_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    assign_by_position(model.weights, arrays, where, "model variables")
+
+
+def rng_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """(path, value) of the model's RNG seed states (Dropout etc.), absent from ``weights``.
+
+    Keras draws a fresh random seed for every rebuilt layer and ``save_weights`` skips these
+    variables, so without them a resumed run would drop out different units.
+    """
+    return [(v.path, np.asarray(keras.ops.convert_to_numpy(v))) for v in _rng_variables(model)]
+
+
+def restore_rng_state_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    assign_by_position(_rng_variables(model), arrays, where, "RNG seed states")
+
+
+def assign_by_position(variables: list, arrays: list[np.ndarray], where: str, what: str) -> None:
+    """Assign ``arrays`` to ``variables`` in order, refusing any count or shape mismatch."""
+    if len(variables) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} {what} but the model rebuilt from its config has "
+            f"{len(variables)}. The checkpoint is damaged or was edited; load an older one."
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        if tuple(variable.shape) != tuple(value.shape):
+            raise CorruptCheckpointError(
+                f"{where}: variable {variable.path!r} (among the {what}) has shape "
+                f"{tuple(variable.shape)} but the checkpoint holds shape {tuple(value.shape)}. "
+                f"The checkpoint is damaged or was edited."
+            )
+        variable.assign(value)
+
+
+def _rng_variables(model: keras.Model) -> list:
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+# ------------------------------------------------------------------ architecture
+def model_config(model: keras.Model) -> dict[str, Any]:
+    """The model's architecture (with build and compile config) as a JSON-able dict."""
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        json.dumps(config)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise ModelNotReadyError(
+            f"Model {model.name!r} cannot be described as a config, so it could not be "
+            f"rebuilt on load. Give custom layers and models a get_config() returning their "
+            f"constructor arguments, and register them with "
+            f"@keras.saving.register_keras_serializable(). Received error: {error}"
+        ) from error
+    return config
+
+
+def rebuild_model(
+    config: dict[str, Any],
+    compile_config: dict[str, Any] | None,
+    *,
+    custom_objects: dict[str, Any],
+    safe_mode: bool,
+    compile: bool,
+    where: Path,
+) -> keras.Model:
+    """Deserialize the architecture, build it, and compile it as saved (if ``compile``)."""
+    if not isinstance(config, dict) or not (
+        compile_config is None or isinstance(compile_config, dict)
+    ):
+        raise CorruptCheckpointError(
+            f"{where}: the stored architecture and compile config must be JSON objects; the "
+            f"checkpoint is damaged. Load an older checkpoint. Received "
+            f"{type(config).__name__} and {type(compile_config).__name__}"
+        )
+    limits.check_structure(config, "architecture", where, dimensions=True)
+    config = {k: v for k, v in config.items() if k != "compile_config"}
+    model = _deserialize(config, custom_objects, safe_mode, where, "model")
+    if not isinstance(model, keras.Model) or not model.built:
+        raise CorruptCheckpointError(
+            f"{where}: the stored architecture did not rebuild into a built Keras model "
+            f"(no build config?). Re-save the checkpoint from a built model. "
+            f"Received: {type(model).__name__}, built={getattr(model, 'built', None)}"
+        )
+    if compile and compile_config:
+        compile_model(
+            model, compile_config, custom_objects=custom_objects, safe_mode=safe_mode, where=where
+        )
+    return model
+
+
+def _deserialize(config, custom_objects, safe_mode, where, what):
+    try:
+        return keras.saving.deserialize_keras_object(  # Keras pops from what it is given
+            copy.deepcopy(config), custom_objects=custom_objects, safe_mode=safe_mode
+        )
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        missing = re.search(r"Could not locate (?:class|function) '([^']+)'", message)
+        if missing:
+            name = _registered_name(config, missing.group(1))
+            raise MissingClassError(
+                f"{where}: the stored {what} uses {name!r}, which is not registered in this "
+                f"process. Import the module that defines it (decorated with "
+                f"@keras.saving.register_keras_serializable) before loading, or pass "
+                f"custom_objects={{{name!r}: cls}}. Received: missing {name!r}"
+            ) from error
+        if "lambda" in message:
+            raise UnsafeCheckpointError(
+                f"{where}: the stored {what} holds a Python lambda, which would run code "
+                f"from the checkpoint. If you trust its source, load with safe_mode=False. "
+                f"Received error: {message.splitlines()[0]}"
+            ) from error
+        raise CorruptCheckpointError(
+            f"{where}: the stored {what} could not be deserialized; the checkpoint is "
+            f"damaged or was written with incompatible classes. Received error: {message}"
+        ) from error
+
+
+def _registered_name(config: Any, class_name: str) -> str:
+    """The ``package>Name`` Keras looks ``class_name`` up by, found in the stored config."""
+    if isinstance(config, dict):
+        if config.get("class_name") == class_name and config.get("registered_name"):
+            return config["registered_name"]
+        children = config.values()
+    elif isinstance(config, list):
+        children = config
+    else:
+        return class_name
+    for child in children:
+        found = _registered_name(child, class_name)
+        if found != class_name:
+            return found
+    return class_name
+
+
+# ------------------------------------------------------------------ stored documents
+def to_json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError) as error:
+        raise SaveError(
+            f"The {what} to store in the checkpoint is not JSON-serializable; pass plain "
+            f"dicts, lists, strings and numbers (convert OmegaConf configs with "
+            f"OmegaConf.to_container). Received error: {error}"
+        ) from error
+
+
+def from_json(text: str, what: str, where: Path) -> Any:
+    """Parse a stored JSON document, bounded in size and nesting (``trainer.limits``)."""
+    limits.check_text_size(len(text), what, where)
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise CorruptCheckpointError(
+            f"{where}: the stored {what} is not valid JSON; the checkpoint is damaged. "
+            f"Load an older checkpoint. Received error: {type(error).__name__}: {error}"
+        ) from error
+    limits.check_structure(value, what, where, dimensions=False)
+    return value
+
+
+def parse_state(text: str, where: Path) -> TrainingState:
+    return checkpoint_state(from_json(text, "training state", where), where)
