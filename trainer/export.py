@@ -100,14 +100,7 @@ def export_serving(
     ``savedmodel`` (trainer's backend: servable *and* revivable, optimizer included), or
     ``auto`` (``savedmodel`` when its module imports, else ``keras``).
     """
-    check_model_ready(model)
-    input_signature(model)  # fails early, before anything is written
-    if format not in FORMATS:
-        raise ExportError(
-            f"Unknown export format {format!r}; valid: {FORMATS}. Received {format!r}"
-        )
-    if keep < 1:
-        raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+    _check_export_arguments(model, format, keep)
     root = Path(export_root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -116,46 +109,76 @@ def export_serving(
     meta = dict(metadata or {})
     try:
         used = _write_saved_model(model, tmp, format, meta)
-        signatures = saved_model_signatures(tmp)
-        warmup_count = 0
-        if warmup is not None:
-            warmup_count = write_warmup(tmp, warmup, signatures[SERVING_KEY]["inputs"])
-        meta.update(
-            {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "exported_with": used,
-                "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-                "trainer_version": __version__,
-                "keras_version": keras.__version__,
-                "tensorflow_version": tf.__version__,
-                "model_name": model.name,
-                "signatures": signatures,
-                "warmup_requests": warmup_count,
-            }
-        )
+        meta.update(_export_metadata(model, tmp, used, warmup))
         final = _publish(tmp, root, version, board, step, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     seconds = time.perf_counter() - start
     if board is not None and step is not None:
-        if graph:
-            board.write_graph(final, step=step)
-        state = meta.get("state") or {}
-        board.checkpoint_card(
-            step,
-            final,
-            backend=used,
-            format_version=FORMAT_VERSION,
-            size_bytes=path_size(final),
-            save_seconds=seconds,
-            metrics=state.get("metrics") or {},
-            kind="export",
-        )
+        _record_on_board(board, step, final, used, meta, seconds, graph=graph)
     prune(root, keep)
     log.info("Exported %s as version %s in %.2fs", model.name, final, seconds)
     return final
+
+
+def _check_export_arguments(model: keras.Model, format: str, keep: int) -> None:
+    """Refuse bad arguments before anything is written."""
+    check_model_ready(model)
+    input_signature(model)
+    if format not in FORMATS:
+        raise ExportError(
+            f"Unknown export format {format!r}; valid: {FORMATS}. Received {format!r}"
+        )
+    if keep < 1:
+        raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+
+
+def _export_metadata(model: keras.Model, tmp: Path, used: str, warmup: Any) -> dict[str, Any]:
+    """What the export's metadata file says of it; writes the warmup requests first, as
+    their count is part of it."""
+    signatures = saved_model_signatures(tmp)
+    warmup_count = 0
+    if warmup is not None:
+        warmup_count = write_warmup(tmp, warmup, signatures[SERVING_KEY]["inputs"])
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "exported_with": used,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "trainer_version": __version__,
+        "keras_version": keras.__version__,
+        "tensorflow_version": tf.__version__,
+        "model_name": model.name,
+        "signatures": signatures,
+        "warmup_requests": warmup_count,
+    }
+
+
+def _record_on_board(
+    board: RunBoard,
+    step: int,
+    final: Path,
+    used: str,
+    meta: dict[str, Any],
+    seconds: float,
+    *,
+    graph: bool,
+) -> None:
+    """The export's card (and, with ``graph``, its graph) in the run's TensorBoard."""
+    if graph:
+        board.write_graph(final, step=step)
+    state = meta.get("state") or {}
+    board.checkpoint_card(
+        step,
+        final,
+        backend=used,
+        format_version=FORMAT_VERSION,
+        size_bytes=path_size(final),
+        save_seconds=seconds,
+        metrics=state.get("metrics") or {},
+        kind="export",
+    )
 
 
 def _write_saved_model(model: keras.Model, tmp: Path, format: str, meta: dict[str, Any]) -> str:
