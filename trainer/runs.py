@@ -129,12 +129,14 @@ def run_config(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
+    import yaml
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     try:
         return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception:  # a damaged config must not hide the run's artifacts
-        return None
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+        return None  # a damaged config must not hide the run's artifacts
 
 
 def subdir(run_dir: Path, config: dict[str, Any] | None, what: str) -> Path:

@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 
 from trainer import integrity, limits
+from trainer._compat import keras as keras_compat
 from trainer.atomic import atomic_write, is_temporary, write_error
 from trainer.errors import (
     CorruptCheckpointError,
@@ -123,7 +125,7 @@ class SaveBackend(abc.ABC):
             self.check_format_version(checkpoint.metadata, path)
         except TrainerError:
             raise
-        except Exception as error:  # stored data is untrusted: never leak a raw exception
+        except DAMAGED_DATA_ERRORS as error:  # untrusted data: a clear error, not a raw one
             raise CorruptCheckpointError(
                 f"{path} could not be loaded: its content is damaged or inconsistent "
                 f"({type(error).__name__} while rebuilding it). Run `python -m trainer "
@@ -277,6 +279,21 @@ class SaveBackend(abc.ABC):
 
 _format_detector: Callable[[Path], type[SaveBackend]] | None = None
 
+# What reading damaged or inconsistent stored data raises inside Keras, TensorFlow, h5py,
+# protobuf and json: turned into CorruptCheckpointError at the load boundary. Anything
+# else (AttributeError, NameError, AssertionError...) is a bug in trainer and surfaces as
+# itself, instead of blaming the checkpoint.
+DAMAGED_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # includes json's JSONDecodeError and UnicodeDecodeError
+    TypeError,
+    LookupError,  # KeyError, IndexError
+    OSError,  # includes h5py's read errors
+    EOFError,
+    RecursionError,
+    tf.errors.OpError,
+    DecodeError,
+)
+
 
 def set_format_detector(detector: Callable[[Path], type[SaveBackend]]) -> None:
     """Called by the registry, which sits above this module: a backend asked to load
@@ -342,11 +359,11 @@ def check_model_ready(model: Any) -> None:
 
 def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     seen: dict[int, keras.layers.Layer] = {}
-    stack = list(getattr(model, "_flatten_layers", lambda **_: [])(include_self=False))
+    stack = keras_compat.sublayers(model)
     while stack:
         layer = stack.pop()
         if id(layer) in seen:
             continue
         seen[id(layer)] = layer
-        stack.extend(layer._flatten_layers(include_self=False))
+        stack.extend(keras_compat.sublayers(layer))
     return list(seen.values())
