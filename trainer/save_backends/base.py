@@ -29,6 +29,7 @@ from trainer.errors import (
     IntegrityError,
     ModelNotReadyError,
     NotACheckpointError,
+    SaveError,
     TrainerError,
 )
 from trainer.serializables import register_serializables
@@ -79,6 +80,7 @@ class SaveBackend(abc.ABC):
         checkpoint's metadata. The checkpoint appears at ``path`` complete or not at all.
         """
         path = self.checkpoint_path(path)
+        check_replaceable(path, type(self))
         check_model_ready(model)
         state = state if state is not None else TrainingState()
         meta = self.build_metadata(model, state, metadata or {})
@@ -300,6 +302,35 @@ def set_format_detector(detector: Callable[[Path], type[SaveBackend]]) -> None:
     another backend's checkpoint names the right one without importing the registry."""
     global _format_detector
     _format_detector = detector
+
+
+def check_replaceable(path: Path, backend: type[SaveBackend]) -> None:
+    """Refuse to save over anything but one of our checkpoints (or an empty directory).
+
+    A save replaces its target atomically, so an existing directory or file at ``path``
+    would be deleted with everything in it: only a checkpoint trainer wrote (intact or
+    damaged) may be replaced, never a user's data.
+    """
+    if not os.path.lexists(path):
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        return
+    if not is_temporary(path) and backend.can_load(path):
+        return
+    if _format_detector is not None:
+        try:
+            _format_detector(path)
+            return  # another backend's checkpoint: ours to replace
+        except CorruptCheckpointError:
+            return  # one of ours, damaged (its manifest told)
+        except TrainerError:
+            pass
+    kind = "directory" if path.is_dir() else "file"
+    raise SaveError(
+        f"{path} already exists and is a {kind} that is not a trainer checkpoint; saving "
+        f"there would replace it and everything in it. Save to a new path, or move it away "
+        f"yourself if it is really unwanted. Received: {str(path)!r}"
+    )
 
 
 def check_exists(path: Path) -> None:
