@@ -1,11 +1,11 @@
-"""Every registered backend passes the shared round-trip suite; a new backend gets it free."""
+"""Every registered backend passes the shared suite (``trainer.testing.BackendSuite``), run
+the way a third-party backend runs it; a newly registered backend gets it free."""
 
 from __future__ import annotations
 
 import importlib
 
 import pytest
-from backend_suite import MODEL_KINDS, SAFETY_CHECKS, build_model, check_round_trip
 
 from trainer.errors import NotACheckpointError
 from trainer.save_backends import (
@@ -15,6 +15,7 @@ from trainer.save_backends import (
     get_backend,
     registry,
 )
+from trainer.testing import BackendSuite, build_model
 
 
 def _backend_or_skip(name: str):
@@ -34,16 +35,12 @@ def _backend_or_skip(name: str):
 BACKENDS = sorted(available_backends())
 
 
-@pytest.mark.parametrize("kind", MODEL_KINDS)
-@pytest.mark.parametrize("name", BACKENDS)
-def test_round_trip(name, kind, tmp_path):
-    check_round_trip(_backend_or_skip(name), tmp_path, kind)
+class TestRegisteredBackends(BackendSuite):
+    """The whole suite (every model kind, every safety check) for each registered backend."""
 
-
-@pytest.mark.parametrize("check", SAFETY_CHECKS, ids=lambda check: check.__name__[6:])
-@pytest.mark.parametrize("name", BACKENDS)
-def test_safety(name, check, tmp_path):
-    check(_backend_or_skip(name), tmp_path)
+    @pytest.fixture(params=BACKENDS)
+    def backend(self, request):
+        return _backend_or_skip(request.param)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -7,10 +7,10 @@ from pathlib import Path
 import hydra
 import numpy as np
 import pytest
-from backend_suite import build_model, check_backend, suite_data, train
 
 from trainer.save_backends import get_backend, load_checkpoint, register_backend, registry
 from trainer.state import TrainingState
+from trainer.testing import BackendSuite, build_model, suite_data, train
 
 EXAMPLE_DIR = Path(__file__).parent / "example_backend"
 
@@ -22,12 +22,18 @@ def example_importable(monkeypatch):
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))
 
 
-def test_example_backend_passes_the_shared_suite_through_the_registry(example_importable, tmp_path):
-    register_backend("npz", "mybackend:NpzBackend")
-    backend = get_backend("npz")
-    assert type(backend).__module__ == "mybackend"
+class TestExampleBackendThroughTheRegistry(BackendSuite):
+    """The shared suite, run exactly as the README tells a third-party backend to run it."""
+
     # The nested-custom-layer model is enough here; test_backends.py runs all three kinds.
-    check_backend(backend, tmp_path, kinds=("functional",))
+    model_kinds = ("functional",)
+
+    @pytest.fixture
+    def backend(self, example_importable):
+        register_backend("npz", "mybackend:NpzBackend")
+        backend = get_backend("npz")
+        assert type(backend).__module__ == "mybackend"
+        return backend
 
 
 def test_example_backend_from_a_hydra_target(example_importable, tmp_path):

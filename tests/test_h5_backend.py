@@ -8,7 +8,6 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from backend_suite import build_model, suite_data, train
 from fault_corpus import reseal
 
 from trainer.errors import (
@@ -20,6 +19,7 @@ from trainer.errors import (
 from trainer.save_backends import detect_backend, load_checkpoint
 from trainer.save_backends.h5 import H5Backend
 from trainer.state import TrainingState
+from trainer.testing import build_model, suite_data, train
 
 
 @keras.saving.register_keras_serializable(package="test_h5")

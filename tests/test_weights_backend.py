@@ -7,12 +7,12 @@ import json
 import keras
 import numpy as np
 import pytest
-from backend_suite import SuiteSubclassed, build_model, suite_data, train
 
 from trainer.errors import ConfigMismatchError, NotACheckpointError
 from trainer.save_backends import detect_backend
 from trainer.save_backends.weights import WeightsBackend
 from trainer.state import TrainingState
+from trainer.testing import SuiteSubclassed, build_model, suite_data, train
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_directory_layout_and_plain_keras_can_read_the_weights(saved):
     ]
     index = json.loads((path / "trainer.json").read_text())
     assert index["format"] == "trainer-weights"
-    assert index["model_config"]["registered_name"] == "backend_suite>SuiteSubclassed"
+    assert index["model_config"]["registered_name"] == "trainer_testing>SuiteSubclassed"
     assert index["training_state"]["epoch"] == index["metadata"]["state"]["epoch"] == 1
 
     fresh = SuiteSubclassed()  # Keras alone, no trainer code, reads model.weights.h5

@@ -1,11 +1,8 @@
-"""The round-trip contract every save backend must meet, as plain functions.
+"""The round-trip contract every save backend must meet: ``BackendSuite`` and its checks.
 
-``tests/test_backends.py`` runs it over every registered backend; a user's own backend test
-calls the same functions::
-
-    from backend_suite import check_backend
-    def test_my_backend(tmp_path):
-        check_backend(MyBackend(), tmp_path)
+``BackendSuite`` is a pytest test class; subclass it in a test module and give it a ``backend``
+fixture returning the ``SaveBackend`` instance under test. Each ``check_*`` function is one
+part of the contract, callable on its own; ``check_backend`` runs all of them in turn.
 
 Everything runs on CPU with op determinism on, so "identical" means bitwise identical.
 """
@@ -14,142 +11,28 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import ClassVar
 
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from trainer.atomic import clean_stale_temporaries, is_temporary, temporary_sibling
 from trainer.errors import ModelNotReadyError, NotACheckpointError, TrainerError
 from trainer.save_backends import SaveBackend, available_backends, detect_backend, load_checkpoint
 from trainer.state import TrainingState
-
-SEED = 1234
-BATCH = 8
-FEATURES = 6
-CLASSES = 3
-MODEL_KINDS = ("sequential", "functional", "subclassed")
-
-
-# ------------------------------------------------------------------ small real models
-@keras.saving.register_keras_serializable(package="backend_suite")
-class SuiteBlock(keras.layers.Layer):
-    """A custom layer holding Dense/BatchNorm/Dense sublayers: layers within layers."""
-
-    def __init__(self, units: int, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-        self.inner = keras.layers.Dense(units, activation="relu")
-        self.norm = keras.layers.BatchNormalization()
-        self.outer = keras.layers.Dense(units)
-
-    def build(self, input_shape):
-        self.inner.build(input_shape)
-        self.norm.build((*input_shape[:-1], self.units))
-        self.outer.build((*input_shape[:-1], self.units))
-
-    def call(self, inputs, training=None):
-        return self.outer(self.norm(self.inner(inputs), training=training))
-
-    def get_config(self):
-        return {**super().get_config(), "units": self.units}
-
-
-@keras.saving.register_keras_serializable(package="backend_suite")
-class SuiteSubclassed(keras.Model):
-    """A keras.Model subclass with its own ``call``; rebuilt from its build config."""
-
-    def __init__(self, units: int = 12, num_classes: int = CLASSES, **kwargs):
-        super().__init__(**kwargs)
-        self.units, self.num_classes = units, num_classes
-        self.hidden = keras.layers.Dense(units, activation="relu")
-        self.dropout = keras.layers.Dropout(0.3)
-        self.head = keras.layers.Dense(num_classes)
-
-    def call(self, inputs, training=None):
-        return self.head(self.dropout(self.hidden(inputs), training=training))
-
-    def get_config(self):
-        return {"units": self.units, "num_classes": self.num_classes, "name": self.name}
-
-
-def deterministic(seed: int = SEED) -> None:
-    keras.utils.set_random_seed(seed)
-    tf.config.experimental.enable_op_determinism()
-
-
-def suite_data(kind: str) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.RandomState(SEED)
-    x = rng.normal(size=(4 * BATCH, FEATURES)).astype("float32")
-    if kind == "sequential":  # regression head, compiled with plain strings
-        return x, rng.normal(size=(len(x), CLASSES)).astype("float32")
-    return x, rng.randint(0, CLASSES, size=len(x)).astype("int32")
-
-
-def build_model(kind: str, *, compiled: bool = True) -> keras.Model:
-    """A small built (and compiled) model of ``kind``; each compiles differently."""
-    deterministic()
-    if kind == "sequential":
-        model = keras.Sequential(
-            [
-                keras.Input((FEATURES,)),
-                keras.layers.Dense(16, activation="relu"),
-                keras.layers.Dropout(0.25),
-                keras.layers.Dense(CLASSES),
-            ]
-        )
-        # The case Keras 3's legacy .h5 cannot reload ("Could not deserialize keras.metrics.mse").
-        compile_args = {"optimizer": "adam", "loss": "mse"}
-    elif kind == "functional":
-        inputs = keras.Input((FEATURES,))
-        hidden = SuiteBlock(12)(inputs)
-        hidden = keras.layers.Dropout(0.2)(hidden)
-        model = keras.Model(inputs, keras.layers.Dense(CLASSES)(hidden))
-        compile_args = {
-            "optimizer": keras.optimizers.SGD(0.05, momentum=0.9),
-            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            "metrics": ["accuracy"],
-        }
-    elif kind == "subclassed":
-        model = SuiteSubclassed()
-        model(np.zeros((1, FEATURES), "float32"))
-        schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 4, 0.9)
-        compile_args = {
-            "optimizer": keras.optimizers.Adam(schedule),
-            "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            "metrics": [keras.metrics.SparseCategoricalAccuracy()],
-        }
-    else:
-        raise ValueError(f"Unknown model kind; valid: {MODEL_KINDS}. Received: {kind!r}")
-    if compiled:
-        model.compile(**compile_args)
-    return model
-
-
-def train(model: keras.Model, kind: str, epochs: int = 1) -> None:
-    x, y = suite_data(kind)
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
-
-
-def outputs(model: keras.Model, x: np.ndarray) -> np.ndarray:
-    """Inference outputs from a direct call (no predict() tracing: the suite stays fast)."""
-    return keras.ops.convert_to_numpy(model(x, training=False))
-
-
-def all_values(model: keras.Model) -> list[np.ndarray]:
-    """Every model variable (weights and RNG seed states) then every optimizer variable."""
-    variables = list(model.variables)
-    if getattr(model, "optimizer", None) is not None:
-        variables += list(model.optimizer.variables)
-    return [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
-
-
-def assert_bitwise_equal(expected: list[np.ndarray], actual: list[np.ndarray], what: str):
-    assert len(expected) == len(actual), f"{what}: {len(expected)} vs {len(actual)} variables"
-    for index, (a, b) in enumerate(zip(expected, actual, strict=True)):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}[{index}]: dtype/shape differ"
-        np.testing.assert_array_equal(a, b, err_msg=f"{what}[{index}] differs")
+from trainer.testing.models import (
+    BATCH,
+    MODEL_KINDS,
+    SEED,
+    SuiteSubclassed,
+    all_values,
+    assert_bitwise_equal,
+    build_model,
+    outputs,
+    suite_data,
+    train,
+)
 
 
 # ------------------------------------------------------------------------- checks
@@ -284,3 +167,66 @@ def check_backend(
         check_round_trip(backend, directory, kind)
     for check in SAFETY_CHECKS:
         check(backend, directory)
+
+
+class BackendSuite:
+    """The contract as a pytest test class: subclass it and provide a ``backend`` fixture.
+
+    ::
+
+        import pytest
+        from trainer.testing import BackendSuite
+
+        class TestMyBackend(BackendSuite):
+            @pytest.fixture
+            def backend(self):
+                return MyBackend()
+
+    The fixture may be parametrized (``@pytest.fixture(params=...)``) to run the suite over
+    several backends or options, and may depend on other fixtures. ``model_kinds`` restricts
+    the round trip to some of ``MODEL_KINDS`` (all three by default). Each test gets its own
+    empty ``tmp_path``.
+
+    The class name does not start with ``Test``, so pytest does not collect the suite itself,
+    only subclasses named ``Test*``. A subclass that defines ``pytest_generate_tests`` must
+    call ``super().pytest_generate_tests(metafunc)``: that is where ``kind`` is parametrized.
+    """
+
+    model_kinds: ClassVar[tuple[str, ...]] = MODEL_KINDS
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "kind" in metafunc.fixturenames:
+            unknown = [kind for kind in self.model_kinds if kind not in MODEL_KINDS]
+            if unknown:
+                raise ValueError(
+                    f"{type(self).__name__}.model_kinds: unknown kinds {unknown}; valid: "
+                    f"{MODEL_KINDS}. Received: {self.model_kinds!r}"
+                )
+            metafunc.parametrize("kind", self.model_kinds)
+
+    @pytest.fixture
+    def backend(self) -> SaveBackend:
+        pytest.fail(
+            f"{type(self).__name__} must define a `backend` fixture returning the SaveBackend "
+            f"instance to test (see trainer.testing.BackendSuite)",
+            pytrace=False,
+        )
+
+    def test_round_trip(self, backend, kind, tmp_path):
+        check_round_trip(_checked(backend), tmp_path, kind)
+
+    def test_unbuilt_model_rejected(self, backend, tmp_path):
+        check_unbuilt_model_rejected(_checked(backend), tmp_path)
+
+    def test_atomic_replace(self, backend, tmp_path):
+        check_atomic_replace(_checked(backend), tmp_path)
+
+    def test_crash_leftovers_not_loadable(self, backend, tmp_path):
+        check_crash_leftovers_not_loadable(_checked(backend), tmp_path)
+
+
+def _checked(backend: object) -> SaveBackend:
+    assert isinstance(backend, SaveBackend), (
+        f"the `backend` fixture must return a SaveBackend instance. Received: {backend!r}"
+    )
+    return backend
