@@ -1,8 +1,8 @@
 """What checkpointing every epoch costs the default training run, in steps per second.
 
 Runs the real ``trainer.training.train(cfg)`` on the default config, changing only the
-checkpoint policy and backend through Hydra overrides, with one timing callback inserted
-through ``test_hooks``. Modes are interleaved repeat by repeat so background load hits
+checkpoint policy and backend through Hydra overrides, with one timing callback added
+through ``callbacks``. Modes are interleaved repeat by repeat so background load hits
 them alike.
 """
 
@@ -49,7 +49,7 @@ MODES = {
         (SAVEDMODEL, "checkpoint.policy.async_save=true"),
     ),
 }
-HOOK = "test_hooks=[{_target_:benchmarks.overhead.EpochClock}]"
+HOOK = "+callbacks.epoch_clock={_target_:benchmarks.overhead.EpochClock}"
 
 
 class EpochClock(keras.callbacks.Callback):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -13,6 +14,12 @@ from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
+# Test-only modules that runs select from config (fault injection: ``faults.SignalAtStep``
+# as a callback, ``faults.slow_backend`` as ``save._target_``). Importable here and in the
+# child processes started with ``subprocess_env()``; never part of the product package.
+PLUGINS_DIR = ROOT / "tests" / "plugins"
+if str(PLUGINS_DIR) not in sys.path:
+    sys.path.insert(0, str(PLUGINS_DIR))
 
 # Small enough that a whole training run takes a second or two on 2 cores.
 TINY = [
@@ -50,8 +57,10 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def subprocess_env() -> dict[str, str]:
-    """Environment for child Python processes: quiet TensorFlow, project importable."""
+    """Environment for child Python processes: quiet TensorFlow, project and the test
+    plugins (``PLUGINS_DIR``) importable."""
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    paths = [str(ROOT), str(PLUGINS_DIR), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return env

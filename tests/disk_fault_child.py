@@ -126,7 +126,7 @@ def train_run(out: Path, backend: str, on_save_error: str, limit: int) -> dict:
         "checkpoint.policy.keep_last=null",
         f"checkpoint.policy.on_save_error={on_save_error}",
         f"run_dir={out}",
-        f"test_hooks=[{{_target_: disk_fault_child.LimitFileSize, step: 5, limit: {limit}}}]",
+        f"+callbacks.fsize={{_target_: disk_fault_child.LimitFileSize, step: 5, limit: {limit}}}",
     ]
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=overrides)

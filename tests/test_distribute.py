@@ -47,7 +47,7 @@ CHILD_TIMEOUT = 900  # hang guard, never a speed check
 
 def sigterm_at(step: int) -> str:
     """SIGTERM to the training process after ``step``; it stops after the next batch."""
-    return f"+test_hooks=[{{_target_: trainer.faults.SignalAtStep, step: {step}}}]"
+    return f"+callbacks.sigterm={{_target_: faults.SignalAtStep, step: {step}}}"
 
 
 def values(checkpoint_path: Path) -> tuple[list[np.ndarray], object]:
@@ -246,7 +246,7 @@ def test_multiworker_checkpoints_kill_resume_and_stop_together(compose_cfg, tmp_
     run = tmp_path / "run"
     config = [*BASE, "trainer.epochs=3", "checkpoint.policy.every_n_steps=1", f"run_dir={run}"]
     # Every save sleeps 1 s (after writing, before publishing) so the kill lands mid-run.
-    slow = ["save=weights", "save._target_=trainer.faults.slow_backend", "+save.delay=1.0"]
+    slow = ["save=weights", "save._target_=faults.slow_backend", "+save.delay=1.0"]
     workers = start_workers([*config, *slow], tmp_path, "first")
     pids = [workers[1].pid]
     try:

@@ -24,13 +24,23 @@ from trainer.export import (
 )
 from trainer.serving import saved_model_signatures
 from trainer.tensorboard import event_steps, resolve_link
-from trainer.warmup import read_warmup
+from trainer.warmup import EXTRA_DIR, WARMUP_FILE
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
     return make_run(outputs / "run0", backends=("h5", "weights", "savedmodel"), epochs=3)
+
+
+def read_warmup(version_dir):
+    """The warmup requests of an export as ``[{input name: array}, ...]``."""
+    path = version_dir / EXTRA_DIR / WARMUP_FILE
+    requests = []
+    for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+        inputs = prediction_log_pb2.PredictionLog.FromString(raw).predict_log.request.inputs
+        requests.append({k: tf.make_ndarray(v) for k, v in inputs.items()})
+    return requests
 
 
 def serve(version_dir, x):

@@ -11,12 +11,11 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from fault_corpus import BACKENDS, build_model, copy_checkpoint, save_all
+from fault_corpus import BACKENDS, build_model, copy_checkpoint, reseal, save_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainer.errors import TrainerError, UnsafeCheckpointError
-from trainer.integrity import reseal
 from trainer.save_backends import get_backend, load_checkpoint
 
 

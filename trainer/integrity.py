@@ -386,19 +386,3 @@ def verify_hdf5(path: Path, *, digests: bool) -> dict[str, Any] | None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 200 else text[:200] + "..."
-
-
-def reseal(path: Path) -> None:
-    """Rewrite the manifest of a checkpoint that was edited on purpose (tests that craft
-    damaged content behind the manifest's back, hand repairs). Never used by saving."""
-    path = Path(path)
-    if path.is_dir():
-        found = find_manifest(path)
-        relative, manifest = found if found else (MANIFEST_FILE, {})
-        info = {k: manifest[k] for k in ("backend", "format_version") if k in manifest}
-        write_manifest(path, relative, **info)
-        return
-    data = path.read_bytes()
-    if read_hdf5_seal(path) is None:
-        raise CorruptCheckpointError(f"{path} has no HDF5 user-block manifest to rewrite")
-    path.write_bytes(seal_hdf5(data) + data[HDF5_USERBLOCK:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,10 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         progress=progress,
         board=board,
     )
-    hooks = list(cfg.get("test_hooks") or [])  # test-only callbacks (fault injection)
     callbacks = [
         *dist.callbacks(progress),  # multi-worker: agree on stop signals first
         progress,
-        *(hydra.utils.instantiate(h) for h in hooks),
+        *config_callbacks(cfg.get("callbacks")),  # the user's, after step counting
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
         checkpointer,
@@ -125,7 +125,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         board.close()
         try:
             checkpointer.wait()
-        except Exception:
+        except Exception:  # logged in full; the error already propagating must win
             log.exception("The last checkpoint write failed")
         raise
     scalars.close()
@@ -187,6 +187,30 @@ def fit_epochs(model, data, val, cfg, state, steps, callbacks, progress) -> None
         )
         if progress.interrupted:
             return
+
+
+def config_callbacks(callbacks_cfg: Any) -> list[keras.callbacks.Callback]:
+    """The ``callbacks`` config, ``{name: {_target_: ...}}``, instantiated in order; an entry
+    set to null is left out."""
+    if not callbacks_cfg:
+        return []
+    if not isinstance(callbacks_cfg, Mapping):  # DictConfig is one
+        raise TypeError(
+            f"callbacks must map names to {{_target_: ...}} configs. "
+            f"Received {type(callbacks_cfg).__name__}"
+        )
+    out = []
+    for name, spec in callbacks_cfg.items():
+        if spec is None:
+            continue
+        callback = hydra.utils.instantiate(spec)
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(
+                f"callbacks.{name} must build a keras.callbacks.Callback. "
+                f"Received {type(callback).__name__}"
+            )
+        out.append(callback)
+    return out
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:

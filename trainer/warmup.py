@@ -63,16 +63,3 @@ def write_warmup(
             )
             writer.write(record.SerializeToString())
     return count
-
-
-def read_warmup(version_dir: str | Path) -> list[dict[str, np.ndarray]]:
-    """The warmup requests of an export as ``[{input name: array}, ...]``."""
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    path = Path(version_dir) / EXTRA_DIR / WARMUP_FILE
-    requests = []
-    for raw in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
-        record = prediction_log_pb2.PredictionLog.FromString(raw)
-        inputs = record.predict_log.request.inputs
-        requests.append({k: tf.make_ndarray(v) for k, v in inputs.items()})
-    return requests

@@ -1,6 +1,11 @@
 """Fault injection for tests and drills: real signals and slow writes, selected from config.
 
-Nothing here is used unless a config asks for it (``test_hooks`` or ``save._target_``).
+Test-only: this lives outside the ``trainer`` package, on the path of the test process and
+of its children (``tests/plugins``, see ``conftest.PLUGINS_DIR`` and ``subprocess_env``).
+Runs select it through the product's generic hooks:
+
+    +callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}
+    save._target_=faults.slow_backend +save.inner=weights +save.delay=0.3
 """
 
 from __future__ import annotations

@@ -1,0 +1,58 @@
+"""The ``callbacks`` config: Keras callbacks added by name from config, in order."""
+
+from __future__ import annotations
+
+import csv
+
+import keras
+import pytest
+
+from trainer import train
+
+calls: list[tuple[str, int]] = []
+
+
+class Record(keras.callbacks.Callback):
+    """Appends ``(name, global batch count)`` to ``calls`` after every training batch."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+
+    def on_train_batch_end(self, batch, logs=None):
+        calls.append((self.name, int(self.model.optimizer.iterations.numpy())))
+
+
+def test_config_callbacks_run_in_order_and_null_leaves_one_out(compose_cfg):
+    calls.clear()
+    train(
+        compose_cfg(
+            "model=mlp",
+            "save=h5",
+            "+callbacks.first={_target_: test_callbacks_config.Record, name: a}",
+            "+callbacks.off={_target_: test_callbacks_config.Record, name: off}",
+            "+callbacks.second={_target_: test_callbacks_config.Record, name: b}",
+            "callbacks.off=null",
+        )
+    )
+    assert calls == [(name, step) for step in range(1, 7) for name in ("a", "b")]
+
+
+def test_a_keras_callback_from_config_sees_every_epoch(compose_cfg, tmp_path):
+    log = tmp_path / "metrics.csv"
+    train(
+        compose_cfg(
+            "model=mlp",
+            "save=h5",
+            f"+callbacks.csv={{_target_: keras.callbacks.CSVLogger, filename: '{log}', "
+            "append: true}",
+        )
+    )
+    rows = list(csv.DictReader(log.open()))
+    assert [row["epoch"] for row in rows] == ["0", "1"] and "val_loss" in rows[0]
+
+
+def test_an_entry_that_is_not_a_callback_is_refused(compose_cfg):
+    cfg = compose_cfg("model=mlp", "save=h5", "+callbacks.bad={_target_: builtins.dict}")
+    with pytest.raises(TypeError, match=r"callbacks\.bad must build a keras\.callbacks"):
+        train(cfg)
