@@ -18,6 +18,7 @@ from trainer.errors import (
 )
 from trainer.save_backends import detect_backend, load_checkpoint
 from trainer.save_backends.h5 import H5Backend
+from trainer.save_backends.layerstate import stateful_layers
 from trainer.state import TrainingState
 from trainer.testing import build_model, suite_data, train
 
@@ -58,9 +59,19 @@ def test_file_holds_config_weights_rng_and_every_optimizer_variable(trained, tmp
         config = json.loads(handle["model_config"].asstr()[()])
         assert config["class_name"] == "Sequential" and "build_config" in config
         assert json.loads(handle["compile_config"].asstr()[()])["loss"] == "mse"
+        layers, stored_layers = stateful_layers(trained), handle["layers"]
+        assert stored_layers.attrs["count"] == len(layers)
+        per_layer = []
+        for index, layer in enumerate(layers):
+            group = stored_layers[f"{index:05d}"]
+            assert group.attrs["class_name"] == type(layer).__name__
+            assert group.attrs["name"] == layer.name
+            per_layer += [group["arrays"][key][()] for key in sorted(group["arrays"])]
+        assert len(per_layer) == len(trained.weights) > 0  # what save_own_variables stored
+        for stored, variable in zip(per_layer, trained.weights, strict=True):
+            np.testing.assert_array_equal(stored, variable.numpy())
         weight_ids = {id(v) for v in trained.weights}
         groups = {
-            "model_weights": trained.weights,
             "rng_state": [v for v in trained.variables if id(v) not in weight_ids],
             "optimizer": trained.optimizer.variables,
         }
@@ -137,7 +148,10 @@ def test_uncompiled_model_and_compile_false(trained, tmp_path):
 def test_gzip_compression_round_trips(trained, tmp_path):
     path = H5Backend(compression="gzip").save(trained, tmp_path / "gz")
     with h5py.File(path, "r") as handle:
-        assert handle["model_weights/00000"].compression == "gzip"
+        layers = handle["layers"]
+        first = next(k for k in sorted(layers) if len(layers[k]["arrays"]))
+        kernel = layers[first]["arrays/00000"]  # the first Dense layer's kernel
+        assert kernel.ndim == 2 and kernel.compression == "gzip"
     loaded = load_checkpoint(path).model
     x, _ = suite_data("sequential")
     np.testing.assert_array_equal(trained.predict(x, verbose=0), loaded.predict(x, verbose=0))

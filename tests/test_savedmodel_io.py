@@ -76,7 +76,7 @@ def test_layout_and_metadata(two_by_two):
     assert (path / "variables" / "variables.index").is_file()
     assert not list(path.rglob("*.keras")) and not list(path.rglob("*.h5"))
     meta = json.loads(metadata_path(path).read_text())
-    assert meta["backend"] == "savedmodel" and meta["format_version"] == 1
+    assert meta["backend"] == "savedmodel" and meta["format_version"] == 2
     layers = meta["savedmodel"]["layers"]
     scale = next(r for r in layers if r["name"] == "scale_left")
     assert scale["registered_name"] == "smzoo>Scale"

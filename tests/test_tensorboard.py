@@ -17,7 +17,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 from trainer.errors import TensorBoardLinkError
-from trainer.save_backends import load_checkpoint
+from trainer.save_backends import backend_class, load_checkpoint
 from trainer.tensorboard import (
     RunBoard,
     config_hash,
@@ -70,7 +70,8 @@ def test_event_files_hold_cards_scalars_hparams_and_graph(run):
         assert event.step == saved["step"]
         card = event.tensor_proto.string_val[0].decode()
         assert f"`checkpoints/{saved['path'].name}`" in card  # relative to the run directory
-        assert f"{saved['backend']} (format version 1)" in card
+        version = backend_class(saved["backend"]).format_version
+        assert f"{saved['backend']} (format version {version})" in card
         assert f"{path_size(saved['path']):,} B" in card
         assert f"`{run['config_hash']}`" in card
         assert f"{saved['metrics']['loss']:.6g}" in card

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
+from trainer._compat.keras import get_input_signature
 from trainer.atomic import clean_stale_temporaries, remove_path, temporary_sibling
 from trainer.errors import SaveError
-from trainer.save_backends import modelstate
+from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
@@ -222,13 +224,10 @@ class Checkpointer(keras.callbacks.Callback):
         log.info("Saved checkpoint %s (step %d) in %.2fs", path, state.global_step, seconds)
 
     def _snapshot(self) -> keras.Model:
-        """Copy every variable of the live model into the shadow model (built once)."""
+        """Bring the shadow model (built once) to the live model's exact state."""
         if self._shadow is None:
             self._shadow = clone_for_snapshot(self.model)
-        for source, target in zip(
-            all_variables(self.model), all_variables(self._shadow), strict=True
-        ):
-            target.assign(source)
+        refresh_snapshot(self.model, self._shadow)
         return self._shadow
 
     def _apply_retention(self, state: TrainingState) -> None:
@@ -278,9 +277,20 @@ def all_variables(model: keras.Model) -> list:
     return [*model.variables, *optimizer_variables]
 
 
+def refresh_snapshot(model: keras.Model, shadow: keras.Model) -> None:
+    """Copy into ``shadow`` everything a backend would save from ``model``: every variable
+    (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
+    (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
+    the background write of the shadow holds what a synchronous save would."""
+    for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
+        target.assign(source)
+    layerstate.copy_own_state(model, shadow)
+
+
 def clone_for_snapshot(model: keras.Model) -> keras.Model:
     """A second model of the same architecture and compile state, with its own variables."""
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    _call_once_like(model, clone)
     for each in (model, clone):
         modelstate.build_optimizer(each)
     mine, theirs = all_variables(model), all_variables(clone)
@@ -291,6 +301,26 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
             f"Received {len(mine)} variables vs {len(theirs)} in the copy"
         )
     return clone
+
+
+def _call_once_like(model: keras.Model, clone: keras.Model) -> None:
+    """A subclassed model knows its input signature (which the SavedModel backend traces
+    with) only once called: call the fresh clone once on zeros shaped and typed like the
+    live model's inputs. Graph models (Functional, Sequential) know theirs already."""
+    try:
+        get_input_signature(clone)
+        return
+    except ValueError:
+        pass
+    try:
+        signature = get_input_signature(model)
+    except ValueError:
+        return  # the live model was never called either: the backend says so when saving
+
+    def zeros(spec):
+        return np.zeros([1 if d is None else d for d in spec.shape], dtype=spec.dtype)
+
+    clone(*keras.tree.map_structure(zeros, signature))
 
 
 class AsyncWriter:

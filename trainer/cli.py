@@ -116,8 +116,10 @@ def describe(checkpoint) -> dict[str, Any]:
 
 def layer_tree(layer) -> list[dict[str, Any]]:
     """Direct sublayers of ``layer`` with parameter counts, recursively."""
+    from trainer._compat import keras as keras_compat
+
     children = []
-    for child in layer._flatten_layers(include_self=False, recursive=False):
+    for child in keras_compat.sublayers(layer, recursive=False):
         children.append(
             {
                 "name": child.name,

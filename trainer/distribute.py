@@ -35,6 +35,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
+from trainer._compat import keras as keras_compat
 from trainer.atomic import remove_path
 from trainer.errors import TrainerError
 from trainer.save_backends.base import SaveBackend
@@ -91,15 +92,11 @@ class Distribution:
         a batch from the distributed iterator and all-reduces it (nested) only to read its
         shapes, which MultiWorkerMirroredStrategy rejects ("Attempt to convert a value
         (PerReplica...)"). The model is fully built by then, so give Keras one plain
-        example batch instead; nothing else about building changes."""
+        example batch instead; nothing else about building changes. Only on the Keras
+        versions known to need it (``trainer._compat.keras.build_from_example_batch``)."""
         if self.kind != "multiworker":
             return
-        original = model._maybe_symbolic_build
-
-        def symbolic_build(iterator=None, data_batch=None):
-            original(data_batch=example_batch if iterator is not None else data_batch)
-
-        model._maybe_symbolic_build = symbolic_build
+        keras_compat.build_from_example_batch(model, example_batch)
 
     def callbacks(self, progress: Any) -> list[keras.callbacks.Callback]:
         """Callbacks to run before every other one (see ``AgreeOnStop``)."""
@@ -242,22 +239,10 @@ def patch_keras_multiworker_mean() -> None:
     outputs (scalar metric results) with ``strategy.reduce("MEAN", v, axis=0)``, which fails
     on scalars ("Invalid reduction dimension 0 for input with 0 dimensions",
     tensorflow/tensorflow#72388). Reduce them over replicas with ``axis=None`` instead: the
-    mean across replicas, as Keras computes it under MirroredStrategy. Idempotent."""
-    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
-
-    original = keras_tf_trainer.reduce_per_replica
-    if getattr(original, "patched_by_trainer", False):
-        return
-
-    def reduce_per_replica(values, strategy, reduction):
-        if reduction in ("auto", "mean") and isinstance(
-            strategy, tf.distribute.MultiWorkerMirroredStrategy
-        ):
-            return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
-        return original(values, strategy, reduction)
-
-    reduce_per_replica.patched_by_trainer = True
-    keras_tf_trainer.reduce_per_replica = reduce_per_replica
+    mean across replicas, as Keras computes it under MirroredStrategy. Idempotent; only on
+    the Keras versions known to need it
+    (``trainer._compat.keras.patch_multiworker_mean_reduction``)."""
+    keras_compat.patch_multiworker_mean_reduction()
 
 
 def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:

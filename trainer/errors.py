@@ -2,6 +2,12 @@
 
 The CLI turns any ``TrainerError`` into a one-line message and exit code 2; anything else
 is a bug. Messages say what is wrong, where, what to do, and end with what was received.
+
+Where Keras raises a built-in type for the same situation (``TypeError`` for a class it
+cannot locate, ``ValueError`` for a lambda refused in safe mode, for a model that is not
+built, or for a layer failing to load its state), the trainer error is also of that type,
+so code written against ``keras.saving`` (``except ValueError``) keeps working when it
+switches to a trainer backend.
 """
 
 from __future__ import annotations
@@ -42,11 +48,11 @@ class IncompatibleFormatError(TrainerError):
     """The checkpoint was written in a format version this trainer cannot read."""
 
 
-class MissingClassError(TrainerError):
+class MissingClassError(TrainerError, TypeError):
     """A class named in the checkpoint cannot be found and may not be revived otherwise."""
 
 
-class UnsafeCheckpointError(MissingClassError):
+class UnsafeCheckpointError(MissingClassError, ValueError):
     """The checkpoint asks to run stored Python code (a marshalled lambda) in safe mode."""
 
 
@@ -54,8 +60,13 @@ class ConfigMismatchError(TrainerError):
     """The run's config disagrees with the checkpoint it should resume from."""
 
 
-class ModelNotReadyError(TrainerError):
+class ModelNotReadyError(TrainerError, ValueError):
     """The model cannot be saved as it is (never built, or holds unserializable objects)."""
+
+
+class LayerStateError(TrainerError, ValueError):
+    """A layer's own ``save_own_variables`` / ``load_own_variables`` / ``save_assets`` /
+    ``load_assets`` raised: the layer's code failed, not the checkpoint."""
 
 
 class SaveError(TrainerError):

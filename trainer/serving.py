@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from trainer._compat import keras as keras_compat
 from trainer.errors import CorruptCheckpointError, ModelNotReadyError
 
 SERVING_KEY = "serving_default"
@@ -33,9 +34,7 @@ def input_signature(model: keras.Model) -> list[Any]:
         specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=t.name) for t in model.inputs]
         return [specs[0] if len(specs) == 1 else specs]
     try:
-        from keras.src.export.export_utils import get_input_signature
-
-        structure = get_input_signature(model)
+        structure = keras_compat.get_input_signature(model)
     except Exception as error:
         raise ModelNotReadyError(
             f"The input signature of model {model.name!r} cannot be determined "

@@ -8,7 +8,9 @@ drops the RNG seed states, so we store Keras 3 configs instead::
     /model_config     JSON of keras.saving.serialize_keras_object(model)
     /compile_config   JSON of model.get_compile_config() ("null" if not compiled)
     /training_state   JSON of TrainingState
-    /model_weights/   one dataset per variable of model.weights, in order (attr "path")
+    /layers/NNNNN/    one group per layer (the model, then every sublayer, in Keras's
+                      tracking order): arrays/ from its save_own_variables (attr "path"
+                      is the store key), assets/ its save_assets files as bytes
     /rng_state/       Dropout & co. seed states (model.variables minus model.weights)
     /optimizer/       every optimizer variable: iteration, learning rate, all slots
     /metadata         JSON, written last: the completeness mark can_load looks for
@@ -28,7 +30,7 @@ import h5py
 import keras
 
 from trainer import integrity
-from trainer.save_backends import hdf5_arrays, modelstate
+from trainer.save_backends import hdf5_arrays, layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.state import TrainingState
 
@@ -39,7 +41,10 @@ class H5Backend(SaveBackend):
     """One self-contained ``.h5`` file: architecture, weights, optimizer, compile, state."""
 
     name: ClassVar[str] = "h5"
-    format_version: ClassVar[int] = 1
+    # 2: per-layer state (save_own_variables / save_assets) instead of model.weights by
+    # position, which lost adapted preprocessing state. Version 1 files still load when no
+    # layer of the model keeps such state (see _read).
+    format_version: ClassVar[int] = 2
     is_directory: ClassVar[bool] = False
     suffix: ClassVar[str] = ".h5"
 
@@ -83,7 +88,8 @@ class H5Backend(SaveBackend):
             write = functools.partial(
                 hdf5_arrays.write_arrays, handle, compression=self.compression
             )
-            write("model_weights", modelstate.model_weight_arrays(model))
+            states = layerstate.collect(model)
+            hdf5_arrays.write_layer_states(handle, "layers", states, self.compression)
             write("rng_state", modelstate.rng_state_arrays(model))
             write("optimizer", modelstate.optimizer_arrays(model))
             hdf5_arrays.write_text(handle, "metadata", metadata_text)
@@ -122,7 +128,11 @@ class H5Backend(SaveBackend):
             state = modelstate.parse_state(
                 hdf5_arrays.read_text(handle, "training_state", path), path
             )
-            weights = hdf5_arrays.read_arrays(handle, "model_weights", path)
+            version = metadata.get("format_version")
+            if version == 1:  # positional model.weights
+                weights = hdf5_arrays.read_arrays(handle, "model_weights", path)
+            else:
+                layers = hdf5_arrays.read_layer_states(handle, "layers", path)
             rng = hdf5_arrays.read_arrays(handle, "rng_state", path)
             optimizer = hdf5_arrays.read_arrays(handle, "optimizer", path) if compile else []
         model = modelstate.rebuild_model(
@@ -133,7 +143,11 @@ class H5Backend(SaveBackend):
             compile=compile,
             where=path,
         )
-        modelstate.restore_model_weight_arrays(model, weights, str(path))
+        if version == 1:
+            layerstate.refuse_older_format(model, path, assets_only=False)
+            modelstate.restore_model_weight_arrays(model, weights, str(path))
+        else:
+            layerstate.restore(model, layers, str(path))
         modelstate.restore_rng_state_arrays(model, rng, str(path))
         if compile:
             modelstate.restore_optimizer_arrays(model, optimizer, str(path))

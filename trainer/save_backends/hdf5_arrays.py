@@ -16,6 +16,7 @@ import numpy as np
 
 from trainer._compat.saving import keras_weights_file_bytes
 from trainer.errors import CorruptCheckpointError
+from trainer.save_backends.layerstate import LayerState
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -104,3 +105,50 @@ def read_text(parent: h5py.Group, name: str, where: Path) -> str:
             f"Received entries: {sorted(parent)}"
         )
     return parent[name].asstr()[()]
+
+
+def read_labelled_arrays(
+    parent: h5py.Group, name: str, where: Path
+) -> list[tuple[str, np.ndarray]]:
+    """``(label, array)`` pairs of a group written by :func:`write_arrays`, in order."""
+    arrays = read_arrays(parent, name, where)
+    group = parent[name]
+    return [(str(group[f"{i:05d}"].attrs.get("path", "")), a) for i, a in enumerate(arrays)]
+
+
+def write_layer_states(
+    parent: h5py.Group, name: str, states: list[LayerState], compression: str | None = None
+) -> None:
+    """Every layer's ``save_own_variables`` arrays and asset files, one group per layer."""
+    group = parent.create_group(name)
+    group.attrs["count"] = len(states)
+    for index, state in enumerate(states):
+        layer = group.create_group(f"{index:05d}")
+        layer.attrs["name"], layer.attrs["class_name"] = state.name, state.class_name
+        write_arrays(layer, "arrays", list(state.arrays.items()), compression)
+        files = [(p, np.frombuffer(c, dtype=np.uint8)) for p, c in state.assets.items()]
+        write_arrays(layer, "assets", files)
+
+
+def read_layer_states(parent: h5py.Group, name: str, where: Path) -> list[LayerState]:
+    if name not in parent:
+        raise CorruptCheckpointError(
+            f"{where}: group {name!r} is missing; the checkpoint is damaged. "
+            f"Received groups: {sorted(parent)}"
+        )
+    group = parent[name]
+    count = int(group.attrs.get("count", -1))
+    if sorted(group) != [f"{i:05d}" for i in range(count)]:
+        raise CorruptCheckpointError(
+            f"{where}: group {name!r} should hold {count} layer states numbered from 00000; "
+            f"the checkpoint is damaged. Received keys: {sorted(group)[:5]}..."
+        )
+    states = []
+    for index in range(count):
+        layer = group[f"{index:05d}"]
+        state = LayerState(str(layer.attrs.get("name")), str(layer.attrs.get("class_name")))
+        state.arrays = dict(read_labelled_arrays(layer, "arrays", where))
+        assets = read_labelled_arrays(layer, "assets", where)
+        state.assets = {path: content.astype(np.uint8).tobytes() for path, content in assets}
+        states.append(state)
+    return states

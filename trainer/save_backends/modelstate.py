@@ -203,7 +203,10 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
         return keras.saving.deserialize_keras_object(  # Keras pops from what it is given
             copy.deepcopy(config), custom_objects=custom_objects, safe_mode=safe_mode
         )
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, AttributeError, LookupError, RecursionError) as error:
+        # What Keras's deserialization raises on a damaged or foreign config (for example
+        # AttributeError for a non-string "module"); this call is the boundary where it is
+        # untrusted data, not a bug of ours, that fails.
         message = str(error)
         missing = re.search(r"Could not locate (?:class|function) '([^']+)'", message)
         if missing:

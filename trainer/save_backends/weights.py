@@ -3,6 +3,8 @@
     model.weights.h5   model.save_weights(): every layer weight, readable by plain Keras
     optimizer.h5       optimizer variables (iteration, learning rate, every slot) and the
                        RNG seed states of Dropout & co., which save_weights skips
+    assets/NNNNN/      each layer's save_assets files (NNNNN: its position among the model
+                       and its sublayers), e.g. an adapted StringLookup's vocabulary
     trainer.json       format marker, architecture config, compile config, training state
                        and metadata; written last, so it marks the directory complete
     trainer_manifest.json  size and SHA-256 of every file above (trainer.integrity)
@@ -31,8 +33,8 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
-from trainer.errors import ConfigMismatchError
-from trainer.save_backends import hdf5_arrays, modelstate
+from trainer.errors import ConfigMismatchError, LayerStateError
+from trainer.save_backends import hdf5_arrays, layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, check_model_ready
 from trainer.state import TrainingState
 
@@ -40,13 +42,16 @@ FORMAT = "trainer-weights"
 WEIGHTS_FILE = "model.weights.h5"
 EXTRA_FILE = "optimizer.h5"
 INDEX_FILE = "trainer.json"
+ASSETS_DIR = "assets"
 
 
 class WeightsBackend(SaveBackend):
     """A directory with Keras' ``model.weights.h5``, optimizer state and a JSON index."""
 
     name: ClassVar[str] = "weights"
-    format_version: ClassVar[int] = 1
+    # 2: assets/ holds each layer's save_assets files (adapted lookup vocabularies), which
+    # Keras's .weights.h5 does not carry. Version 1 loads when no layer has assets.
+    format_version: ClassVar[int] = 2
     is_directory: ClassVar[bool] = True
     async_by_default: ClassVar[bool] = True
 
@@ -78,12 +83,13 @@ class WeightsBackend(SaveBackend):
         }
         index_text = modelstate.to_json(index, "index (config, state and metadata)")
         # HDF5 built in memory, written with Python I/O: h5py segfaults on a full disk.
-        hdf5_arrays.write_file(tmp / WEIGHTS_FILE, hdf5_arrays.keras_weights_bytes(model))
+        hdf5_arrays.write_file(tmp / WEIGHTS_FILE, _keras_weights(model))
         buffer = stdio.BytesIO()
         with h5py.File(buffer, "w") as handle:
             hdf5_arrays.write_arrays(handle, "optimizer", modelstate.optimizer_arrays(model))
             hdf5_arrays.write_arrays(handle, "rng_state", modelstate.rng_state_arrays(model))
         hdf5_arrays.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
+        layerstate.write_assets(model, tmp / ASSETS_DIR)  # e.g. adapted lookup vocabularies
         (tmp / INDEX_FILE).write_text(index_text)
 
     def _read(
@@ -101,6 +107,7 @@ class WeightsBackend(SaveBackend):
         self.check_format_version(index, path)
         state = modelstate.parse_state(json.dumps(index.get("training_state")), path)
         compile_config = index.get("compile_config")
+        given = model is not None
         if model is None:
             model = modelstate.rebuild_model(
                 index.get("model_config") or {},
@@ -120,7 +127,11 @@ class WeightsBackend(SaveBackend):
                     safe_mode=safe_mode,
                     where=path,
                 )
-        _load_weights(model, path)
+        _load_weights(model, path, given=given)
+        if index["format_version"] >= 2:
+            layerstate.read_assets(model, path / ASSETS_DIR, str(path))
+        else:
+            layerstate.refuse_older_format(model, path, assets_only=True)
         with h5py.File(path / EXTRA_FILE, "r") as handle:
             rng = hdf5_arrays.read_arrays(handle, "rng_state", path / EXTRA_FILE)
             optimizer = (
@@ -145,12 +156,38 @@ def _prepare_existing(model: keras.Model, config: dict[str, Any], path: Path) ->
     check_model_ready(model)
 
 
-def _load_weights(model: keras.Model, path: Path) -> None:
+def _keras_weights(model: keras.Model) -> memoryview:
+    """Keras's own ``.weights.h5`` bytes; a layer's ``save_own_variables`` failing in it is
+    named as that layer's failure."""
+    try:
+        return hdf5_arrays.keras_weights_bytes(model)
+    except Exception as error:
+        culprit = layerstate.failing_layer(error)
+        if culprit is None:
+            raise
+        layer, method = culprit
+        raise LayerStateError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) failed in its own {method}() "
+            f"while saving a checkpoint. Fix that method of the layer, or the state it "
+            f"keeps. Received error: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _load_weights(model: keras.Model, path: Path, *, given: bool) -> None:
+    """``model.load_weights``: Keras calls every layer's ``load_own_variables``."""
     try:
         model.load_weights(path / WEIGHTS_FILE)
     except ValueError as error:
-        raise ConfigMismatchError(
-            f"The weights in {path / WEIGHTS_FILE} do not fit model {model.name!r}: its "
-            f"layers differ from the saved architecture. Load without model= to rebuild the "
-            f"saved architecture. Received error: {str(error).splitlines()[0]}"
+        first = " ".join(str(error).split())[:600]
+        if given:
+            raise ConfigMismatchError(
+                f"The weights in {path / WEIGHTS_FILE} do not fit model {model.name!r}: its "
+                f"layers differ from the saved architecture. Load without model= to rebuild "
+                f"the saved architecture. Received error: {first}"
+            ) from error
+        raise LayerStateError(
+            f"The weights in {path / WEIGHTS_FILE} could not be loaded into the model rebuilt "
+            f"from the checkpoint's own architecture: a layer's load_own_variables() failed, "
+            f"or the file does not match the architecture (run `python -m trainer verify "
+            f"{path}` to rule out damage). Received error: {first}"
         ) from error

@@ -34,17 +34,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
-from keras.src.models.functional import Functional  # Keras 3 has no public alias
 
+from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError, TrainerError
 
 PACKAGE = "trainer"
 Path = tuple[str, ...]  # "attr", "[3]" (sequence index) or "{key}" (dict key) steps
 
 # Keras-internal attributes that hold layers or structures we must not rewire.
-_SKIP_ATTRS = frozenset({"_layers", "_tracker", "_inbound_nodes", "_outbound_nodes", "_metrics",
-    "_operations", "_trainable_variables", "_non_trainable_variables", "_seed_generators",
-    "_compile_loss", "_compile_metrics", "_loss_tracker", "_functional", "optimizer"})  # fmt: skip
+_SKIP_ATTRS = keras_compat.LAYER_STATE_ATTRIBUTES | {"optimizer"}
 
 
 class TrainingWrapper(keras.layers.Wrapper):
@@ -152,7 +150,7 @@ def unwrap_model(model: keras.Model, *, copy: bool = True) -> keras.Model:
 
 def find_layers(model: keras.layers.Layer, cls: type) -> list[keras.layers.Layer]:
     """Every distinct layer of type ``cls`` at any depth (wrappers' insides included)."""
-    return [layer for layer in model._flatten_layers(include_self=False) if isinstance(layer, cls)]
+    return [layer for layer in keras_compat.sublayers(model) if isinstance(layer, cls)]
 
 
 _WRAP_KINDS: dict[str, Callable[..., tuple[keras.Model, list]]] = {}
@@ -217,7 +215,7 @@ def _run(model, rule, *, wrapping: bool, copy: bool) -> keras.Model:
 
 
 def _is_graph(layer) -> bool:
-    return isinstance(layer, Functional | keras.Sequential)
+    return keras_compat.is_functional(layer) or isinstance(layer, keras.Sequential)
 
 
 class _Rewriter:
@@ -260,7 +258,8 @@ class _Rewriter:
                 set_path(layer, path, new_child)
                 records.append((path, new_child))
             records.extend((path + sub, obj) for sub, obj in child_records)
-        stale = [c.name for c in layer._layers if self.rewrite(c)[0] is not c]
+        tracked = keras_compat.tracked_sublayers(layer)
+        stale = [c.name for c in tracked if self.rewrite(c)[0] is not c]
         if stale:
             raise TrainerError(
                 f"Layer {layer.name!r} ({type(layer).__name__}) tracks sublayers {stale} that "
@@ -362,20 +361,8 @@ def _replaced(value, indices: Path, new):
 
 
 def _swap_tracked(owner, old, new) -> None:
-    """Replace ``old`` by ``new`` in ``owner._layers`` at the same position."""
-    tracker = owner._tracker
-    locked = tracker.locked
-    tracker.unlock()
-    try:
-        if tracker.is_in_store("layers", new):
-            tracker.untrack(old)
-        elif tracker.is_in_store("layers", old):
-            tracker.replace_tracked_value("layers", old, new)
-        else:
-            tracker.add_to_store("layers", new)
-    finally:
-        if locked:
-            tracker.lock()
+    """Replace ``old`` by ``new`` in ``owner``'s tracked sublayers at the same position."""
+    keras_compat.replace_tracked_sublayer(owner, old, new)
 
 
 # ------------------------------------------------------------------------------ copying

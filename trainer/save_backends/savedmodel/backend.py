@@ -21,9 +21,9 @@ import tensorflow as tf
 from trainer import limits
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends import modelstate
+from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
-from trainer.save_backends.savedmodel import layout, trace_cache
+from trainer.save_backends.savedmodel import layer_state, layout, trace_cache
 from trainer.save_backends.savedmodel.records import check_json
 from trainer.save_backends.savedmodel.revival import Reviver
 from trainer.state import TrainingState
@@ -33,7 +33,9 @@ class SavedModelBackend(SaveBackend):
     """Directory checkpoint in TensorFlow SavedModel format, revivable layer by layer."""
 
     name: ClassVar[str] = "savedmodel"
-    format_version: ClassVar[int] = 1
+    # 2: assets.extra/trainer_layer_state.h5 (layers' own state, restored through their
+    # load_own_variables / load_assets). Version 1 loads when no layer keeps such state.
+    format_version: ClassVar[int] = 2
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     async_by_default: ClassVar[bool] = True
@@ -77,6 +79,7 @@ class SavedModelBackend(SaveBackend):
             "structure_fingerprint": traced.fingerprint,
         }
         metadata["full_save"] = full
+        layer_state.write(model, tmp)  # before the metadata, which marks completeness
         layout.write_metadata(tmp, metadata)
 
     # ---------------------------------------------------------------------- load
@@ -135,6 +138,10 @@ class SavedModelBackend(SaveBackend):
             # Keep the loaded object alive as long as the model: its functions are in use.
             object.__setattr__(model, "_trainer_loaded", loaded)
             metadata["revived_from"] = dict(reviver.how)
+            if meta["format_version"] >= 2:
+                layer_state.restore(model, reviver.layers, saved["layers"], path)
+            else:
+                layerstate.refuse_older_format(model, path, assets_only=False)
             if compile and meta.get("compile_config"):
                 dropped = _compile(
                     model, meta["compile_config"], custom_objects, reviver.safe_mode, path

@@ -13,9 +13,9 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from tensorflow.python.saved_model import save_context
-from tensorflow.python.util import nest
 
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends.savedmodel import records, tracing
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
@@ -51,12 +51,12 @@ def structure_fingerprint(model: keras.Model) -> str:
         parts.append(f"L{id(layer)}:{type(layer).__name__}:{layer.name}:{layer.trainable}")
         parts.append(layer.dtype_policy.name)
         for v in layer.variables:
-            storage = getattr(v, "_value", None)
+            storage = tracing.variable_storage(v)
             parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
     optimizer = getattr(model, "optimizer", None)
     parts.append(f"O{id(optimizer)}:{getattr(optimizer, 'built', None)}")
     if optimizer is not None and optimizer.built:
-        parts.extend(f"o{id(v)}:{id(getattr(v, '_value', None))}" for v in optimizer.variables)
+        parts.extend(f"o{id(v)}:{id(tracing.variable_storage(v))}" for v in optimizer.variables)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -76,9 +76,7 @@ def trace_model(model: keras.Model) -> TracedModel:
     var_index: dict[int, int] = {}
     owners: dict[int, int] = {}
     for li, layer in enumerate(layers):
-        own = list(layer._trainable_variables) + list(layer._non_trainable_variables)
-        own += [sg.state for sg in getattr(layer, "_seed_generators", [])]
-        for v in own:
+        for v in keras_compat.own_variables(layer):
             owners.setdefault(id(tf_variable(v)), li)
     for layer in layers:
         for v in layer.variables:
@@ -108,7 +106,7 @@ def trace_model(model: keras.Model) -> TracedModel:
     layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
     # tf.function's cache key, and outside it the save would trace every function again.
-    with save_context.save_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
+    with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
         for li in _children_first(layers, layer_index):
             layer = layers[li]
             node = Node(name=f"layer_{li}")
@@ -135,7 +133,8 @@ def trace_model(model: keras.Model) -> TracedModel:
         serve, specs = tracing.make_serving_function(model, structure)
         serving = serve.get_concrete_function()
     for li, layer in enumerate(layers):
-        children = [nodes[layer_index[id(c)]] for c in layer._layers if id(c) in layer_index]
+        tracked = keras_compat.tracked_sublayers(layer)
+        children = [nodes[layer_index[id(c)]] for c in tracked if id(c) in layer_index]
         if children:
             nodes[li].sublayers = children
 
@@ -178,12 +177,12 @@ def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:
     revived_fn = getattr(layer, "_trainer_call_infer", None)
     found: dict[str, Any] = {}
     if revived_fn is not None:
-        for concrete in revived_fn._list_all_concrete_functions():
+        for concrete in tf_compat.concrete_functions(revived_fn):
             args = concrete.structured_input_signature[0]
             if len(args) == 2:
                 found[repr(args)] = (tuple(args[0]), dict(args[1]))
         return found
-    shapes = getattr(layer, "_build_shapes_dict", None) or {}
+    shapes = keras_compat.build_shapes(layer)
     if len(shapes) == 1:
         shape = list(next(iter(shapes.values())))
         if shape and all(isinstance(d, int | type(None)) for d in shape):
@@ -202,7 +201,7 @@ def _named(structure: Any, prefix: str) -> Any:
             return spec
         return tf.TensorSpec(spec.shape, spec.dtype, name="_".join([prefix, *map(str, path)]))
 
-    return nest.map_structure_with_tuple_paths(name, structure)
+    return tf_compat.map_structure_with_tuple_paths(name, structure)
 
 
 def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> list[int]:
@@ -214,7 +213,7 @@ def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> 
         if i in seen:
             return
         seen.add(i)
-        for child in layers[i]._layers:
+        for child in keras_compat.tracked_sublayers(layers[i]):
             if id(child) in index:
                 visit(index[id(child)])
         order.append(i)
@@ -229,6 +228,7 @@ def _trace_layer(
 ):
     """Concrete call functions for each recorded call spec, for both training values."""
     functions: dict[str, Any] = {}
+    first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
     specs = specs or _fallback_specs(layer)
     summaries = [_spec_summary(s) for s in specs.values()]
     try:
@@ -239,12 +239,15 @@ def _trace_layer(
             for attr, training in modes.items():
                 fn = tracing.make_call_function(layer, training, dispatcher)
                 for args, kwargs in specs.values():
-                    fn.get_concrete_function(_named(args, "args"), _named(kwargs, "kwargs"))
+                    concrete = fn.get_concrete_function(
+                        _named(args, "args"), _named(kwargs, "kwargs")
+                    )
+                    first_traced.setdefault(attr, concrete)
                 setattr(node, attr, fn)
                 functions[attr] = f"{attr}"
         regs = []
         reg_vars = []
-        for v in layer._trainable_variables:
+        for v in keras_compat.own_trainable_variables(layer):
             if getattr(v, "regularizer", None) is not None:
                 regs.append(tracing.make_regularizer_function(v))
                 reg_vars.append(id(tf_variable(v)))
@@ -252,7 +255,7 @@ def _trace_layer(
             node.regularizer_functions = regs
             functions["regularizer_functions"] = len(regs)
         if getattr(layer, "activity_regularizer", None) is not None and "call_infer" in functions:
-            concrete = next(iter(node.call_infer._list_all_concrete_functions()))
+            concrete = first_traced["call_infer"]
             out = tf.nest.flatten(concrete.structured_outputs[0])[0]
             spec = tf.TensorSpec(out.shape, out.dtype)
             node.activity_regularizer_function = tracing.make_activity_function(layer, spec)

@@ -12,6 +12,7 @@ from typing import Any
 
 import keras
 
+from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
 
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
@@ -51,11 +52,7 @@ def model_kind(layer: keras.layers.Layer) -> str | None:
         return original_identity(layer).get("model_kind")
     if isinstance(layer, keras.Sequential):
         return "sequential"
-    if isinstance(layer, keras.Model) and getattr(layer, "_is_graph_network", False):
-        return "functional"
-    from keras.src.models.functional import Functional
-
-    if isinstance(layer, Functional):
+    if keras_compat.is_functional(layer):
         return "functional"
     if isinstance(layer, keras.Model):
         return "subclassed"
@@ -111,7 +108,7 @@ def layer_record(
 
     config, config_error = keras_config(layer)
     original = original_identity(layer) or {}
-    children = [c for c in layer._layers if id(c) in layer_index]
+    children = [c for c in keras_compat.tracked_sublayers(layer) if id(c) in layer_index]
     try:
         build_config = layer.get_build_config()
         json.dumps(build_config)

@@ -25,6 +25,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.savedmodel import standins
 
@@ -133,7 +135,7 @@ class Reviver:
         if len(layer.variables) == len(record["variables"]):
             return
         function = getattr(self.nodes[record["id"]], "call_infer", None)
-        concretes = list(function._list_all_concrete_functions()) if function else []
+        concretes = tf_compat.concrete_functions(function) if function else []
         if not concretes:
             return
         args, kwargs = concretes[0].structured_input_signature[0]
@@ -150,8 +152,7 @@ class Reviver:
         )
         # The build call is not part of any graph; forget its node so that a Functional
         # rebuilt around this layer numbers its nodes like the saved config does.
-        layer._inbound_nodes.clear()
-        layer._outbound_nodes.clear()
+        keras_compat.forget_call_nodes(layer)
 
     def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         path = self.directory / "assets" / "keras" / str(record["id"]) / "vocabulary.txt"
@@ -278,13 +279,13 @@ class Reviver:
                 )
             return False
         for variable, index in zip(variables, saved, strict=True):
-            variable._value = self.storage[index]
+            keras_compat.set_variable_storage(variable, self.storage[index])
             self.keras_vars.setdefault(index, variable)
         return True
 
     def _adopt_children(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         """Children rebuilt by the parent's config count as revived (shared identity)."""
-        kids = list(layer._layers)
+        kids = keras_compat.tracked_sublayers(layer)
         saved = record["sublayers"]
         if len(kids) != len(saved):
             return

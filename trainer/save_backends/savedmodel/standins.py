@@ -15,6 +15,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
+
 
 class TracedRegularizer(keras.regularizers.Regularizer):
     """A weight regularizer replayed from its traced, argument-free loss function."""
@@ -39,7 +42,7 @@ def wrap_variable(storage: tf.Variable, *, name: str, trainable: bool) -> keras.
         trainable=trainable,
         name=clean,
     )
-    variable._value = storage
+    keras_compat.set_variable_storage(variable, storage)
     return variable
 
 
@@ -79,11 +82,11 @@ class _RevivedMixin:
         for attributes, child in children:
             names = [a for a in attributes if a != "_layers"]
             if not names:
-                names = [f"sublayer_{len(self._layers)}"]
+                names = [f"sublayer_{len(keras_compat.tracked_sublayers(self))}"]
             for attribute in names:
                 _set_child(self, attribute, child)
         for variable in own_variables:
-            self._track_variable(variable)
+            keras_compat.track_variable(self, variable)
         structure = _first_args(infer)
         if structure is not None:
             object.__setattr__(self, "_trainer_input_structure", structure)
@@ -108,7 +111,7 @@ class _RevivedMixin:
 def _concretes(function: Any) -> list[Any]:
     if function is None:
         return []
-    return list(function._list_all_concrete_functions())
+    return tf_compat.concrete_functions(function)
 
 
 def _first_args(function: Any) -> Any:

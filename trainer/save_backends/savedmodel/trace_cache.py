@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel import object_graph
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,7 @@ def _fast_write(entry: Entry, directory: Path) -> None:
     checkpoint = tf.train.Checkpoint(entry.traced.root)
     checkpoint.write(str(directory / "variables" / "variables"))
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
-        from tensorflow.python.saved_model import fingerprinting_utils
-
-        fingerprinting_utils.write_fingerprint(str(directory))
+        tf_compat.write_fingerprint(str(directory))
     except Exception as err:  # pragma: no cover - depends on TF internals
         log.info("SavedModel fingerprint not written: %s", err)
 

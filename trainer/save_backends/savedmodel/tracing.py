@@ -11,6 +11,7 @@ shapes from build configs (which miss masks, multiple inputs and nested structur
 
 from __future__ import annotations
 
+import inspect
 import re
 import weakref
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
 
 
@@ -26,13 +28,23 @@ class Node(tf.Module):
     """One layer in the object graph: variables, call functions, regularizer functions."""
 
 
-def tf_variable(variable: Any) -> tf.Variable:
-    """The ``tf.Variable`` holding a Keras variable's storage."""
-    value = getattr(variable, "_value", None)
-    if isinstance(value, tf.Variable):
-        return value
+def variable_storage(variable: Any) -> tf.Variable | None:
+    """The ``tf.Variable`` holding a Keras variable's storage (its public ``value``, which
+    on the TensorFlow backend *is* that ``tf.Variable`` outside of Keras' call scopes), a
+    ``tf.Variable`` itself, or None if there is no such storage (uninitialized)."""
+    if isinstance(variable, keras.Variable):
+        value = variable.value
+        return value if isinstance(value, tf.Variable) else None
     if isinstance(variable, tf.Variable):
         return variable
+    return None
+
+
+def tf_variable(variable: Any) -> tf.Variable:
+    """The ``tf.Variable`` holding a Keras variable's storage."""
+    storage = variable_storage(variable)
+    if storage is not None:
+        return storage
     raise ModelNotReadyError(
         f"Variable {getattr(variable, 'path', variable)!r} has no TensorFlow storage yet "
         f"(uninitialized or not on the TensorFlow backend); build the model first. "
@@ -42,11 +54,15 @@ def tf_variable(variable: Any) -> tf.Variable:
 
 def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """The model and every sublayer at every depth, each once, parents before children."""
-    return list(model._flatten_layers(include_self=True, recursive=True))
+    return keras_compat.sublayers(model, include_self=True, recursive=True)
 
 
 def takes_training(layer: keras.layers.Layer) -> bool:
-    return bool(getattr(layer, "_call_has_context_arg", {}).get("training", False))
+    """Whether the layer's ``call`` accepts ``training``: what Keras itself derives from
+    the signature of ``layer.call`` when the layer is made. While tracing replaces ``call``
+    on the instance (``CallRecorder``, ``Dispatcher``), the class's ``call`` is inspected."""
+    call = type(layer).call if "call" in vars(layer) else layer.call
+    return "training" in inspect.signature(call).parameters
 
 
 # --------------------------------------------------------------------- input signature
@@ -60,10 +76,8 @@ def model_input_structure(model: keras.Model) -> Any:
     stored = getattr(model, "_trainer_input_structure", None)
     if stored is not None:
         return stored
-    from keras.src.export import export_utils
-
     try:
-        signature = export_utils.get_input_signature(model)
+        signature = keras_compat.get_input_signature(model)
     except (ValueError, TypeError) as err:
         raise ModelNotReadyError(
             f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
@@ -71,7 +85,7 @@ def model_input_structure(model: keras.Model) -> Any:
         ) from None
     structure = signature[0] if len(signature) == 1 else tuple(signature)
     return tf.nest.map_structure(
-        lambda s: export_utils.make_tf_tensor_spec(s, dynamic_batch=True), structure
+        lambda s: keras_compat.make_tf_tensor_spec(s, dynamic_batch=True), structure
     )
 
 
@@ -145,14 +159,6 @@ class CallRecorder:
 
 
 # ----------------------------------------------------------------------- function makers
-def _own_losses(layer: keras.layers.Layer) -> list[Any]:
-    losses = []
-    for sub in layer._flatten_layers(include_self=True):
-        losses.extend(sub._losses)
-    layer._clear_losses()
-    return losses
-
-
 class Dispatcher:
     """While active, a call to an already traced layer runs its traced function instead of
     re-tracing its Python ``call``: a parent's graph then holds one call op per child, so
@@ -183,8 +189,7 @@ class Dispatcher:
             training = kwargs.pop("training", None)
             use_train = train is not None and isinstance(training, bool) and training
             outputs, losses = (train if use_train else infer)(tuple(args), kwargs)
-            for loss in losses:
-                layer._losses.append(loss)
+            keras_compat.add_losses(layer, list(losses))
             return outputs
 
         object.__setattr__(layer, "call", dispatch)
@@ -232,7 +237,7 @@ def make_call_function(
         else:
             with active.own_call(target):
                 outputs = target(*args, **kwargs)
-        return outputs, _own_losses(target)
+        return outputs, keras_compat.take_losses(target)
 
     return tf.function(call)
 
@@ -247,7 +252,7 @@ def make_serving_function(model: keras.Model, structure: Any) -> tuple[Any, list
     def serve(inputs):
         target = ref()
         outputs = target(inputs, training=False)
-        target._clear_losses()
+        keras_compat.clear_losses(target)
         return output_dict(target, outputs)
 
     return tf.function(serve, input_signature=[named]), specs
@@ -272,13 +277,9 @@ def make_activity_function(layer: keras.layers.Layer, spec: tf.TensorSpec) -> An
     return tf.function(activity_regularization_loss).get_concrete_function(spec)
 
 
-def _resource_types() -> tuple[type, ...]:
-    from tensorflow.python.trackable.resource import CapturableResource
-
-    return (CapturableResource, tf.saved_model.Asset)
-
-
-_RESOURCE_TYPES = _resource_types()
+# Lookup tables (``tf.lookup.StaticHashTable``, ``MutableHashTable``) and other resources
+# that need initialization are TrackableResources, as are resources loaded from a SavedModel.
+_RESOURCE_TYPES = (tf.saved_model.experimental.TrackableResource, tf.saved_model.Asset)
 
 
 def trackable_resources(layer: keras.layers.Layer) -> list[Any]:

@@ -1,0 +1,332 @@
+"""Keras internals that trainer needs and Keras 3 exposes no public API for.
+
+Every helper names the private attribute or module it uses, why no public API does the
+job, and the version it was checked against: Keras 3.15.1 with TensorFlow 2.21.0, the
+TensorFlow backend. ``tests/test_compat.py`` checks each helper against the behaviour it
+relies on, and has canaries for the two workarounds of Keras bugs at the end of this
+module: they fail once upstream fixes the bug (drop the workaround then) or once a Keras
+version that still has it is installed but not covered by ``MULTIWORKER_BUGS_IN``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``3.15.1`` or ``3.16.0.dev2025``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"Unrecognised Keras version {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+KERAS_RELEASE = _release(keras.version())
+
+
+# ----------------------------------------------------------------------------- layers
+def sublayers(
+    layer: keras.layers.Layer, *, include_self: bool = False, recursive: bool = True
+) -> list[keras.layers.Layer]:
+    """The sublayers of ``layer`` (and ``layer`` itself first if ``include_self``), each
+    once, in Keras' own order; only the direct ones unless ``recursive``.
+
+    Uses ``Layer._flatten_layers``. Public alternatives do not cover it: ``Model.layers``
+    exists on models only (not on plain layers holding sublayers) and lists direct children
+    only, without the nested ones. Checked: Keras 3.15.1.
+    """
+    return list(layer._flatten_layers(include_self=include_self, recursive=recursive))
+
+
+def tracked_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The direct sublayers exactly as ``layer`` tracks them: in tracking order, which is
+    the order of its weights, and with repeats (``Sequential([d, d])`` lists ``d`` twice),
+    unlike ``sublayers(layer, recursive=False)``.
+
+    Uses ``Layer._layers``, the tracker's list; no public API returns it (``Model.layers``
+    hides repeats and exists on models only). Checked: Keras 3.15.1.
+    """
+    return list(layer._layers)
+
+
+def replace_tracked_sublayer(
+    owner: keras.layers.Layer, old: keras.layers.Layer, new: keras.layers.Layer
+) -> None:
+    """Make ``owner`` track ``new`` instead of ``old``, at ``old``'s position in its list of
+    sublayers (so the order of the weights, which positional loading relies on, stays).
+
+    Uses ``Layer._tracker`` (``replace_tracked_value``, ``untrack``, ``add_to_store``,
+    ``lock``/``unlock``). Public attribute assignment would append ``new`` at the end and
+    keep tracking ``old``; Keras has no public way to replace a tracked sublayer.
+    Checked: Keras 3.15.1.
+    """
+    tracker = owner._tracker
+    locked = tracker.locked
+    tracker.unlock()
+    try:
+        if tracker.is_in_store("layers", new):
+            tracker.untrack(old)
+        elif tracker.is_in_store("layers", old):
+            tracker.replace_tracked_value("layers", old, new)
+        else:
+            tracker.add_to_store("layers", new)
+    finally:
+        if locked:
+            tracker.lock()
+
+
+# Attributes in which Keras itself keeps a layer's or a model's tracked state (lists of
+# sublayers, variables, graph nodes, compiled losses and metrics). Code walking a layer's
+# ``vars()`` for the sublayers *it* holds must skip them. Checked: Keras 3.15.1.
+LAYER_STATE_ATTRIBUTES = frozenset(
+    {
+        "_layers", "_tracker", "_inbound_nodes", "_outbound_nodes", "_metrics", "_operations",
+        "_trainable_variables", "_non_trainable_variables", "_seed_generators",
+        "_compile_loss", "_compile_metrics", "_loss_tracker", "_functional",
+    }
+)  # fmt: skip
+
+
+def is_functional(layer: Any) -> bool:
+    """Whether ``layer`` is a Functional model (``keras.Model(inputs, outputs)`` or a
+    subclass of ``Functional``).
+
+    Uses ``keras.src.models.functional.Functional``: Keras 3 exports no alias of the class,
+    and ``type(model).__name__`` misses subclasses. Checked: Keras 3.15.1.
+    """
+    from keras.src.models.functional import Functional
+
+    return isinstance(layer, Functional)
+
+
+def forget_call_nodes(layer: keras.layers.Layer) -> None:
+    """Forget every symbolic call of ``layer`` (its inbound and outbound graph nodes), so a
+    Functional model later built around it numbers its nodes from zero.
+
+    Uses ``Operation._inbound_nodes`` and ``_outbound_nodes``; Keras has no public API to
+    remove graph nodes. Checked: Keras 3.15.1.
+    """
+    layer._inbound_nodes.clear()
+    layer._outbound_nodes.clear()
+
+
+def build_shapes(layer: keras.layers.Layer) -> dict[str, Any]:
+    """The shapes ``layer.build`` was called with, by argument name (empty if unknown).
+
+    Uses ``Layer._build_shapes_dict``. The public ``get_build_config()`` is not the same:
+    layers may override it, and Keras' own lookup layers (``StringLookup``,
+    ``IntegerLookup``) return ``{}`` from it although they were built with a shape.
+    Checked: Keras 3.15.1.
+    """
+    return dict(getattr(layer, "_build_shapes_dict", None) or {})
+
+
+# ----------------------------------------------------------------------------- losses
+def take_losses(layer: keras.layers.Layer) -> list[Any]:
+    """The losses ``add_loss`` and activity regularizers added during the calls of
+    ``layer`` and its sublayers since they were last cleared; clears them.
+
+    Uses ``Layer._losses`` and ``Layer._clear_losses``. The public ``layer.losses`` also
+    evaluates every weight regularizer (new ops in a traced graph), and Keras has no public
+    way to clear added losses. Checked: Keras 3.15.1.
+    """
+    losses: list[Any] = []
+    for sub in sublayers(layer, include_self=True):
+        losses.extend(sub._losses)
+    layer._clear_losses()
+    return losses
+
+
+def add_losses(layer: keras.layers.Layer, losses: list[Any]) -> None:
+    """Record ``losses`` as added during the current call of ``layer``, where ``take_losses``
+    and ``layer.losses`` find them.
+
+    Appends to ``Layer._losses``. The public ``add_loss`` is not usable for this: a
+    Functional model's ``add_loss`` raises ``NotImplementedError``, and inside a stateless
+    scope ``add_loss`` records nothing unless that scope collects losses.
+    Checked: Keras 3.15.1.
+    """
+    layer._losses.extend(losses)
+
+
+def clear_losses(layer: keras.layers.Layer) -> None:
+    """Drop the losses added during the calls of ``layer`` and its sublayers.
+
+    Uses ``Layer._clear_losses``; Keras clears them itself only at the start of its own
+    ``__call__`` of the outermost layer, and has no public method for it.
+    Checked: Keras 3.15.1.
+    """
+    layer._clear_losses()
+
+
+# -------------------------------------------------------------------------- variables
+def own_variables(layer: keras.layers.Layer) -> list[Any]:
+    """The variables ``layer`` itself tracks (trainable first, then non-trainable, then
+    its seed generators' states), without those of its sublayers.
+
+    Uses ``Layer._trainable_variables``, ``_non_trainable_variables`` and
+    ``_seed_generators``. The public ``trainable_weights``/``non_trainable_weights``/
+    ``variables`` include every sublayer's variables, and ``trainable_weights`` is empty
+    for a frozen layer. Checked: Keras 3.15.1.
+    """
+    own = list(layer._trainable_variables) + list(layer._non_trainable_variables)
+    own += [generator.state for generator in getattr(layer, "_seed_generators", [])]
+    return own
+
+
+def own_trainable_variables(layer: keras.layers.Layer) -> list[Any]:
+    """The variables ``layer`` itself created trainable, without its sublayers' ones and
+    whatever ``layer.trainable`` is now.
+
+    Uses ``Layer._trainable_variables``; see ``own_variables``. Checked: Keras 3.15.1.
+    """
+    return list(layer._trainable_variables)
+
+
+def track_variable(layer: keras.layers.Layer, variable: keras.Variable) -> None:
+    """Make ``layer`` own an existing variable, as if it had created it.
+
+    Uses ``Layer._track_variable``. ``add_weight`` always creates a new variable, and
+    assigning the variable to an attribute would add that attribute to the layer.
+    Checked: Keras 3.15.1.
+    """
+    layer._track_variable(variable)
+
+
+def set_variable_storage(variable: keras.Variable, storage: tf.Variable) -> None:
+    """Make an existing ``tf.Variable`` the storage of a Keras variable (no copy: reading,
+    assigning and training the Keras variable then use ``storage``).
+
+    Assigns ``KerasVariable._value``. Keras' ``keras.Variable(initializer=tf_variable)``
+    copies the value into a new ``tf.Variable`` and ``assign`` copies values; no public
+    API shares one storage. Reading it back is public: ``variable.value``.
+    Checked: Keras 3.15.1, TensorFlow backend.
+    """
+    variable._value = storage
+
+
+# ---------------------------------------------------------------------------- export
+def get_input_signature(model: keras.Model) -> Any:
+    """The input signature ``model.export`` uses: a list (one entry per positional
+    argument) of nested ``keras.InputSpec``/``tf.TensorSpec`` structures.
+
+    Uses ``keras.src.export.export_utils.get_input_signature``; ``model.export`` computes
+    it but no public API returns it. Raises what it raises (``ValueError`` when the model
+    is not built, ``TypeError`` when it is not a model). Checked: Keras 3.15.1.
+    """
+    from keras.src.export import export_utils
+
+    return export_utils.get_input_signature(model)
+
+
+def make_tf_tensor_spec(spec: Any, *, dynamic_batch: bool = False) -> tf.TensorSpec:
+    """``tf.TensorSpec`` of an entry of ``get_input_signature`` (batch dimension free if
+    ``dynamic_batch``), the conversion ``model.export`` applies.
+
+    Uses ``keras.src.export.export_utils.make_tf_tensor_spec``; not public.
+    Checked: Keras 3.15.1.
+    """
+    from keras.src.export import export_utils
+
+    return export_utils.make_tf_tensor_spec(spec, dynamic_batch=dynamic_batch)
+
+
+# ------------------------------------------------------ workarounds of Keras bugs
+# Minor versions of Keras on which both multi-worker bugs below were reproduced
+# (tests/test_compat.py::test_multiworker_keras_bugs_still_present). The workarounds are
+# applied on these versions only.
+MULTIWORKER_BUGS_IN = frozenset({(3, 15)})
+
+
+def multiworker_workarounds_needed(release: tuple[int, int] = KERAS_RELEASE) -> bool:
+    """Whether the installed Keras (``release``) is known to need the two workarounds."""
+    return release in MULTIWORKER_BUGS_IN
+
+
+def patch_multiworker_mean_reduction() -> bool:
+    """Work around a Keras bug under ``MultiWorkerMirroredStrategy``: Keras reduces every
+    step's outputs (scalar metric results) with ``strategy.reduce("MEAN", v, axis=0)``,
+    which fails on scalars ("Invalid reduction dimension 0 for input with 0 dimensions",
+    tensorflow/tensorflow#72388). Reduce them over replicas with ``axis=None`` instead:
+    the mean across replicas, as Keras computes it under ``MirroredStrategy``.
+
+    Replaces ``keras.src.backend.tensorflow.trainer.reduce_per_replica``, a module-level
+    function the TensorFlow trainer looks up at every call; nothing public configures
+    the reduction. Applied only on the Keras versions in ``MULTIWORKER_BUGS_IN`` (checked:
+    Keras 3.15.1, TensorFlow 2.21.0). Idempotent. True if the patch is in place.
+    """
+    if not multiworker_workarounds_needed():
+        return False
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    original = keras_tf_trainer.reduce_per_replica
+    if getattr(original, "patched_by_trainer", False):
+        return True
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy
+        ):
+            return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return original(values, strategy, reduction)
+
+    reduce_per_replica.patched_by_trainer = True
+    keras_tf_trainer.reduce_per_replica = reduce_per_replica
+    return True
+
+
+def build_from_example_batch(model: keras.Model, example_batch: tuple) -> bool:
+    """Work around a Keras bug under ``MultiWorkerMirroredStrategy``: before every
+    fit/evaluate, Keras takes a batch from the distributed iterator and all-reduces it
+    (nested) only to read its shapes, which the strategy rejects ("Attempt to convert a
+    value (PerReplica...)"). Give Keras one plain example batch instead; nothing else
+    about building changes.
+
+    Overrides the private ``Trainer._maybe_symbolic_build`` on this model instance (no
+    public hook decides what that build is given). Applied only on the Keras versions in
+    ``MULTIWORKER_BUGS_IN`` (checked: Keras 3.15.1, TensorFlow 2.21.0). True if applied.
+    """
+    if not multiworker_workarounds_needed():
+        return False
+    original: Callable[..., Any] = model._maybe_symbolic_build
+
+    def symbolic_build(iterator=None, data_batch=None):
+        original(data_batch=example_batch if iterator is not None else data_batch)
+
+    model._maybe_symbolic_build = symbolic_build
+    return True
+
+
+# ------------------------------------------------------------------------ saving
+# Where Keras's own layers define load_own_variables only to handle quantized or LoRA
+# variables (module names compared as strings, never imported).
+_POSITIONAL_LOAD_MODULES = frozenset(
+    {
+        "keras.src.layers.layer",
+        "keras.src.layers.core.dense",
+        "keras.src.layers.core.einsum_dense",
+        "keras.src.layers.core.embedding",
+        "keras.src.layers.convolutional.base_conv",
+    }
+)
+
+
+def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
+    """True if ``layer.load_own_variables`` only assigns the layer's own variables in order,
+    so that copying those variables by position is the same as calling it.
+
+    Keras's ``Layer`` does that; ``Dense``, ``EinsumDense``, ``Embedding`` and the
+    convolutions override it only for quantized or LoRA variables. Public Keras does not
+    say which overrides are of that kind, so this compares where the method is defined
+    with those private modules. Checked: Keras 3.15.1; ``tests/test_compat.py`` lists every
+    Keras layer overriding ``load_own_variables`` and fails when a new one appears.
+    """
+    defined_in = type(layer).load_own_variables.__module__
+    quantized = getattr(layer, "quantization_mode", None) is not None
+    lora = bool(getattr(layer, "lora_enabled", False))
+    return defined_in in _POSITIONAL_LOAD_MODULES and not quantized and not lora

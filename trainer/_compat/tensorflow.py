@@ -1,0 +1,67 @@
+"""TensorFlow internals that trainer needs and TensorFlow exposes no public API for.
+
+Every helper names the private module or attribute it uses, why no public API does the
+job, and the version it was checked against (TensorFlow 2.21.0). ``tests/test_compat.py``
+checks each helper against the behaviour it relies on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+
+def saving_context(options: tf.saved_model.SaveOptions) -> contextlib.AbstractContextManager:
+    """The context ``tf.saved_model.save(..., options=options)`` traces functions in.
+
+    The save context is part of ``tf.function``'s cache key: functions traced inside it
+    are found again by the save, outside it the save traces every function a second time.
+    Uses ``tensorflow.python.saved_model.save_context.save_context``; TensorFlow enters it
+    only inside ``tf.saved_model.save``, with no public way to enter it beforehand.
+    Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.saved_model import save_context
+
+    return save_context.save_context(options)
+
+
+def map_structure_with_tuple_paths(func: Callable[[tuple, Any], Any], structure: Any) -> Any:
+    """``func(path, leaf)`` over a nested structure, paths as ``tf.function`` sees them.
+
+    Uses ``tensorflow.python.util.nest.map_structure_with_tuple_paths``. ``tf.nest`` has
+    no public variant with paths, and ``keras.tree.flatten_with_path`` differs from how
+    ``tf.function`` names its placeholders: it gives a namedtuple's fields as positions
+    (``args_0_0``) where ``tf.function`` uses the field names (``args_0_b``), and visits
+    an ``OrderedDict`` in insertion order instead of sorted. Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.util import nest
+
+    return nest.map_structure_with_tuple_paths(func, structure)
+
+
+def concrete_functions(function: Any) -> list[Any]:
+    """Every concrete function traced for a ``tf.function`` or one loaded with
+    ``tf.saved_model.load``, in the order they were traced (loaded: as saved).
+
+    Uses ``Function._list_all_concrete_functions``. The public API can only look a
+    concrete function up by its input signature (``get_concrete_function``), which is
+    what the callers want to find out; ``experimental_get_tracing_count`` only counts.
+    Checked: TensorFlow 2.21.0.
+    """
+    return list(function._list_all_concrete_functions())
+
+
+def write_fingerprint(directory: str) -> None:
+    """Write ``fingerprint.pb`` for the SavedModel in ``directory`` (hashes of its
+    ``saved_model.pb`` and variables), as ``tf.saved_model.save`` does.
+
+    Uses ``tensorflow.python.saved_model.fingerprinting_utils.write_fingerprint``; the
+    public ``tf.saved_model.experimental`` API only reads fingerprints. Raises whatever
+    the import or the write raises. Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.saved_model import fingerprinting_utils
+
+    fingerprinting_utils.write_fingerprint(directory)

@@ -1,0 +1,220 @@
+"""Keras's per-layer state protocol, honoured by every backend.
+
+A Keras layer may keep state that is not a plain variable, or must be post-processed after
+its variables are set, and says how to store it by overriding four public methods:
+``save_own_variables(store)`` / ``load_own_variables(store)`` (a dict of arrays) and
+``save_assets(dir)`` / ``load_assets(dir)`` (files). Adapted ``Normalization`` recomputes
+its cached mean and variance in ``load_own_variables``; adapted ``StringLookup`` /
+``IntegerLookup`` / ``TextVectorization`` keep their vocabulary as an asset. Copying
+variables by position skips all of that and loads "successfully" with wrong outputs, so a
+backend stores every layer's state through these methods instead.
+
+Layers are visited in one deterministic order (the model first, then every sublayer once,
+in Keras's own tracking order), and matched by position: the loading process rebuilds the
+same architecture, so the order is the same; layer names are kept only as labels and
+checked. A layer's own hook raising is reported as that layer's failure, never as a
+damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer._compat.keras import sublayers
+from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, LayerStateError
+
+
+@dataclass
+class LayerState:
+    """What one layer stores: its ``save_own_variables`` dict and its asset files."""
+
+    name: str
+    class_name: str
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    assets: dict[str, bytes] = field(default_factory=dict)  # relative path -> content
+
+
+def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The model and every sublayer, each once, in the order both sides agree on."""
+    return sublayers(model, include_self=True, recursive=True)
+
+
+def collect(model: keras.Model) -> list[LayerState]:
+    """Every layer's state, as its own ``save_own_variables`` / ``save_assets`` give it."""
+    return [collect_one(layer) for layer in stateful_layers(model)]
+
+
+def collect_one(layer: keras.layers.Layer) -> LayerState:
+    """One layer's state, as its own ``save_own_variables`` / ``save_assets`` give it."""
+    state = LayerState(layer.name, type(layer).__name__)
+    store: dict[str, object] = {}
+    _call(layer, "save_own_variables", store, saving=True)
+    state.arrays = {key: np.asarray(keras.ops.convert_to_numpy(v)) for key, v in store.items()}
+    if hasattr(layer, "save_assets"):
+        with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
+            _call(layer, "save_assets", scratch, saving=True)
+            state.assets = _read_tree(Path(scratch))
+    return state
+
+
+def restore(model: keras.Model, states: list[LayerState], where: str) -> None:
+    """Give every layer of ``model`` its stored state through ``load_own_variables`` and
+    ``load_assets``; the layers must match the stored ones in number and class."""
+    layers = stateful_layers(model)
+    if len(layers) != len(states):
+        raise CorruptCheckpointError(
+            f"{where} holds the state of {len(states)} layers but the model rebuilt from its "
+            f"config has {len(layers)}. The checkpoint is damaged or was written by a "
+            f"different architecture. Received: {len(states)} layer states"
+        )
+    for layer, state in zip(layers, states, strict=True):
+        if type(layer).__name__ != state.class_name:
+            raise CorruptCheckpointError(
+                f"{where}: layer {layer.name!r} is a {type(layer).__name__} but the stored "
+                f"state at its position is for a {state.class_name} ({state.name!r}). The "
+                f"checkpoint is damaged or was written by a different architecture. "
+                f"Received: {state.class_name}"
+            )
+        restore_one(layer, state)
+
+
+def restore_one(layer: keras.layers.Layer, state: LayerState) -> None:
+    """``load_own_variables`` then ``load_assets``, in Keras's order."""
+    _call(layer, "load_own_variables", dict(state.arrays), saving=False)
+    if hasattr(layer, "load_assets"):  # as Keras does: even with no stored file
+        with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
+            _write_tree(Path(scratch), state.assets)
+            _call(layer, "load_assets", scratch, saving=False)
+
+
+def copy_own_state(source: keras.Model, target: keras.Model) -> None:
+    """Give each layer of ``target`` (the same architecture) the state its counterpart in
+    ``source`` keeps its own way, through the protocol, as a save and load would. Plain
+    layers are skipped: their variables are copied directly by the caller."""
+    pairs = zip(stateful_layers(source), stateful_layers(target), strict=True)
+    for mine, theirs in pairs:
+        if not keeps_own_state(mine):
+            continue
+        store: dict[str, object] = {}
+        _call(mine, "save_own_variables", store, saving=True)
+        _call(theirs, "load_own_variables", store, saving=False)
+        if hasattr(mine, "save_assets") and hasattr(theirs, "load_assets"):
+            with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
+                _call(mine, "save_assets", scratch, saving=True)
+                _call(theirs, "load_assets", scratch, saving=False)
+
+
+def write_assets(model: keras.Model, directory: Path) -> None:
+    """Every layer's ``save_assets`` files under ``directory/NNNNN/`` (NNNNN: the layer's
+    position); for a backend whose variables Keras's own ``save_weights`` already stores
+    through ``save_own_variables``, which carries no assets."""
+    for index, layer in enumerate(stateful_layers(model)):
+        if hasattr(layer, "save_assets"):
+            target = directory / f"{index:05d}"
+            target.mkdir(parents=True)
+            _call(layer, "save_assets", str(target), saving=True)
+
+
+def read_assets(model: keras.Model, directory: Path, where: str) -> None:
+    """Give every layer with ``load_assets`` its files written by :func:`write_assets`."""
+    for index, layer in enumerate(stateful_layers(model)):
+        if not hasattr(layer, "load_assets"):
+            continue
+        source = directory / f"{index:05d}"
+        if hasattr(layer, "save_assets") and not source.is_dir():
+            raise CorruptCheckpointError(
+                f"{where}: the asset files of layer {layer.name!r} ({type(layer).__name__}) "
+                f"are missing; the checkpoint is damaged or was written by a different "
+                f"architecture. Received: no {source.name}/ in {directory}"
+            )
+        with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
+            if source.is_dir():
+                _write_tree(Path(scratch), _read_tree(source))
+            _call(layer, "load_assets", scratch, saving=False)
+
+
+def keeps_own_state(layer: keras.layers.Layer, *, assets_only: bool = False) -> bool:
+    """True if ``layer`` keeps state that variables copied by position would not restore:
+    it has assets, or (unless ``assets_only``) loads its variables its own way."""
+    if hasattr(layer, "load_assets"):
+        return True
+    if assets_only:
+        return False
+    return not loads_own_variables_by_position(layer)
+
+
+def refuse_older_format(model: keras.Model, where: object, *, assets_only: bool) -> None:
+    """Checkpoints written before this protocol was honoured stored variables only (by
+    position, or without assets): correct for plain layers, silently wrong for a layer
+    that keeps state its own way. Refuse those instead of loading them wrong."""
+    special = [
+        f"{layer.name!r} ({type(layer).__name__})"
+        for layer in stateful_layers(model)
+        if keeps_own_state(layer, assets_only=assets_only)
+    ]
+    if special:
+        raise IncompatibleFormatError(
+            f"{where} was written by an older trainer that stored only variables, which "
+            f"cannot restore the state these layers keep their own way: "
+            f"{', '.join(special[:5])}. Load it with the trainer version that wrote it and "
+            f"save it again, or retrain. Received: format_version 1"
+        )
+
+
+PROTOCOL = ("save_own_variables", "load_own_variables", "save_assets", "load_assets")
+
+
+def failing_layer(error: BaseException) -> tuple[keras.layers.Layer, str] | None:
+    """The layer (and protocol method) in whose hook ``error`` was raised, when Keras's own
+    saving code called the hook for us (``save_weights`` / ``load_weights``)."""
+    found = None
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name in PROTOCOL and isinstance(owner, keras.layers.Layer):
+            found = owner, frame.f_code.co_name  # the innermost one wins
+        traceback = traceback.tb_next
+    return found
+
+
+def _call(layer: keras.layers.Layer, method: str, argument: object, *, saving: bool) -> None:
+    try:
+        getattr(layer, method)(argument)
+    except Exception as error:  # the layer's own code: named as such, never "damaged"
+        what = (
+            "Fix that method of the layer, or the state it keeps"
+            if saving
+            else "Either the method has a bug, or the state stored for this layer does not "
+            "fit the layer as it is now built (another version of its class?)"
+        )
+        raise LayerStateError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) failed in its own {method}() "
+            f"while {'saving' if saving else 'loading'} a checkpoint. {what}. "
+            f"Received error: {type(error).__name__}: {error}"
+        ) from error
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _write_tree(root: Path, files: dict[str, bytes]) -> None:
+    for relative, content in files.items():
+        target = (root / relative).resolve()
+        if root.resolve() not in target.parents:  # stored names are untrusted
+            raise CorruptCheckpointError(
+                f"An asset file name in the checkpoint leaves its directory; the checkpoint "
+                f"is damaged or crafted. Received: {relative!r}"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
