@@ -25,7 +25,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from trainer._compat.keras import sublayers
+from trainer._compat.keras import loads_own_variables_by_position, sublayers
 from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, LayerStateError
 
 
