@@ -55,7 +55,7 @@ def _keras_layer_classes():
     return seen
 
 
-def test_keras_layers_overriding_load_own_variables_are_the_known_ones():
+def test_keras_layers_overriding_the_variable_protocol_are_the_known_ones():
     """``loads_own_variables_by_position`` trusts Dense, EinsumDense, Embedding and the
     convolutions to override ``load_own_variables`` for quantization/LoRA only; every
     other Keras layer with its own override keeps state that positional copies would
@@ -63,9 +63,10 @@ def test_keras_layers_overriding_load_own_variables_are_the_known_ones():
     from trainer._compat.keras import _POSITIONAL_LOAD_MODULES
 
     overriding = {
-        cls.load_own_variables.__module__
+        getattr(cls, method).__module__
         for cls in _keras_layer_classes()
-        if cls.load_own_variables.__module__.startswith("keras.src.layers")
+        for method in ("load_own_variables", "save_own_variables")
+        if getattr(cls, method).__module__.startswith("keras.src.layers")
     }
     state_keepers = {
         "keras.src.layers.preprocessing.discretization",

@@ -317,8 +317,9 @@ _POSITIONAL_LOAD_MODULES = frozenset(
 
 
 def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
-    """True if ``layer.load_own_variables`` only assigns the layer's own variables in order,
-    so that copying those variables by position is the same as calling it.
+    """True if ``layer.save_own_variables`` / ``load_own_variables`` only store and assign
+    the layer's own variables in order, so that copying those variables by position is the
+    same as calling them.
 
     Keras's ``Layer`` does that; ``Dense``, ``EinsumDense``, ``Embedding`` and the
     convolutions override it only for quantized or LoRA variables. Public Keras does not
@@ -326,7 +327,8 @@ def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
     with those private modules. Checked: Keras 3.15.1; ``tests/test_compat.py`` lists every
     Keras layer overriding ``load_own_variables`` and fails when a new one appears.
     """
-    defined_in = type(layer).load_own_variables.__module__
+    cls = type(layer)
+    defined_in = {cls.load_own_variables.__module__, cls.save_own_variables.__module__}
     quantized = getattr(layer, "quantization_mode", None) is not None
     lora = bool(getattr(layer, "lora_enabled", False))
-    return defined_in in _POSITIONAL_LOAD_MODULES and not quantized and not lora
+    return defined_in <= _POSITIONAL_LOAD_MODULES and not quantized and not lora

@@ -35,6 +35,7 @@ from trainer.errors import (
     MissingClassError,
     ModelNotReadyError,
     SaveError,
+    TrainerError,
     UnsafeCheckpointError,
 )
 from trainer.save_backends.base import checkpoint_state
@@ -203,10 +204,14 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
         return keras.saving.deserialize_keras_object(  # Keras pops from what it is given
             copy.deepcopy(config), custom_objects=custom_objects, safe_mode=safe_mode
         )
-    except (TypeError, ValueError, AttributeError, LookupError, RecursionError) as error:
-        # What Keras's deserialization raises on a damaged or foreign config (for example
-        # AttributeError for a non-string "module"); this call is the boundary where it is
-        # untrusted data, not a bug of ours, that fails.
+    except TrainerError:
+        raise
+    except Exception as error:
+        # Only Keras's deserializer and the stored classes' own from_config run inside this
+        # try, on untrusted data, and a damaged config makes them raise nearly anything
+        # (AttributeError for a non-string "module", RuntimeError "could not find layer",
+        # found by tests/test_untrusted.py's fuzzer). No trainer code runs here, so nothing
+        # of ours is hidden by turning these into a clear error about the checkpoint.
         message = str(error)
         missing = re.search(r"Could not locate (?:class|function) '([^']+)'", message)
         if missing:

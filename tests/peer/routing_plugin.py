@@ -1,0 +1,454 @@
+"""Pytest plugin: run Keras 3's own saving tests with Keras's save/load routed through trainer.
+
+Loaded into a pytest run of the *installed* Keras test modules (nothing is copied)::
+
+    TRAINER_PEER_BACKEND=h5 TRAINER_PEER_REPORT=/tmp/h5.json PYTHONPATH=tests/peer:. \\
+        python -m pytest -p routing_plugin --pyargs keras.src.saving.saving_lib_test
+
+At ``pytest_configure`` it replaces Keras's public save/load entry points (and every
+module-level alias of them inside ``keras``, such as ``saving_lib.save_model`` that the
+tests import directly) with routers:
+
+* a *save* Keras would write as a whole-model file (a path ending in ``.keras``, or
+  ``.h5``/``.hdf5`` for the public API, zipped, no extra options) becomes
+  ``get_backend(B).save(model, path)``; the backend may add its suffix
+  (``backend.checkpoint_path(path)``), and loads map the same path the same way;
+* a *load* of a path that holds a checkpoint of backend B (or that a routed save wrote)
+  becomes ``get_backend(B).load(path, custom_objects=, compile=, safe_mode=).model``;
+* with B = savedmodel (the only backend whose checkpoint is a SavedModel), a SavedModel
+  export (``export_saved_model``, ``Model.export(format="tf_saved_model")``) without
+  ``input_signature`` or backend-specific options becomes ``get_backend(B).save``.
+
+Everything trainer has no equivalent for is passed to the original Keras function and
+counted as a fall-through, never as reaching trainer: file objects (``BytesIO``),
+``zipped=False`` directories, deprecated or unknown arguments (Keras's own argument
+checks), other extensions, and loads of files trainer did not write (fixtures, zips the
+test crafts, legacy H5 written by ``save_model_to_hdf5``). While an original Keras
+function or a trainer backend runs, the routers step aside, so nothing is routed twice.
+
+Per test, the report (JSON at ``TRAINER_PEER_REPORT``) records the outcome, the failure
+message, how many saves/loads reached trainer, the fall-throughs and trainer's errors. A
+test with no save or load through trainer is *not applicable*, whatever its outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BACKENDS = ("savedmodel", "h5", "weights")
+ENV_BACKEND = "TRAINER_PEER_BACKEND"
+ENV_REPORT = "TRAINER_PEER_REPORT"
+MAX_TEXT = 2000
+
+
+class _Router:
+    """The routers and their per-test counters."""
+
+    def __init__(self, backend: str):
+        from trainer.save_backends import backend_class
+
+        self.backend = backend
+        self.cls = backend_class(backend)
+        self.bypass = 0  # > 0 while original Keras code or trainer runs
+        self.written: set[str] = set()  # real paths routed saves produced
+        self.patched: list[str] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts: dict[str, Any] = {
+            "saves": 0,
+            "loads": 0,
+            "exports": 0,
+            "fallthrough_saves": 0,
+            "fallthrough_loads": 0,
+            "fallthrough_exports": 0,
+            "trainer_errors": [],
+            "calls": [],
+        }
+
+    @contextlib.contextmanager
+    def stepping_aside(self):
+        self.bypass += 1
+        try:
+            yield
+        finally:
+            self.bypass -= 1
+
+    def _note(self, text: str) -> None:
+        if len(self.counts["calls"]) < 20:
+            self.counts["calls"].append(text)
+
+    def _trainer(self, kind: str, api: str, path: Any, call):
+        self.counts[kind] += 1
+        try:
+            with self.stepping_aside():
+                return call()
+        except BaseException as error:
+            self.counts["trainer_errors"].append(
+                f"{kind[:-1]} via {api}: {type(error).__name__}: {str(error)[:300]}"
+            )
+            raise
+
+    def _fallthrough(self, kind: str, api: str, reason: str, original, *args, **kwargs):
+        self.counts[f"fallthrough_{kind}"] += 1
+        self._note(f"keras {kind[:-1]} via {api} ({reason})")
+        with self.stepping_aside():
+            return original(*args, **kwargs)
+
+    # ------------------------------------------------------------------ save
+    def save(self, api: str, original, model, filepath, *, why_not: str | None, args, kwargs):
+        """Route one save, or hand it to ``original(*args, **kwargs)`` with the reason."""
+        if self.bypass:
+            return original(*args, **kwargs)
+        if why_not is None and not isinstance(filepath, (str, os.PathLike)):
+            why_not = f"target is a {type(filepath).__name__}, not a path"
+        if why_not is None and str(filepath).startswith("hf://"):
+            why_not = "Hugging Face Hub target"
+        if why_not is not None:
+            return self._fallthrough("saves", api, why_not, original, *args, **kwargs)
+        from trainer.save_backends import get_backend
+
+        real = self._trainer(
+            "saves", api, filepath, lambda: get_backend(self.backend).save(model, filepath)
+        )
+        self.written.add(os.path.abspath(real))
+        self._note(f"trainer save via {api}: {Path(filepath).name} -> {Path(real).name}")
+        return None  # as Keras
+
+    # ---------------------------------------------------------------- export
+    def export(self, api: str, original, model, filepath, *, why_not: str | None, args, kwargs):
+        """Route one SavedModel export to the savedmodel backend (the only one whose
+        checkpoint is a SavedModel), or hand it to ``original``."""
+        if self.bypass:
+            return original(*args, **kwargs)
+        if why_not is None and self.backend != "savedmodel":
+            why_not = f"the {self.backend} backend writes no SavedModel"
+        if why_not is None and not isinstance(filepath, (str, os.PathLike)):
+            why_not = f"target is a {type(filepath).__name__}, not a path"
+        if why_not is not None:
+            return self._fallthrough("exports", api, why_not, original, *args, **kwargs)
+        from trainer.save_backends import get_backend
+
+        real = self._trainer(
+            "exports", api, filepath, lambda: get_backend(self.backend).save(model, filepath)
+        )
+        self.written.add(os.path.abspath(real))
+        self._note(f"trainer save via {api}: {Path(filepath).name} -> {Path(real).name}")
+        return None
+
+    # ------------------------------------------------------------------ load
+    def load(
+        self,
+        api: str,
+        original,
+        filepath,
+        custom_objects=None,
+        compile=True,
+        safe_mode=True,
+        **extra,
+    ):
+        args = (filepath,)
+        kwargs = dict(custom_objects=custom_objects, compile=compile, safe_mode=safe_mode)
+        kwargs.update(extra)
+        if self.bypass:
+            return original(*args, **kwargs)
+        if extra:
+            why_not = f"arguments {sorted(extra)}"
+        elif isinstance(filepath, io.IOBase) or not isinstance(filepath, (str, os.PathLike)):
+            why_not = f"source is a {type(filepath).__name__}, not a path"
+        else:
+            from trainer.save_backends import get_backend
+
+            mapped = get_backend(self.backend).checkpoint_path(filepath)
+            if self.cls.can_load(mapped) or os.path.abspath(mapped) in self.written:
+                model = self._trainer(
+                    "loads",
+                    api,
+                    mapped,
+                    lambda: (
+                        get_backend(self.backend)
+                        .load(
+                            mapped,
+                            custom_objects=custom_objects,
+                            compile=compile,
+                            safe_mode=safe_mode,
+                        )
+                        .model
+                    ),
+                )
+                self._note(f"trainer load via {api}: {mapped.name}")
+                return model
+            why_not = "not a trainer checkpoint"
+        return self._fallthrough("loads", api, why_not, original, *args, **kwargs)
+
+
+_router: _Router | None = None
+_results: dict[str, dict[str, Any]] = {}
+_started = time.monotonic()
+
+
+def _save_api_why_not(filepath, zipped, kwargs) -> str | None:
+    """Why ``keras.saving.save_model`` / ``Model.save`` arguments are not for trainer."""
+    if kwargs:
+        return f"arguments {sorted(kwargs)} (Keras's argument checks)"
+    if zipped is False:
+        return "zipped=False directory"
+    if isinstance(filepath, (str, os.PathLike)) and not str(filepath).endswith(
+        (".keras", ".h5", ".hdf5")
+    ):
+        return "not a .keras/.h5 path (Keras's extension check)"
+    return None
+
+
+def _install(router: _Router) -> None:
+    import keras
+    from keras.src.models import model as model_module
+    from keras.src.saving import saving_api, saving_lib
+
+    originals = {
+        "save_api": saving_api.save_model,
+        "load_api": saving_api.load_model,
+        "save_lib": saving_lib.save_model,
+        "load_lib": saving_lib.load_model,
+    }
+    model_save = model_module.Model.save
+
+    @functools.wraps(originals["save_api"])
+    def save_api(model, filepath, overwrite=True, zipped=None, **kwargs):
+        why_not = _save_api_why_not(filepath, zipped, kwargs)
+        if why_not is None and not overwrite and os.path.exists(filepath):
+            why_not = "overwrite=False on an existing path"
+        return router.save(
+            "saving_api.save_model",
+            originals["save_api"],
+            model,
+            filepath,
+            why_not=why_not,
+            args=(model, filepath),
+            kwargs=dict(overwrite=overwrite, zipped=zipped, **kwargs),
+        )
+
+    @functools.wraps(originals["save_lib"])
+    def save_lib(model, filepath, weights_format="h5", zipped=True):
+        why_not = None
+        if weights_format != "h5":
+            why_not = f"weights_format={weights_format!r}"
+        elif not zipped:
+            why_not = "zipped=False directory"
+        elif isinstance(filepath, (str, os.PathLike)) and not str(filepath).endswith(".keras"):
+            why_not = "not a .keras path (Keras's extension check)"
+        return router.save(
+            "saving_lib.save_model",
+            originals["save_lib"],
+            model,
+            filepath,
+            why_not=why_not,
+            args=(model, filepath),
+            kwargs=dict(weights_format=weights_format, zipped=zipped),
+        )
+
+    @functools.wraps(model_save)
+    def save_method(self, filepath, overwrite=True, zipped=None, **kwargs):
+        why_not = _save_api_why_not(filepath, zipped, kwargs)
+        if why_not is None and not overwrite and os.path.exists(filepath):
+            why_not = "overwrite=False on an existing path"
+        return router.save(
+            "Model.save",
+            model_save,
+            self,
+            filepath,
+            why_not=why_not,
+            args=(self, filepath),
+            kwargs=dict(overwrite=overwrite, zipped=zipped, **kwargs),
+        )
+
+    @functools.wraps(originals["load_api"])
+    def load_api(filepath, *args, **kwargs):
+        return router.load(
+            "saving_api.load_model", originals["load_api"], filepath, *args, **kwargs
+        )
+
+    @functools.wraps(originals["load_lib"])
+    def load_lib(filepath, *args, **kwargs):
+        return router.load(
+            "saving_lib.load_model", originals["load_lib"], filepath, *args, **kwargs
+        )
+
+    from keras.src.export import saved_model as export_module
+
+    originals["export"] = export_module.export_saved_model
+    model_export = model_module.Model.export
+
+    def _export_why_not(format, input_signature, kwargs) -> str | None:
+        if format != "tf_saved_model":
+            return f"format={format!r}"
+        if input_signature is not None:
+            return "input_signature given (trainer traces the model's own signature)"
+        if kwargs:
+            return f"arguments {sorted(kwargs)}"
+        return None
+
+    @functools.wraps(originals["export"])
+    def export_api(model, filepath, verbose=None, input_signature=None, **kwargs):
+        return router.export(
+            "export_saved_model",
+            originals["export"],
+            model,
+            filepath,
+            why_not=_export_why_not("tf_saved_model", input_signature, kwargs),
+            args=(model, filepath),
+            kwargs=dict(verbose=verbose, input_signature=input_signature, **kwargs),
+        )
+
+    @functools.wraps(model_export)
+    def export_method(
+        self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs
+    ):
+        return router.export(
+            "Model.export",
+            model_export,
+            self,
+            filepath,
+            why_not=_export_why_not(format, input_signature, kwargs),
+            args=(self, filepath),
+            kwargs=dict(format=format, verbose=verbose, input_signature=input_signature, **kwargs),
+        )
+
+    replacements = {
+        id(originals["export"]): export_api,
+        id(originals["save_api"]): save_api,
+        id(originals["load_api"]): load_api,
+        id(originals["save_lib"]): save_lib,
+        id(originals["load_lib"]): load_lib,
+    }
+    # Every alias inside keras: keras.saving.*, keras.models.*, keras.src.saving.*, ...
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "keras" or name.startswith("keras.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in replacements:
+                setattr(module, attr, replacements[id(value)])
+                router.patched.append(f"{name}.{attr}")
+    model_module.Model.save = save_method
+    model_module.Model.export = export_method
+    router.patched += ["keras.Model.save", "keras.Model.export"]
+    assert keras.Model.save is save_method
+    for entry in ("saving.save_model", "saving.load_model", "models.save_model"):
+        module, attr = entry.split(".")
+        assert getattr(getattr(keras, module), attr) in (save_api, load_api), entry
+    assert keras.models.load_model is load_api
+
+
+# ---------------------------------------------------------------------- pytest hooks
+def pytest_configure(config: pytest.Config) -> None:
+    global _router
+    backend = os.environ.get(ENV_BACKEND, "")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(
+            f"{ENV_BACKEND} must be one of {', '.join(BACKENDS)}; received {backend!r}"
+        )
+    _router = _Router(backend)
+    _install(_router)
+
+
+def _key(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    parts = item.nodeid.split("::")[1:]
+    return "::".join([module.__name__ if module else item.nodeid.split("::")[0], *parts])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    assert _router is not None
+    _router.reset()
+    item._peer_reports = []  # type: ignore[attr-defined]
+    yield
+    counts = _router.counts
+    reports = item._peer_reports  # type: ignore[attr-defined]
+    entry: dict[str, Any] = {"outcome": "passed", "message": "", "when": "", "duration": 0.0}
+    for report in reports:
+        entry["duration"] += report.duration
+        if report.failed and entry["outcome"] != "failed":
+            crash = getattr(report.longrepr, "reprcrash", None)
+            text = str(report.longrepr)
+            entry.update(
+                outcome="failed",
+                when=report.when,
+                message=(crash.message if crash else text)[:MAX_TEXT],
+                failing_lines=getattr(report, "peer_failing_lines", []),
+                longrepr_tail=text[-MAX_TEXT:],
+            )
+        elif report.skipped and entry["outcome"] == "passed":
+            longrepr = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            entry.update(outcome="skipped", when=report.when, message=str(reason)[:MAX_TEXT])
+    entry["duration"] = round(entry["duration"], 3)
+    entry.update({k: counts[k] for k in counts})
+    entry["reached_trainer"] = counts["saves"] + counts["loads"] + counts["exports"] > 0
+    _results[_key(item)] = entry
+    _write()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None:
+        return
+    # The source line of every frame in the test's own module: which assertion failed,
+    # since messages such as "False is not true" are generic.
+    module_file = getattr(getattr(item, "module", None), "__file__", None)
+    lines = []
+    for entry in call.excinfo.traceback:
+        if module_file and str(entry.path) == module_file:
+            with contextlib.suppress(Exception):
+                lines.append(str(entry.statement).strip()[:300])
+    report.peer_failing_lines = lines[-6:]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Reports arrive inside pytest_runtest_protocol; keep them on the current item.
+    item = _current.get(report.nodeid)
+    if item is not None:
+        item._peer_reports.append(report)
+
+
+_current: dict[str, pytest.Item] = {}
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    for item in items:
+        _current[item.nodeid] = item
+
+
+def _write() -> None:
+    path = os.environ.get(ENV_REPORT)
+    if not path or _router is None:
+        return
+    import keras
+
+    data = {
+        "backend": _router.backend,
+        "keras_version": keras.__version__,
+        "patched": _router.patched,
+        "seconds": round(time.monotonic() - _started, 1),
+        "tests": _results,
+    }
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    _write()
