@@ -8,6 +8,8 @@ are plain JSON; nothing here is code, so reading them can never execute anything
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -15,6 +17,7 @@ import keras
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
 
+log = logging.getLogger(__name__)
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
 
 
@@ -35,9 +38,34 @@ def keras_config(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str 
     try:
         config = keras.saving.serialize_keras_object(layer)
         json.dumps(config)
-    except Exception as err:  # any failure only means "revive from traced functions"
-        return None, f"{type(err).__name__}: {err}"[:300]
+    except Exception as err:  # the layer's own get_config: it will revive from its traces
+        reason = f"{type(err).__name__}: {err}"[:300]
+        log.warning(
+            "Layer %r (%s) has no usable config (%s): it will be revived from its traced "
+            "functions, also when its class is available.",
+            layer.name,
+            type(layer).__name__,
+            reason,
+        )
+        return None, reason
     return config, None
+
+
+def _stored_or_fallback(
+    fallbacks: dict[str, str], what: str, owner: str, produce: Callable[[], Any], fallback: Any
+) -> Any:
+    """``produce()`` runs the layer's (user's) own serialization code; if it fails, the
+    record keeps ``fallback``, and why is logged and kept in ``fallbacks`` (saved with the
+    record as ``save_fallbacks``) instead of being dropped silently."""
+    try:
+        value = produce()
+        json.dumps(value)
+        return value
+    except Exception as err:  # user code: any failure is its own, reported as such
+        reason = f"{type(err).__name__}: {err}"[:300]
+        log.warning("%s: its %s could not be stored (%s); kept %r.", owner, what, reason, fallback)
+        fallbacks[what] = reason
+        return fallback
 
 
 def carries_code(config: dict[str, Any] | None, layer: keras.layers.Layer) -> bool:
@@ -72,25 +100,32 @@ def child_attributes(layer: keras.layers.Layer, child: keras.layers.Layer) -> li
     return names
 
 
-def input_spec_config(layer: keras.layers.Layer) -> Any:
+def input_spec_config(layer: keras.layers.Layer, fallbacks: dict[str, str]) -> Any:
     spec = getattr(layer, "input_spec", None)
     if spec is None:
         return None
     specs = spec if isinstance(spec, list | tuple) else [spec]
-    out = []
-    for item in specs:
-        try:
-            out.append(item.get_config() if item is not None else None)
-        except Exception:
-            out.append(repr(item))
-    return out
+    owner = f"Layer {layer.name!r}"
+    return [
+        _stored_or_fallback(
+            fallbacks,
+            f"input_spec[{i}]",
+            owner,
+            lambda item=item: item.get_config() if item is not None else None,
+            repr(item),
+        )
+        for i, item in enumerate(specs)
+    ]
 
 
-def dtype_policy_config(layer: keras.layers.Layer) -> Any:
-    try:
-        return keras.saving.serialize_keras_object(layer.dtype_policy)
-    except Exception:
-        return layer.dtype_policy.name
+def dtype_policy_config(layer: keras.layers.Layer, fallbacks: dict[str, str]) -> Any:
+    return _stored_or_fallback(
+        fallbacks,
+        "dtype_policy",
+        f"Layer {layer.name!r}",
+        lambda: keras.saving.serialize_keras_object(layer.dtype_policy),
+        layer.dtype_policy.name,
+    )
 
 
 def layer_record(
@@ -109,11 +144,11 @@ def layer_record(
     config, config_error = keras_config(layer)
     original = original_identity(layer) or {}
     children = [c for c in keras_compat.tracked_sublayers(layer) if id(c) in layer_index]
-    try:
-        build_config = layer.get_build_config()
-        json.dumps(build_config)
-    except Exception:
-        build_config = None
+    fallbacks: dict[str, str] = {}
+    owner = f"Layer {layer.name!r} ({type(layer).__name__})"
+    build_config = _stored_or_fallback(
+        fallbacks, "build_config", owner, layer.get_build_config, None
+    )
     return {
         "id": index,
         "name": layer.name,
@@ -125,10 +160,10 @@ def layer_record(
         "carries_code": original.get("carries_code", carries_code(config, layer)),
         "model_kind": model_kind(layer),
         "trainable": bool(layer.trainable),
-        "dtype_policy": dtype_policy_config(layer),
+        "dtype_policy": dtype_policy_config(layer, fallbacks),
         "build_config": build_config,
         "takes_training": takes_training(layer),
-        "input_spec": input_spec_config(layer),
+        "input_spec": input_spec_config(layer, fallbacks),
         "sublayers": [
             {"id": layer_index[id(c)], "attributes": child_attributes(layer, c)} for c in children
         ],
@@ -139,18 +174,21 @@ def layer_record(
         ],
         "functions": functions,
         "call_specs": call_specs,
+        "save_fallbacks": fallbacks,  # what could not be stored, and why
     }
 
 
 def variable_record(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
     regularizer = getattr(variable, "regularizer", None)
-    reg_config = None
-    if regularizer is not None:
-        try:
-            reg_config = keras.saving.serialize_keras_object(regularizer)
-            json.dumps(reg_config)
-        except Exception:
-            reg_config = None
+    reg_config, fallbacks = None, {}
+    if regularizer is not None:  # a config-less regularizer still runs from its trace
+        reg_config = _stored_or_fallback(
+            fallbacks,
+            "regularizer",
+            f"Variable {getattr(variable, 'path', variable.name)!r}",
+            lambda: keras.saving.serialize_keras_object(regularizer),
+            None,
+        )
     return {
         "index": index,
         "path": getattr(variable, "path", variable.name),
@@ -162,6 +200,7 @@ def variable_record(variable: Any, index: int, owner: int | None) -> dict[str, A
         "node_path": f"model_variables/{index}",
         "has_regularizer": regularizer is not None,
         "regularizer": reg_config,
+        "save_fallbacks": fallbacks,
     }
 
 
