@@ -69,8 +69,51 @@ def trace_model(model: keras.Model) -> TracedModel:
     layers = tracing.all_layers(model)
     layer_index = {id(layer): i for i, layer in enumerate(layers)}
     opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
+    tf_vars, var_records, var_index = _variable_table(layers)
+    structure = tracing.model_input_structure(model)
+    recorder = _record_call_specs(model, layers, structure)
+    nodes: list[Node | None] = [None] * len(layers)
+    layer_records: list[dict[str, Any] | None] = [None] * len(layers)
+    # Traced inside the same save context tf.saved_model.save uses: the context is part of
+    # tf.function's cache key, and outside it the save would trace every function again.
+    with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
+        for li in _children_first(layers, layer_index):
+            nodes[li], layer_records[li] = _trace_node(
+                layers[li], li, layer_index, var_index, var_records, recorder, dispatcher
+            )
+        # The serving function calls the model's traced function: no third copy of the ops.
+        serve, specs = tracing.make_serving_function(model, structure)
+        serving = serve.get_concrete_function()
+    for li, layer in enumerate(layers):
+        tracked = keras_compat.tracked_sublayers(layer)
+        children = [nodes[layer_index[id(c)]] for c in tracked if id(c) in layer_index]
+        if children:
+            nodes[li].sublayers = children
+    root = Node(name="trainer_savedmodel")
+    # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
+    root.serving_default = serve
+    root.model_variables = tf_vars
+    root.optimizer_variables = [tf_variable(v) for v in opt_vars]
+    root.layer_nodes = nodes
+    return TracedModel(
+        root=root,
+        serving=serving,
+        layers=layer_records,
+        variables=var_records,
+        optimizer_variables=[
+            {"index": i, "path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)}
+            for i, v in enumerate(opt_vars)
+        ],
+        signature=_signature(specs, serving, structure),
+        fingerprint=structure_fingerprint(model),
+    )
 
-    # Global variable table, each storage once, parents first.
+
+def _variable_table(
+    layers: list[keras.layers.Layer],
+) -> tuple[list[tf.Variable], list[dict[str, Any]], dict[int, int]]:
+    """Every variable's storage once, parents first, each owned by the layer whose own
+    variable it is; returns the storages, their records and storage id -> index."""
     tf_vars: list[tf.Variable] = []
     var_records: list[dict[str, Any]] = []
     var_index: dict[int, int] = {}
@@ -86,69 +129,64 @@ def trace_model(model: keras.Model) -> TracedModel:
             var_index[id(storage)] = len(tf_vars)
             var_records.append(variable_record_for(v, len(tf_vars), owners.get(id(storage))))
             tf_vars.append(storage)
+    return tf_vars, var_records, var_index
 
-    structure = tracing.model_input_structure(model)
-    recording, specs = tracing.make_serving_function(model, structure)
+
+def _record_call_specs(
+    model: keras.Model, layers: list[keras.layers.Layer], structure: Any
+) -> tracing.CallRecorder:
+    """A throwaway trace of the serving function that only records what each layer
+    receives: the specs every layer's own functions are then traced with."""
+    recording, _ = tracing.make_serving_function(model, structure)
     recorder = tracing.CallRecorder(layers)
     try:
-        with recorder:  # a throwaway trace that only records what each layer receives
+        with recorder:
             recording.get_concrete_function()
     except ModelNotReadyError:
         raise
-    except Exception as err:
+    except Exception as err:  # the model's own call, in a tf.function: user code
         raise ModelNotReadyError(
             f"Model {model.name!r} could not be traced for serving: {type(err).__name__}: "
             f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
             f"was built with. Received {type(model).__name__}"
         ) from err
+    return recorder
 
-    nodes: list[Node | None] = [None] * len(layers)
-    layer_records: list[dict[str, Any] | None] = [None] * len(layers)
-    # Traced inside the same save context tf.saved_model.save uses: the context is part of
-    # tf.function's cache key, and outside it the save would trace every function again.
-    with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
-        for li in _children_first(layers, layer_index):
-            layer = layers[li]
-            node = Node(name=f"layer_{li}")
-            node.layer_variables = [tf_variable(v) for v in layer.variables]
-            resources = tracing.trackable_resources(layer)
-            if resources:
-                node.resources = resources
-            functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
-            own = [var_index[id(tf_variable(v))] for v in layer.variables]
-            own = [i for i in own if var_records[i]["owner"] == li]
-            layer_records[li] = records.layer_record(
-                layer,
-                li,
-                layer_index=layer_index,
-                variable_index=var_index,
-                own_variables=own,
-                functions=functions,
-                call_specs=call_specs,
-            )
-            nodes[li] = node
-            if hasattr(node, "call_infer"):  # after the record: this mutes its regularizer
-                dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
-        # The serving function calls the model's traced function: no third copy of the ops.
-        serve, specs = tracing.make_serving_function(model, structure)
-        serving = serve.get_concrete_function()
-    for li, layer in enumerate(layers):
-        tracked = keras_compat.tracked_sublayers(layer)
-        children = [nodes[layer_index[id(c)]] for c in tracked if id(c) in layer_index]
-        if children:
-            nodes[li].sublayers = children
 
-    root = Node(name="trainer_savedmodel")
-    # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
-    root.serving_default = serve
-    root.model_variables = tf_vars
-    root.optimizer_variables = [tf_variable(v) for v in opt_vars]
-    root.layer_nodes = nodes
-    opt_records = [
-        {"index": i, "path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)}
-        for i, v in enumerate(opt_vars)
-    ]
-    signature = {
+def _trace_node(
+    layer: keras.layers.Layer,
+    li: int,
+    layer_index: dict[int, int],
+    var_index: dict[int, int],
+    var_records: list[dict[str, Any]],
+    recorder: tracing.CallRecorder,
+    dispatcher: tracing.Dispatcher,
+) -> tuple[Node, dict[str, Any]]:
+    """One layer's node (its variables, resources and traced functions) and record."""
+    node = Node(name=f"layer_{li}")
+    node.layer_variables = [tf_variable(v) for v in layer.variables]
+    resources = tracing.trackable_resources(layer)
+    if resources:
+        node.resources = resources
+    functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
+    own = [var_index[id(tf_variable(v))] for v in layer.variables]
+    own = [i for i in own if var_records[i]["owner"] == li]
+    record = records.layer_record(
+        layer,
+        li,
+        layer_index=layer_index,
+        variable_index=var_index,
+        own_variables=own,
+        functions=functions,
+        call_specs=call_specs,
+    )
+    if hasattr(node, "call_infer"):  # after the record: this mutes its regularizer
+        dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
+    return node, record
+
+
+def _signature(specs: list[tf.TensorSpec], serving: Any, structure: Any) -> dict[str, Any]:
+    return {
         "inputs": [
             {"name": s.name, "shape": s.shape.as_list(), "dtype": s.dtype.name} for s in specs
         ],
@@ -156,15 +194,6 @@ def trace_model(model: keras.Model) -> TracedModel:
         "structure": tf.nest.map_structure(lambda s: None, structure),
         "structure_is_dict": isinstance(structure, dict),
     }
-    return TracedModel(
-        root=root,
-        serving=serving,
-        layers=layer_records,
-        variables=var_records,
-        optimizer_variables=opt_records,
-        signature=signature,
-        fingerprint=structure_fingerprint(model),
-    )
 
 
 def variable_record_for(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
