@@ -183,3 +183,16 @@ def test_version_1_files_load_plain_models_and_refuse_layers_with_own_state(back
     downgrade_to_version_1(backend, path, special)
     with pytest.raises(IncompatibleFormatError, match=r"older trainer.*'counter' \(Counter\)"):
         get_backend(backend).load(path)
+
+
+@pytest.mark.parametrize("backend", [*CONFIG_BACKENDS, "savedmodel"])
+def test_load_without_compile_returns_an_uncompiled_model(backend, tmp_path):
+    """Issue 14, defect 14: savedmodel returned a compiled model with a fresh optimizer."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    path = get_backend(backend).save(model, tmp_path / "ckpt")
+    loaded = get_backend(backend).load(path, compile=False).model
+    assert not loaded.compiled and getattr(loaded, "optimizer", None) is None
+    compiled = get_backend(backend).load(path).model
+    assert compiled.compiled and int(compiled.optimizer.iterations.numpy()) == 1

@@ -110,6 +110,11 @@ class SavedModelBackend(SaveBackend):
         saved = meta["savedmodel"]
         for record in saved["layers"]:  # untrusted: bound nesting and sizes before building
             limits.check_structure(record, "layer record", path, dimensions=True)
+            config = record.get("keras_config") if isinstance(record, dict) else None
+            if isinstance(config, dict):
+                # Keras compiles a model rebuilt from a config holding "compile_config";
+                # compiling is ours to do below, and only if asked (compile=False).
+                config.pop("compile_config", None)
         try:
             loaded = tf.saved_model.load(str(path))
         except Exception as err:
