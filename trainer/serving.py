@@ -35,7 +35,7 @@ def input_signature(model: keras.Model) -> list[Any]:
         return [specs[0] if len(specs) == 1 else specs]
     try:
         structure = keras_compat.get_input_signature(model)
-    except Exception as error:
+    except (ValueError, TypeError) as error:  # what Keras raises for an unbuilt model
         raise ModelNotReadyError(
             f"The input signature of model {model.name!r} cannot be determined "
             f"({type(error).__name__}: {error}). Build the model on a batch of data before "

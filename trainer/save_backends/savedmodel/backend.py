@@ -164,8 +164,8 @@ class SavedModelBackend(SaveBackend):
 def _root_policy(record: dict[str, Any]) -> Any:
     try:
         return keras.dtype_policies.deserialize(record["dtype_policy"])
-    except Exception:
-        return None
+    except (ValueError, TypeError, LookupError, AttributeError):  # untrusted record
+        return None  # revived under the current global policy; each layer keeps its own
 
 
 def _compile(

@@ -200,7 +200,7 @@ class Reviver:
             entry.update(class_name=token, registered_name=token, module=None)
         try:
             model = self._deserialize(config, extra)
-        except Exception:
+        except (TypeError, ValueError):  # what Keras raises for a class it cannot locate
             # A registered Functional subclass whose class is missing: plain Functional.
             base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
             with keras.saving.custom_object_scope({**self.custom_objects, **extra}):
@@ -300,5 +300,5 @@ class Reviver:
 def _policy(config: Any) -> Any:
     try:
         return keras.dtype_policies.deserialize(config)
-    except Exception:
+    except (ValueError, TypeError, LookupError, AttributeError):  # untrusted record
         return config if isinstance(config, str) else None
