@@ -196,3 +196,17 @@ def test_load_without_compile_returns_an_uncompiled_model(backend, tmp_path):
     assert not loaded.compiled and getattr(loaded, "optimizer", None) is None
     compiled = get_backend(backend).load(path).model
     assert compiled.compiled and int(compiled.optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("backend", [*CONFIG_BACKENDS, "savedmodel"])
+def test_saving_leaves_the_live_models_losses_alone(backend, tmp_path):
+    """Issue 14, defect 8: a savedmodel save emptied ``model.losses`` of the live model."""
+    inputs = keras.Input((3,))
+    dense = keras.layers.Dense(2, activity_regularizer="l2", kernel_regularizer="l1")
+    model = keras.Model(inputs, dense(inputs))
+    model.compile(loss="mse")
+    model(np.ones((2, 3), "float32"))
+    before = [float(loss) for loss in model.losses]
+    assert len(before) == 2
+    get_backend(backend).save(model, tmp_path / "ckpt")
+    assert [float(loss) for loss in model.losses] == before

@@ -10,8 +10,9 @@ version that still has it is installed but not covered by ``MULTIWORKER_BUGS_IN`
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -162,6 +163,23 @@ def clear_losses(layer: keras.layers.Layer) -> None:
     Checked: Keras 3.15.1.
     """
     layer._clear_losses()
+
+
+@contextlib.contextmanager
+def call_losses_kept(layer: keras.layers.Layer) -> Iterator[None]:
+    """Whatever runs inside (tracing, which calls every layer and clears their losses)
+    leaves the losses of the last eager call of ``layer`` and its sublayers as they were,
+    so that saving a model does not empty its ``model.losses``.
+
+    Reads and refills ``Layer._losses`` (see ``take_losses``). Checked: Keras 3.15.1.
+    """
+    saved = [(sub, list(sub._losses)) for sub in sublayers(layer, include_self=True)]
+    try:
+        yield
+    finally:
+        layer._clear_losses()
+        for sub, losses in saved:
+            sub._losses.extend(losses)
 
 
 # -------------------------------------------------------------------------- variables

@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from trainer import limits
+from trainer._compat import keras as keras_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends import layerstate, modelstate
@@ -68,7 +69,8 @@ class SavedModelBackend(SaveBackend):
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:
-        traced, full = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
+        with keras_compat.call_losses_kept(model):  # tracing must not empty model.losses
+            traced, full = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
         metadata = dict(metadata)
         metadata["savedmodel"] = {
             "format": layout.FORMAT,
