@@ -69,8 +69,11 @@ def write_arrays(
         dataset.attrs["dtype"] = str(value.dtype)  # h5py keeps bfloat16 & co. as opaque bytes
 
 
-def read_arrays(parent: h5py.Group, name: str, where: Path) -> list[np.ndarray]:
-    """The arrays of group ``name`` in stored order; checks none is missing."""
+def numbered_group(
+    parent: h5py.Group, name: str, what: str, where: Path
+) -> list[h5py.Group | h5py.Dataset]:
+    """The members of group ``name``, numbered 00000, 00001... up to its ``count``
+    attribute; a missing group, member or count is damage, said so."""
     if name not in parent:
         raise CorruptCheckpointError(
             f"{where}: group {name!r} is missing; the checkpoint is damaged. "
@@ -81,10 +84,15 @@ def read_arrays(parent: h5py.Group, name: str, where: Path) -> list[np.ndarray]:
     keys = sorted(group)
     if count != len(keys) or keys != [f"{i:05d}" for i in range(count)]:
         raise CorruptCheckpointError(
-            f"{where}: group {name!r} should hold {count} arrays numbered from 00000 but "
+            f"{where}: group {name!r} should hold {count} {what} numbered from 00000 but "
             f"holds {len(keys)}; the checkpoint is damaged. Received keys: {keys[:5]}..."
         )
-    return [_typed(group[key]) for key in keys]
+    return [group[key] for key in keys]
+
+
+def read_arrays(parent: h5py.Group, name: str, where: Path) -> list[np.ndarray]:
+    """The arrays of group ``name`` in stored order; checks none is missing."""
+    return [_typed(member) for member in numbered_group(parent, name, "arrays", where)]
 
 
 def _typed(dataset: h5py.Dataset) -> np.ndarray:
@@ -111,9 +119,8 @@ def read_labelled_arrays(
     parent: h5py.Group, name: str, where: Path
 ) -> list[tuple[str, np.ndarray]]:
     """``(label, array)`` pairs of a group written by :func:`write_arrays`, in order."""
-    arrays = read_arrays(parent, name, where)
-    group = parent[name]
-    return [(str(group[f"{i:05d}"].attrs.get("path", "")), a) for i, a in enumerate(arrays)]
+    members = numbered_group(parent, name, "arrays", where)
+    return [(str(member.attrs.get("path", "")), _typed(member)) for member in members]
 
 
 def write_layer_states(
@@ -131,21 +138,9 @@ def write_layer_states(
 
 
 def read_layer_states(parent: h5py.Group, name: str, where: Path) -> list[LayerState]:
-    if name not in parent:
-        raise CorruptCheckpointError(
-            f"{where}: group {name!r} is missing; the checkpoint is damaged. "
-            f"Received groups: {sorted(parent)}"
-        )
-    group = parent[name]
-    count = int(group.attrs.get("count", -1))
-    if sorted(group) != [f"{i:05d}" for i in range(count)]:
-        raise CorruptCheckpointError(
-            f"{where}: group {name!r} should hold {count} layer states numbered from 00000; "
-            f"the checkpoint is damaged. Received keys: {sorted(group)[:5]}..."
-        )
+    """The layer states written by :func:`write_layer_states`, in order."""
     states = []
-    for index in range(count):
-        layer = group[f"{index:05d}"]
+    for layer in numbered_group(parent, name, "layer states", where):
         state = LayerState(str(layer.attrs.get("name")), str(layer.attrs.get("class_name")))
         state.arrays = dict(read_labelled_arrays(layer, "arrays", where))
         assets = read_labelled_arrays(layer, "assets", where)
