@@ -1,0 +1,37 @@
+"""Compiling a revived SavedModel as saved (issue 14, defect 22): a metric whose class is
+missing at load is dropped and reported, as documented, not called damage."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras.src.saving import object_registration
+
+from trainer.save_backends import get_backend, load_checkpoint
+
+
+@keras.saving.register_keras_serializable(package="test_compile_restore")
+class MeanPrediction(keras.metrics.Mean):
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(keras.ops.mean(y_pred))
+
+
+def test_metric_with_missing_class_is_dropped_and_reported(tmp_path):
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="adam", loss="mse", metrics=[MeanPrediction(name="mine")])
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    key = "test_compile_restore>MeanPrediction"
+    objects = keras.saving.get_custom_objects()
+    names = object_registration.GLOBAL_CUSTOM_NAMES
+    cls = objects.pop(key)
+    names.pop(cls)
+    try:
+        checkpoint = load_checkpoint(path)
+    finally:
+        objects[key], names[cls] = cls, key
+    (dropped,) = checkpoint.metadata["dropped_metrics"]
+    assert dropped[0]["registered_name"] == key
+    assert checkpoint.model.compiled
+    assert int(checkpoint.model.optimizer.iterations.numpy()) == 1  # optimizer state kept
