@@ -98,15 +98,8 @@ def copy_own_state(source: keras.Model, target: keras.Model) -> None:
     layers are skipped: their variables are copied directly by the caller."""
     pairs = zip(stateful_layers(source), stateful_layers(target), strict=True)
     for mine, theirs in pairs:
-        if not keeps_own_state(mine):
-            continue
-        store: dict[str, object] = {}
-        _call(mine, "save_own_variables", store, saving=True)
-        _call(theirs, "load_own_variables", store, saving=False)
-        if hasattr(mine, "save_assets") and hasattr(theirs, "load_assets"):
-            with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
-                _call(mine, "save_assets", scratch, saving=True)
-                _call(theirs, "load_assets", scratch, saving=False)
+        if keeps_own_state(mine):
+            restore_one(theirs, collect_one(mine))  # the same path as a save and a load
 
 
 def write_assets(model: keras.Model, directory: Path) -> None:
