@@ -24,7 +24,7 @@ from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
-from trainer.save_backends.savedmodel import layer_state, layout, trace_cache
+from trainer.save_backends.savedmodel import endpoints, layer_state, layout, trace_cache
 from trainer.save_backends.savedmodel.records import check_json
 from trainer.save_backends.savedmodel.revival import Reviver
 from trainer.state import TrainingState
@@ -144,6 +144,7 @@ class SavedModelBackend(SaveBackend):
                 raise CorruptCheckpointError(f"{path}: the root did not revive as a keras.Model")
             # Keep the loaded object alive as long as the model: its functions are in use.
             object.__setattr__(model, "_trainer_loaded", loaded)
+            endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
             if meta["format_version"] >= 2:
                 layer_state.restore(model, reviver.layers, saved["layers"], path)

@@ -17,7 +17,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends.savedmodel import records, tracing
+from trainer.save_backends.savedmodel import endpoints, records, tracing
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
 
 SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -70,8 +70,8 @@ def trace_model(model: keras.Model) -> TracedModel:
     layer_index = {id(layer): i for i, layer in enumerate(layers)}
     opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
     tf_vars, var_records, var_index = _variable_table(layers)
-    structure = tracing.model_input_structure(model)
-    recorder = _record_call_specs(model, layers, structure)
+    args = endpoints.model_call_args(model)
+    recorder = _record_call_specs(model, layers, args)
     nodes: list[Node | None] = [None] * len(layers)
     layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
@@ -81,17 +81,22 @@ def trace_model(model: keras.Model) -> TracedModel:
             nodes[li], layer_records[li] = _trace_node(
                 layers[li], li, layer_index, var_index, var_records, recorder, dispatcher
             )
-        # The serving function calls the model's traced function: no third copy of the ops.
-        serve, specs = tracing.make_serving_function(model, structure)
-        serving = serve.get_concrete_function()
+        # serve calls the model's traced function, serving_default calls serve: the
+        # model's ops are stored once, under the root layer's call_infer.
+        named, specs = endpoints.named_args(args)
+        serve = endpoints.make_serve(model, named)
+        serving_default = endpoints.make_serving_default(model, serve, named)
+        serving = serving_default.get_concrete_function()
     for li, layer in enumerate(layers):
         tracked = keras_compat.tracked_sublayers(layer)
         children = [nodes[layer_index[id(c)]] for c in tracked if id(c) in layer_index]
         if children:
             nodes[li].sublayers = children
     root = Node(name="trainer_savedmodel")
+    # Keras's export endpoint: the model's own positional inputs and output structure.
+    root.serve = serve
     # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
-    root.serving_default = serve
+    root.serving_default = serving_default
     root.model_variables = tf_vars
     root.optimizer_variables = [tf_variable(v) for v in opt_vars]
     root.layer_nodes = nodes
@@ -104,7 +109,7 @@ def trace_model(model: keras.Model) -> TracedModel:
             {"index": i, "path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)}
             for i, v in enumerate(opt_vars)
         ],
-        signature=_signature(specs, serving, structure),
+        signature=_signature(specs, serving, args),
         fingerprint=structure_fingerprint(model),
     )
 
@@ -133,11 +138,11 @@ def _variable_table(
 
 
 def _record_call_specs(
-    model: keras.Model, layers: list[keras.layers.Layer], structure: Any
+    model: keras.Model, layers: list[keras.layers.Layer], args: tuple[Any, ...]
 ) -> tracing.CallRecorder:
     """A throwaway trace of the serving function that only records what each layer
     receives: the specs every layer's own functions are then traced with."""
-    recording, _ = tracing.make_serving_function(model, structure)
+    recording = endpoints.make_serve(model, args)
     recorder = tracing.CallRecorder(layers)
     try:
         with recorder:
@@ -185,7 +190,10 @@ def _trace_node(
     return node, record
 
 
-def _signature(specs: list[tf.TensorSpec], serving: Any, structure: Any) -> dict[str, Any]:
+def _signature(specs: list[tf.TensorSpec], serving: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The serving signature as recorded in the metadata; ``structure`` is the single
+    argument's structure, or the list of the positional arguments' (``positional_args``)."""
+    structure = args[0] if len(args) == 1 else list(args)
     return {
         "inputs": [
             {"name": s.name, "shape": s.shape.as_list(), "dtype": s.dtype.name} for s in specs
@@ -193,6 +201,7 @@ def _signature(specs: list[tf.TensorSpec], serving: Any, structure: Any) -> dict
         "outputs": sorted(serving.structured_outputs),
         "structure": tf.nest.map_structure(lambda s: None, structure),
         "structure_is_dict": isinstance(structure, dict),
+        "positional_args": len(args),
     }
 
 

@@ -12,7 +12,6 @@ shapes from build configs (which miss masks, multiple inputs and nested structur
 from __future__ import annotations
 
 import inspect
-import re
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -63,58 +62,6 @@ def takes_training(layer: keras.layers.Layer) -> bool:
     on the instance (``CallRecorder``, ``Dispatcher``), the class's ``call`` is inspected."""
     call = type(layer).call if "call" in vars(layer) else layer.call
     return "training" in inspect.signature(call).parameters
-
-
-# --------------------------------------------------------------------- input signature
-def _safe_name(name: str | None, fallback: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_]", "_", name or "") or fallback
-    return name if name[0].isalpha() else f"x_{name}"
-
-
-def model_input_structure(model: keras.Model) -> Any:
-    """Nested structure of ``tf.TensorSpec`` the model is called with (batch dim free)."""
-    stored = getattr(model, "_trainer_input_structure", None)
-    if stored is not None:
-        return stored
-    try:
-        signature = keras_compat.get_input_signature(model)
-    except (ValueError, TypeError) as err:
-        raise ModelNotReadyError(
-            f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
-            f"on a batch of data before saving. Received {type(model).__name__}"
-        ) from None
-    structure = signature[0] if len(signature) == 1 else tuple(signature)
-    return tf.nest.map_structure(
-        lambda s: keras_compat.make_tf_tensor_spec(s, dynamic_batch=True), structure
-    )
-
-
-def flat_named_specs(structure: Any) -> list[tf.TensorSpec]:
-    """Flattened input specs with unique names, which become the signature's input keys."""
-    if isinstance(structure, dict):
-        paths = [str(k) for k in sorted(structure)]
-    else:
-        paths = [None] * len(tf.nest.flatten(structure))
-    flat = tf.nest.flatten(structure)
-    names: list[str] = []
-    for i, (spec, key) in enumerate(zip(flat, paths, strict=True)):
-        name = _safe_name(key or spec.name, f"input_{i}")
-        while name in names:
-            name = f"{name}_{i}"
-        names.append(name)
-    return [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
-
-
-def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
-    """Name the model's outputs for the signature (dict keys, else the output names)."""
-    if isinstance(outputs, dict):
-        return {_safe_name(str(k), f"output_{i}"): v for i, (k, v) in enumerate(outputs.items())}
-    flat = tf.nest.flatten(outputs)
-    names = list(getattr(model, "output_names", None) or [])
-    if len(names) != len(flat) or len(set(names)) != len(names):
-        names = [f"output_{i}" for i in range(len(flat))]
-    pairs = enumerate(zip(names, flat, strict=True))
-    return {_safe_name(n, f"output_{i}"): t for i, (n, t) in pairs}
 
 
 # ----------------------------------------------------------------------- call recording
@@ -240,22 +187,6 @@ def make_call_function(
         return outputs, keras_compat.take_losses(target)
 
     return tf.function(call)
-
-
-def make_serving_function(model: keras.Model, structure: Any) -> tuple[Any, list]:
-    """``serve(inputs)`` taking the model's own input structure (as Keras' export does), so
-    ``TFSMLayer`` can pass a dict; the spec names become the signature's input keys."""
-    specs = flat_named_specs(structure)
-    named = tf.nest.pack_sequence_as(structure, specs)
-    ref = weakref.ref(model)
-
-    def serve(inputs):
-        target = ref()
-        outputs = target(inputs, training=False)
-        keras_compat.clear_losses(target)
-        return output_dict(target, outputs)
-
-    return tf.function(serve, input_signature=[named]), specs
 
 
 def make_regularizer_function(variable: Any) -> Any:

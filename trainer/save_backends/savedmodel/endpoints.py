@@ -1,0 +1,212 @@
+"""The serving endpoints of the SavedModel: ``serve`` and ``serving_default``.
+
+Why both: what ``model.export(format="tf_saved_model")`` gives a server is an object whose
+``serve(*args)`` takes the model's own positional arguments and returns the model's own
+output structure, plus a ``serving_default`` signature with named inputs and outputs (TF
+Serving, ``saved_model_cli``, ``TFSMLayer``). A trainer SavedModel offers both with the
+same calling conventions, so it can replace a Keras export without changing its clients.
+
+Why they are cheap: both are traced while every layer's ``call`` is dispatched to its
+already traced function (``tracing.Dispatcher``), so ``serve`` holds one call of the root
+layer's ``call_infer`` and ``serving_default`` one call of ``serve``, which only names
+its outputs: the model's ops are traced and stored once.
+
+The positional structure is the one Keras's export uses (``get_input_signature``: one
+entry per positional argument of ``call``), with two corrections for subclassed models
+whose ``call`` takes several tensors: entries follow ``call``'s parameter order (Keras
+lists them in ``build``'s), and ``call(*inputs)`` gets one argument per input (Keras
+records them as a single tuple).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import weakref
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
+from trainer.errors import ModelNotReadyError
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_NOT_INPUTS = ("training", "mask")
+
+
+def _safe_name(name: str | None, fallback: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name or "") or fallback
+    return name if name[0].isalpha() else f"x_{name}"
+
+
+# ------------------------------------------------------------------- positional inputs
+def model_call_args(model: keras.Model) -> tuple[Any, ...]:
+    """The positional arguments of the model's call, each a nested structure of
+    ``tf.TensorSpec`` with the batch dimension free."""
+    revived = _revived_call_args(model)
+    if revived is not None:
+        return revived
+    try:
+        signature = list(keras_compat.get_input_signature(model))
+    except (ValueError, TypeError) as err:
+        raise ModelNotReadyError(
+            f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
+            f"on a batch of data before saving. Received {type(model).__name__}"
+        ) from None
+    names: list[str | None] = [None] * len(signature)
+    if not (isinstance(model, keras.Sequential) or keras_compat.is_functional(model)):
+        signature, names = _subclassed_positional(model, signature)
+    args = []
+    for arg, name in zip(signature, names, strict=True):
+        arg = tf.nest.map_structure(
+            lambda s: keras_compat.make_tf_tensor_spec(s, dynamic_batch=True), arg
+        )
+        if name is not None and isinstance(arg, tf.TensorSpec) and len(signature) > 1:
+            arg = tf.TensorSpec(arg.shape, arg.dtype, name=name)
+        args.append(arg)
+    return tuple(args)
+
+
+def _revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
+    """A model revived from traced functions is called as its traced ``call_infer`` was;
+    its inputs keep the names the saved signature gave them (``keep_input_names``)."""
+    function = getattr(model, "_trainer_call_infer", None)
+    if function is None:
+        return None
+    for concrete in tf_compat.concrete_functions(function):
+        args = concrete.structured_input_signature[0]  # (positional, keywords) of call
+        if not args:
+            continue
+        args = tuple(args[0])
+        flat = tf.nest.flatten(args)
+        names = getattr(model, INPUT_NAMES, None)
+        if names is not None and len(names) == len(flat):
+            flat = [
+                tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)
+            ]
+        return tf.nest.pack_sequence_as(args, flat)
+    return None
+
+
+INPUT_NAMES = "_trainer_input_names"
+
+
+def keep_input_names(model: keras.Model, signature: Any) -> None:
+    """Remember the input names of the signature ``model`` was loaded from, so that a model
+    revived from traced functions (whose specs are named ``args_<i>``) is saved again with
+    the same ``serving_default`` input keys. ``signature`` is untrusted metadata."""
+    try:
+        names = [entry["name"] for entry in signature["inputs"]]
+    except (TypeError, KeyError, IndexError):
+        return
+    if names and all(isinstance(n, str) for n in names):
+        object.__setattr__(model, INPUT_NAMES, names)  # not layer state for Keras
+
+
+def _call_parameters(model: keras.Model) -> list[inspect.Parameter]:
+    """Parameters of the class's ``call`` after ``self`` (the instance's ``call`` may be
+    replaced while tracing)."""
+    return list(inspect.signature(type(model).call).parameters.values())[1:]
+
+
+def _subclassed_positional(
+    model: keras.Model, signature: list[Any]
+) -> tuple[list[Any], list[str | None]]:
+    """Keras's signature of a subclassed model in ``call``'s positional order, with the
+    name of each argument where Keras recorded it (``x_shape`` -> ``x``)."""
+    params = _call_parameters(model)
+    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        if len(signature) == 1 and isinstance(signature[0], tuple | list):
+            signature = list(signature[0])  # call(*inputs): one argument per input
+        return signature, [None] * len(signature)
+    position = {p.name: i for i, p in enumerate(params) if p.kind in _POSITIONAL}
+    names = [key.removesuffix("_shape") for key in keras_compat.build_shapes(model)]
+    if len(signature) > 1 and len(names) == len(signature) and set(names) <= set(position):
+        order = sorted(range(len(names)), key=lambda i: position[names[i]])
+        signature, names = [signature[i] for i in order], [names[i] for i in order]
+    else:
+        names = [None] * len(signature)
+    required = [
+        p.name
+        for p in params
+        if p.kind in _POSITIONAL and p.default is p.empty and p.name not in _NOT_INPUTS
+    ]
+    if len(signature) < len(required):
+        kind = type(model).__name__
+        raise ModelNotReadyError(
+            f"Model {model.name!r} ({kind}) takes {len(required)} positional inputs "
+            f"({', '.join(required)}) but Keras recorded the shapes of only {len(signature)} "
+            f"when it was built (its build method takes a single input_shape), so it cannot "
+            f"be traced for serving. Give {kind} a build method with one shape argument per "
+            f"input, named after call's arguments (def build(self, "
+            f"{', '.join(f'{n}_shape' for n in required)})), build or call it again, then "
+            f"save. Received recorded shapes {sorted(keras_compat.build_shapes(model))}"
+        )
+    return signature, names
+
+
+# ----------------------------------------------------------------------------- naming
+def flat_named_specs(structure: Any) -> list[tf.TensorSpec]:
+    """Flattened input specs with unique names, which become the signature's input keys."""
+    if isinstance(structure, dict):
+        paths = [str(k) for k in sorted(structure)]
+    else:
+        paths = [None] * len(tf.nest.flatten(structure))
+    flat = tf.nest.flatten(structure)
+    names: list[str] = []
+    for i, (spec, key) in enumerate(zip(flat, paths, strict=True)):
+        name = _safe_name(key or spec.name, f"input_{i}")
+        while name in names:
+            name = f"{name}_{i}"
+        names.append(name)
+    return [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
+
+
+def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
+    """Name the model's outputs for the signature (dict keys, else the output names)."""
+    if isinstance(outputs, dict):
+        return {_safe_name(str(k), f"output_{i}"): v for i, (k, v) in enumerate(outputs.items())}
+    flat = tf.nest.flatten(outputs)
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != len(flat) or len(set(names)) != len(names):
+        names = [f"output_{i}" for i in range(len(flat))]
+    pairs = enumerate(zip(names, flat, strict=True))
+    return {_safe_name(n, f"output_{i}"): t for i, (n, t) in pairs}
+
+
+# -------------------------------------------------------------------------- functions
+def named_args(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[tf.TensorSpec]]:
+    """The positional specs renamed as the signature's input keys, and those keys' specs
+    flattened. A single argument is named as before several were supported (dict keys,
+    Input names, else ``input_<i>``), so existing signatures keep their keys."""
+    structure = args[0] if len(args) == 1 else args
+    specs = flat_named_specs(structure)
+    named = tf.nest.pack_sequence_as(structure, specs)
+    return ((named,) if len(args) == 1 else tuple(named)), specs
+
+
+def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
+    """``serve(*args)``: the model in inference mode on its own positional structure,
+    returning its own output structure, as Keras's export's ``serve``."""
+    ref = weakref.ref(model)  # the trace cache must not keep the model alive
+
+    def serve(*inputs):
+        target = ref()
+        outputs = target(*inputs, training=False)
+        keras_compat.clear_losses(target)
+        return outputs
+
+    return tf.function(serve, input_signature=list(args))
+
+
+def make_serving_default(model: keras.Model, serve: Any, args: tuple[Any, ...]) -> Any:
+    """``serving_default(*args)``: ``serve`` with its outputs named (a flat dict), which is
+    what a SavedModel signature needs."""
+    ref = weakref.ref(model)
+
+    def serving_default(*inputs):
+        return output_dict(ref(), serve(*inputs))
+
+    return tf.function(serving_default, input_signature=list(args))
