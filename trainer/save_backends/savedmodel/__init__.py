@@ -5,7 +5,8 @@ Modules, in the order a save and a load go through them:
 - ``backend``: :class:`SavedModelBackend`, the ``SaveBackend`` (``save=savedmodel``);
 - ``trace_cache``: trace once, save many (the graph bytes kept between saves);
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
-- ``tracing``: traced call, serving, regularizer and activity functions;
+- ``tracing``: traced call, regularizer and activity functions;
+- ``endpoints``: the model's positional inputs, ``serve`` and ``serving_default``;
 - ``records``: the per-layer JSON records a loader rebuilds from;
 - ``layout``: the files of the directory and its metadata file;
 - ``revival``: from a loaded SavedModel and its records back to a Keras model;

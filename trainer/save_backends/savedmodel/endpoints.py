@@ -34,6 +34,8 @@ from trainer.errors import ModelNotReadyError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NOT_INPUTS = ("training", "mask")
+# Attribute of a loaded model: the input names of the signature it was loaded from.
+INPUT_NAMES = "_trainer_input_names"
 
 
 def _safe_name(name: str | None, fallback: str) -> str:
@@ -82,15 +84,13 @@ def _revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
         args = tuple(args[0])
         flat = tf.nest.flatten(args)
         names = getattr(model, INPUT_NAMES, None)
-        if names is not None and len(names) == len(flat):
+        specs_only = all(isinstance(s, tf.TensorSpec) for s in flat)
+        if names is not None and len(names) == len(flat) and specs_only:
             flat = [
                 tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)
             ]
         return tf.nest.pack_sequence_as(args, flat)
     return None
-
-
-INPUT_NAMES = "_trainer_input_names"
 
 
 def keep_input_names(model: keras.Model, signature: Any) -> None:
