@@ -260,14 +260,14 @@ ZOO = {
 
 
 @contextlib.contextmanager
-def classes_hidden(names: list[str]) -> Iterator[None]:
-    """Remove ``smzoo>Name`` from Keras' global registry for the duration (as if the
-    defining module were never imported), then put them back."""
+def classes_hidden(names: list[str], package: str = PKG) -> Iterator[None]:
+    """Remove ``<package>>Name`` (``smzoo>Name`` by default) from Keras' global registry
+    for the duration (as if the defining module were never imported), then put them back."""
     objects = object_registration.GLOBAL_CUSTOM_OBJECTS
     names_map = object_registration.GLOBAL_CUSTOM_NAMES
     saved = {}
     for name in names:
-        key = f"{PKG}>{name}"
+        key = f"{package}>{name}"
         if key in objects:
             cls = objects.pop(key)
             saved[key] = (cls, names_map.pop(cls, None))

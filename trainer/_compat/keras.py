@@ -44,6 +44,35 @@ def sublayers(
     return list(layer._flatten_layers(include_self=include_self, recursive=recursive))
 
 
+def keras_mask(value: Any) -> Any:
+    """The Keras mask attached to a tensor (``None`` if none).
+
+    ``keras.src.backend.get_keras_mask``: Keras attaches masks to tensors as a private
+    attribute and reads them back with this helper; no public API exposes it. Needed to
+    know the mask a layer's ``compute_mask`` receives while its call is recorded for
+    tracing. Checked: Keras 3.15.1.
+    """
+    from keras.src import backend
+
+    return backend.get_keras_mask(value)
+
+
+def outer_training() -> bool | None:
+    """The ``training`` value of the Keras layer call in progress (``None`` outside one).
+
+    Keras resolves ``training`` for every layer call, whether or not that layer's ``call``
+    declares it, and passes it down to sublayers through the active ``CallContext``
+    (``keras.src.backend.common.global_state`` attribute ``current_call_ctx``). A traced
+    function standing in for such a layer's ``call`` receives no ``training`` argument, so
+    it reads the value here to pick its training or inference trace. No public API exposes
+    the call context. Checked: Keras 3.15.1.
+    """
+    from keras.src.backend.common import global_state
+
+    context = global_state.get_global_attribute("current_call_ctx")
+    return None if context is None else context.get_value("training")
+
+
 def tracked_sublayers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """The direct sublayers exactly as ``layer`` tracks them: in tracking order, which is
     the order of its weights, and with repeats (``Sequential([d, d])`` lists ``d`` twice),

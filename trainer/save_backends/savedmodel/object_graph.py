@@ -174,6 +174,7 @@ def _trace_node(
     if resources:
         node.resources = resources
     functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
+    functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
     own = [var_index[id(tf_variable(v))] for v in layer.variables]
     own = [i for i in own if var_records[i]["owner"] == li]
     record = records.layer_record(
@@ -188,6 +189,27 @@ def _trace_node(
     if hasattr(node, "call_infer"):  # after the record: this mutes its regularizer
         dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
     return node, record
+
+
+def _trace_compute_mask(layer: keras.layers.Layer, node: Node, specs: dict[str, Any]):
+    """A traced ``compute_mask`` for a layer that overrides it, for every (input, mask)
+    pair it was called with and for the same input without a mask: a layer revived from
+    traces then hands downstream layers the masks the original would."""
+    if not specs or not tracing.has_own_compute_mask(layer):
+        return {}
+    fn = tracing.make_compute_mask_function(layer)
+    try:
+        for inputs, mask in specs.values():
+            for variant in (mask, tf.nest.map_structure(lambda _: None, mask)):
+                fn.get_concrete_function(_named(inputs, "inputs"), _named(variant, "mask"))
+    except Exception as err:
+        raise ModelNotReadyError(
+            f"Layer {layer.name!r} ({type(layer).__name__}): its compute_mask could not be "
+            f"traced: {type(err).__name__}: {err}. It must run inside a tf.function on the "
+            f"inputs and mask its call receives. Received layer {layer.name!r}"
+        ) from err
+    node.compute_mask = fn
+    return {"compute_mask": "compute_mask"}
 
 
 def _signature(specs: list[tf.TensorSpec], serving: Any, args: tuple[Any, ...]) -> dict[str, Any]:
@@ -272,7 +294,7 @@ def _trace_layer(
     try:
         if specs:
             modes = {"call_infer": False, "call_train": True}
-            if not tracing.takes_training(layer):
+            if not tracing.training_matters(layer):
                 modes = {"call_infer": None}
             for attr, training in modes.items():
                 fn = tracing.make_call_function(layer, training, dispatcher)

@@ -163,6 +163,7 @@ def layer_record(
         "dtype_policy": dtype_policy_config(layer, fallbacks),
         "build_config": build_config,
         "takes_training": takes_training(layer),
+        "supports_masking": bool(layer.supports_masking),
         "input_spec": input_spec_config(layer, fallbacks),
         "sublayers": [
             {"id": layer_index[id(c)], "attributes": child_attributes(layer, c)} for c in children

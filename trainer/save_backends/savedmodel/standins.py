@@ -79,6 +79,10 @@ class _RevivedMixin:
         object.__setattr__(self, "_trainer_call_infer", infer)
         object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
         object.__setattr__(self, "_trainer_kwarg_defaults", _kwarg_defaults(infer))
+        object.__setattr__(self, "_trainer_compute_mask", getattr(node, "compute_mask", None))
+        # Records written before masks were recorded: Keras' default for a layer with
+        # its own compute_mask, which every revived layer has.
+        self.supports_masking = record.get("supports_masking", True)
         for attributes, child in children:
             names = [a for a in attributes if a != "_layers"]
             if not names:
@@ -92,16 +96,30 @@ class _RevivedMixin:
             object.__setattr__(self, "_trainer_input_structure", structure)
         self.built = True
 
-    def call(self, *args, training=None, **kwargs):
+    def _trainer_call(self, inputs, args, training, kwargs):
+        """The traced call for this ``training`` value."""
         function = self._trainer_call_infer
         if training and self._trainer_call_train is not None:
             function = self._trainer_call_train
+        args = (inputs, *args)
         for key, value in self._trainer_kwarg_defaults.items():
             kwargs.setdefault(key, value)
         outputs, losses = function(tuple(args), kwargs)
         for loss in losses:
             self.add_loss(loss)
         return outputs
+
+    def compute_mask(self, inputs, previous_mask=None):
+        """The original layer's traced ``compute_mask``; without one, Keras' default."""
+        function = self._trainer_compute_mask
+        if function is None:
+            return previous_mask
+        if any(map(keras.utils.is_keras_tensor, tf.nest.flatten(inputs))):  # graph building
+            concrete = tf_compat.concrete_functions(function)[0]
+            return tf.nest.map_structure(
+                lambda spec: keras.KerasTensor(spec.shape, spec.dtype), concrete.structured_outputs
+            )
+        return function(inputs, previous_mask)
 
     def get_config(self) -> dict[str, Any]:
         config = (self._trainer_original.get("keras_config") or {}).get("config") or {}
@@ -122,6 +140,16 @@ def _first_args(function: Any) -> Any:
         if args:
             return tuple(args[0])
     return None
+
+
+def _kwarg_names(function: Any) -> set[str]:
+    """Keyword arguments the traced call was traced with."""
+    names: set[str] = set()
+    for concrete in _concretes(function):
+        args, _ = concrete.structured_input_signature
+        if len(args) > 1 and isinstance(args[1], dict):
+            names.update(args[1])
+    return names
 
 
 def _kwarg_defaults(function: Any) -> dict[str, Any]:
@@ -145,16 +173,57 @@ class RevivedModel(_RevivedMixin, keras.Model):
     """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
 
 
-_CLASSES: dict[tuple[str, type], type] = {}
+def _call_without_training(self, inputs, *args, mask=None, **kwargs):
+    """``call`` of a stand-in whose original ``call`` did not declare ``training``. Keras
+    decides from the signature whether to pass ``training`` (``fit`` calls such a model
+    without it, so its sublayers run in inference mode), and still hands the value down
+    through its call context, where this reads it: the same behaviour as the original."""
+    training = keras_compat.outer_training()
+    return self._trainer_call(inputs, args, training, mask, kwargs)
 
 
-def revived_class(class_name: str, base: type) -> type:
+# ``call`` signatures: Keras decides from the signature whether to pass ``training`` (fit
+# calls a model whose call lacks it without it, so its sublayers run in inference mode)
+# and ``mask`` (and records a passed ``mask`` in the Functional graph's config). A stand-in
+# declares exactly what the original declared; without ``training`` it reads the value
+# Keras hands down through its call context, as the original's sublayers would.
+def _call_training_mask(self, inputs, *args, training=None, mask=None, **kwargs):
+    return self._trainer_call(inputs, args, training, {**kwargs, "mask": mask})
+
+
+def _call_training(self, inputs, *args, training=None, **kwargs):
+    return self._trainer_call(inputs, args, training, kwargs)
+
+
+def _call_mask(self, inputs, *args, mask=None, **kwargs):
+    training = keras_compat.outer_training()
+    return self._trainer_call(inputs, args, training, {**kwargs, "mask": mask})
+
+
+def _call(self, inputs, *args, **kwargs):
+    return self._trainer_call(inputs, args, keras_compat.outer_training(), kwargs)
+
+
+_CALLS = {
+    (True, True): _call_training_mask,
+    (True, False): _call_training,
+    (False, True): _call_mask,
+    (False, False): _call,
+}
+_CLASSES: dict[tuple[str, type, bool, bool], type] = {}
+
+
+def revived_class(
+    class_name: str, base: type, takes_training: bool = True, takes_mask: bool = False
+) -> type:
     """A subclass of ``base`` named like the saved class, so ``type(layer).__name__``
-    still tells what the layer was."""
-    key = (class_name, base)
+    still tells what the layer was, whose ``call`` declares ``training`` and ``mask``
+    exactly when the original's did."""
+    key = (class_name, base, takes_training, takes_mask)
     if key not in _CLASSES:
         name = class_name if class_name.isidentifier() else "Revived"
-        _CLASSES[key] = type(name, (base,), {"__module__": __name__})
+        body = {"__module__": __name__, "call": _CALLS[takes_training, takes_mask]}
+        _CLASSES[key] = type(name, (base,), body)
     return _CLASSES[key]
 
 
@@ -166,7 +235,9 @@ def make_revived(
     dtype: Any,
 ) -> keras.layers.Layer:
     base = RevivedModel if record["model_kind"] == "subclassed" else RevivedLayer
-    cls = revived_class(record["class_name"], base)
+    takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
+    takes_training = record.get("takes_training", True)
+    cls = revived_class(record["class_name"], base, takes_training, takes_mask)
     layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
     layer._trainer_setup(record, node, children, own_variables)
     return layer

@@ -64,6 +64,14 @@ def takes_training(layer: keras.layers.Layer) -> bool:
     return "training" in inspect.signature(call).parameters
 
 
+def training_matters(layer: keras.layers.Layer) -> bool:
+    """Whether the layer can behave differently in training: its own ``call`` takes
+    ``training``, or a sublayer at any depth does. Keras hands ``training`` down to
+    sublayers even through a parent whose ``call`` does not declare it (a block of Dense,
+    Dropout and BatchNormalization), so such a parent needs a training trace too."""
+    return any(takes_training(x) for x in keras_compat.sublayers(layer, include_self=True))
+
+
 # ----------------------------------------------------------------------- call recording
 def _to_spec(value: Any) -> Any:
     if isinstance(value, tf.Tensor | tf.Variable) or keras.ops.is_tensor(value):
@@ -81,6 +89,9 @@ class CallRecorder:
     def __init__(self, layers: list[keras.layers.Layer]):
         self.layers = layers
         self.specs: dict[int, dict[str, tuple[Any, Any]]] = {id(x): {} for x in layers}
+        # (first input, mask Keras hands to compute_mask) for layers with their own
+        # compute_mask: what a revived layer's traced compute_mask is called with.
+        self.mask_specs: dict[int, dict[str, tuple[Any, Any]]] = {id(x): {} for x in layers}
 
     def __enter__(self) -> CallRecorder:
         for layer in self.layers:
@@ -100,6 +111,12 @@ class CallRecorder:
                 tf.nest.map_structure(_to_spec, clean),
             )
             self.specs[id(layer)].setdefault(_spec_key(*spec), spec)
+            if has_own_compute_mask(layer) and args:
+                mask = kwargs.get("mask")
+                if mask is None:
+                    mask = tf.nest.map_structure(keras_compat.keras_mask, args[0])
+                mask_spec = tf.nest.map_structure(_to_spec, (args[0], mask))
+                self.mask_specs[id(layer)].setdefault(repr(mask_spec), mask_spec)
             return call(*args, **kwargs)
 
         return recording_call
@@ -134,6 +151,8 @@ class Dispatcher:
 
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             training = kwargs.pop("training", None)
+            if training is None:  # a call without ``training``: Keras passes it by context
+                training = keras_compat.outer_training()
             use_train = train is not None and isinstance(training, bool) and training
             outputs, losses = (train if use_train else infer)(tuple(args), kwargs)
             keras_compat.add_losses(layer, list(losses))
@@ -197,6 +216,23 @@ def make_regularizer_function(variable: Any) -> Any:
         return var.regularizer(var)
 
     return tf.function(regularization_loss).get_concrete_function()
+
+
+def has_own_compute_mask(layer: keras.layers.Layer) -> bool:
+    """Whether the layer's class overrides ``Layer.compute_mask``: only then does a layer
+    revived without its class need a traced ``compute_mask`` to produce the same masks."""
+    return type(layer).compute_mask is not keras.layers.Layer.compute_mask
+
+
+def make_compute_mask_function(layer: keras.layers.Layer) -> Any:
+    """``fn(inputs, mask) -> output mask``: the layer's ``compute_mask`` as Keras calls it
+    after ``call`` (first input, and the mask that came with it)."""
+    ref = weakref.ref(layer)
+
+    def compute_mask(inputs, mask):
+        return ref().compute_mask(inputs, mask)
+
+    return tf.function(compute_mask)
 
 
 def make_activity_function(layer: keras.layers.Layer, spec: tf.TensorSpec) -> Any:
