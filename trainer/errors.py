@@ -4,10 +4,10 @@ The CLI turns any ``TrainerError`` into a one-line message and exit code 2; anyt
 is a bug. Messages say what is wrong, where, what to do, and end with what was received.
 
 Where Keras raises a built-in type for the same situation (``TypeError`` for a class it
-cannot locate, ``ValueError`` for a lambda refused in safe mode, for a model that is not
-built, or for a layer failing to load its state), the trainer error is also of that type,
-so code written against ``keras.saving`` (``except ValueError``) keeps working when it
-switches to a trainer backend.
+cannot locate or cannot rebuild from its config, ``ValueError`` for a lambda refused in safe
+mode, for a model that is not built, or for a layer failing to load its state), the trainer
+error is also of that type, so code written against ``keras.saving`` (``except ValueError``)
+keeps working when it switches to a trainer backend.
 """
 
 from __future__ import annotations
@@ -50,6 +50,13 @@ class IncompatibleFormatError(TrainerError):
 
 class MissingClassError(TrainerError, TypeError):
     """A class named in the checkpoint cannot be found and may not be revived otherwise."""
+
+
+class RebuildError(TrainerError, TypeError):
+    """A class the checkpoint names was found, but its own code cannot rebuild it from the
+    config it saved (no ``from_config``, or its ``from_config`` / constructor / ``build`` /
+    ``call`` / ``compile_from_config`` raised): the class is at fault, not the file. Keras
+    raises ``TypeError`` for such a class."""
 
 
 class UnsafeCheckpointError(MissingClassError, ValueError):

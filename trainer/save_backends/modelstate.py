@@ -21,6 +21,7 @@ Position is stable because both sides build the same model and optimizer over th
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import re
 from pathlib import Path
@@ -38,6 +39,7 @@ from trainer.errors import (
     TrainerError,
     UnsafeCheckpointError,
 )
+from trainer.save_backends import rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.state import TrainingState
 
@@ -72,11 +74,43 @@ def compile_model(
     safe_mode: bool,
     where: Path,
 ) -> None:
-    """``model.compile`` with the stored arguments under ``safe_mode``; builds the optimizer."""
+    """Compile ``model`` as saved, under ``safe_mode``; builds the optimizer.
+
+    The stored config is what reached ``keras.Model.compile`` at save time. A class that
+    overrides ``compile()`` may take other arguments (``compile(self, learning_rate)``) or
+    derive its own from them, so its override is only trusted if, given the stored
+    arguments, it compiles to the stored config again; otherwise ``keras.Model.compile``
+    gets them, which reproduces the saved compile state. A class that overrides
+    ``compile_from_config`` (Keras's hook for a custom compile) gets the config through it.
+    """
+    if _overrides(model, "compile_from_config"):
+        with keras.saving.custom_object_scope(custom_objects):
+            try:
+                model.compile_from_config(copy.deepcopy(compile_config))
+            except Exception as error:
+                raise rebuild.method_error(error, model, "compile_from_config", where) from error
+        build_optimizer(model)
+        return
     kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
     with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
-        model.compile(**kwargs)
+        if not (_overrides(model, "compile") and _own_compile(model, kwargs, compile_config)):
+            keras.Model.compile(model, **kwargs)
     build_optimizer(model)
+
+
+def _overrides(model: keras.Model, method: str) -> bool:
+    return getattr(type(model), method, None) is not getattr(keras.Model, method)
+
+
+def _own_compile(model: keras.Model, kwargs: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether the class's own ``compile()``, given the stored arguments, compiled the model
+    to the stored config (so whatever else it sets up is set up too)."""
+    try:
+        inspect.signature(model.compile).bind(**kwargs)
+        model.compile(**copy.copy(kwargs))
+        return json.loads(json.dumps(compile_config(model))) == stored
+    except Exception:  # another signature, or it fails on these arguments: not usable
+        return False
 
 
 # ------------------------------------------------------------------ variables
@@ -228,6 +262,9 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
                 f"from the checkpoint. If you trust its source, load with safe_mode=False. "
                 f"Received error: {message.splitlines()[0]}"
             ) from error
+        rebuilt = rebuild.rebuild_error(error, where, what)
+        if rebuilt is not None:  # a class's own code failed: say so, not "damaged"
+            raise rebuilt from error
         raise CorruptCheckpointError(
             f"{where}: the stored {what} could not be deserialized; the checkpoint is "
             f"damaged or was written with incompatible classes. Received error: {message}"

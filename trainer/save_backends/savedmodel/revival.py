@@ -28,6 +28,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import standins
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Reviver:
         self.layers: dict[int, keras.layers.Layer] = {}
         self.keras_vars: dict[int, keras.Variable] = {}
         self.how: dict[str, str] = {}  # layer name -> "config" | "graph" | "traced"
+        self.config_errors: dict[int, Exception] = {}  # why a layer was not rebuilt
         if len(self.storage) != len(variables) or len(self.nodes) != len(records):
             raise CorruptCheckpointError(
                 f"{where}: the object graph holds {len(self.storage)} variables and "
@@ -122,6 +124,7 @@ class Reviver:
                 reason = "its rebuilt variables do not match the saved ones"
             except Exception as err:  # unknown class, failing from_config, ...
                 reason = f"{type(err).__name__}: {str(err)[:200]}"
+                self.config_errors[record["id"]] = err
             log.info("Layer %r not rebuilt from config (%s)", record["name"], reason)
         return None
 
@@ -200,7 +203,11 @@ class Reviver:
             entry.update(class_name=token, registered_name=token, module=None)
         try:
             model = self._deserialize(config, extra)
-        except (TypeError, ValueError):  # what Keras raises for a class it cannot locate
+        except (TypeError, ValueError) as err:  # what Keras raises for a class it cannot locate
+            found = "Could not locate" not in str(err)
+            rebuilt = rebuild_error(err, self.where, f"model {record['name']!r}") if found else None
+            if rebuilt is not None:  # the class is here but its own code fails: say so
+                raise rebuilt from err
             # A registered Functional subclass whose class is missing: plain Functional.
             base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
             with keras.saving.custom_object_scope({**self.custom_objects, **extra}):
@@ -212,6 +219,11 @@ class Reviver:
     def _from_functions(self, record: dict[str, Any]) -> keras.layers.Layer:
         node = self.nodes[record["id"]]
         if "call_infer" not in record["functions"]:
+            failure = self.config_errors.get(record["id"])
+            if failure is not None and "Could not locate" not in str(failure):
+                rebuilt = rebuild_error(failure, self.where, f"layer {record['name']!r}")
+                if rebuilt is not None:  # the class is here but its own code fails
+                    raise rebuilt from failure
             reason = record.get("config_error") or "class not found, or not allowed in safe mode"
             raise MissingClassError(
                 f"{self.where}: layer {record['name']!r} of class {record['class_name']!r} "
