@@ -47,6 +47,10 @@ import pytest
 
 BACKENDS = ("savedmodel", "h5", "weights")
 ENV_BACKEND = "TRAINER_PEER_BACKEND"
+# "1": a SavedModel a routed export wrote is opened with ``tf.saved_model.load`` only as
+# trainer would revive it, with the test modules' custom classes unregistered: the
+# export suite's checks of ``serve`` outputs then test revival from traced functions.
+ENV_REVIVE = "TRAINER_PEER_REVIVE"
 ENV_REPORT = "TRAINER_PEER_REPORT"
 MAX_TEXT = 2000
 
@@ -190,6 +194,78 @@ class _Router:
                 return model
             why_not = "not a trainer checkpoint"
         return self._fallthrough("loads", api, why_not, original, *args, **kwargs)
+
+
+class _Served:
+    """What the revive run hands a test instead of ``tf.saved_model.load``'s object: the
+    revived Keras model behind the ``serve`` endpoint the export suite calls."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def serve(self, *args, **kwargs):
+        return self.model(*args, training=False, **kwargs)
+
+
+@contextlib.contextmanager
+def _test_classes_hidden():
+    """Hide every Layer/Model class defined in a Keras test module (module attributes,
+    which Keras's deserializer can import by module path, and registry entries), so the
+    load revives them from traced functions, as for a user without those classes."""
+    import keras
+    from keras.src.saving import object_registration
+
+    hidden: list[tuple[Any, str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name.startswith("keras.src.") and name.endswith("_test")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and issubclass(value, keras.layers.Layer):
+                if value.__module__ == name:
+                    hidden.append((module, attr, value))
+                    delattr(module, attr)
+    registry = object_registration.GLOBAL_CUSTOM_OBJECTS
+    names = object_registration.GLOBAL_CUSTOM_NAMES
+    registered = {
+        key: (cls, names.get(cls))
+        for key, cls in list(registry.items())
+        if getattr(cls, "__module__", "").endswith("_test")
+    }
+    for key, (cls, _) in registered.items():
+        registry.pop(key)
+        names.pop(cls, None)
+    try:
+        yield
+    finally:
+        for module, attr, value in hidden:
+            setattr(module, attr, value)
+        for key, (cls, name) in registered.items():
+            registry[key] = cls
+            if name is not None:
+                names[cls] = name
+
+
+def _install_revive(router: _Router) -> None:
+    import tensorflow as tf
+
+    original = tf.saved_model.load
+
+    @functools.wraps(original)
+    def revive_load(export_dir, *args, **kwargs):
+        if router.bypass or os.path.abspath(export_dir) not in router.written:
+            return original(export_dir, *args, **kwargs)
+        from trainer.save_backends import get_backend
+
+        def revive():
+            with _test_classes_hidden():
+                return get_backend("savedmodel").load(export_dir, compile=False).model
+
+        model = router._trainer("loads", "tf.saved_model.load", export_dir, revive)
+        router._note(f"trainer revival via tf.saved_model.load: {Path(export_dir).name}")
+        return _Served(model)
+
+    tf.saved_model.load = revive_load
+    router.patched.append("tf.saved_model.load")
 
 
 _router: _Router | None = None
@@ -359,6 +435,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     _router = _Router(backend)
     _install(_router)
+    if os.environ.get(ENV_REVIVE) == "1":
+        if backend != "savedmodel":
+            raise pytest.UsageError(f"{ENV_REVIVE}=1 needs {ENV_BACKEND}=savedmodel")
+        _install_revive(_router)
 
 
 def _key(item: pytest.Item) -> str:
@@ -439,6 +519,7 @@ def _write() -> None:
 
     data = {
         "backend": _router.backend,
+        "revive": os.environ.get(ENV_REVIVE) == "1",
         "keras_version": keras.__version__,
         "patched": _router.patched,
         "seconds": round(time.monotonic() - _started, 1),
