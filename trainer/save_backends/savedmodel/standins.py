@@ -165,7 +165,8 @@ def make_revived(
     own_variables: list[keras.Variable],
     dtype: Any,
 ) -> keras.layers.Layer:
-    base = RevivedModel if record["model_kind"] == "subclassed" else RevivedLayer
+    # Any model (also a Functional subclass revived from its traces) stands in as a model.
+    base = RevivedModel if record["model_kind"] else RevivedLayer
     cls = revived_class(record["class_name"], base)
     layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
     layer._trainer_setup(record, node, children, own_variables)
