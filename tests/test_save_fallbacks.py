@@ -8,9 +8,7 @@ import logging
 
 import keras
 import numpy as np
-import pytest
 
-from trainer.errors import CorruptCheckpointError
 from trainer.save_backends import get_backend, load_checkpoint
 
 
@@ -31,11 +29,6 @@ def test_failing_build_config_is_logged_and_recorded(tmp_path, caplog):
     assert record["save_fallbacks"] == {"build_config": "RuntimeError: no build config today"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CorruptCheckpointError,
-    reason="issue 14 (defect 24): saved, but the graph does not revive without the build config",
-)
 def test_a_model_saved_with_a_missing_build_config_loads(tmp_path):
     model = keras.Sequential([keras.Input((3,)), NoBuildConfig(2, name="odd")])
     model.compile(loss="mse")

@@ -220,10 +220,10 @@ def _test_classes_hidden():
         if module is None or not (name.startswith("keras.src.") and name.endswith("_test")):
             continue
         for attr, value in list(vars(module).items()):
-            if isinstance(value, type) and issubclass(value, keras.layers.Layer):
-                if value.__module__ == name:
-                    hidden.append((module, attr, value))
-                    delattr(module, attr)
+            is_layer = isinstance(value, type) and issubclass(value, keras.layers.Layer)
+            if is_layer and value.__module__ == name:
+                hidden.append((module, attr, value))
+                delattr(module, attr)
     registry = object_registration.GLOBAL_CUSTOM_OBJECTS
     names = object_registration.GLOBAL_CUSTOM_NAMES
     registered = {

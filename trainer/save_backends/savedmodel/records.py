@@ -7,9 +7,10 @@ are plain JSON; nothing here is code, so reading them can never execute anything
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -19,6 +20,9 @@ from trainer.errors import ModelNotReadyError
 
 log = logging.getLogger(__name__)
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
+# Key of the placeholder a graph config holds for a layer whose own config is not usable
+# (``_placeholders``); the loader puts the layer revived from its traces in its place.
+PLACEHOLDER = "__trainer_config_missing__"
 
 
 def registered_name(cls: type) -> str:
@@ -31,15 +35,23 @@ def original_identity(layer: keras.layers.Layer) -> dict[str, Any] | None:
 
 
 def keras_config(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str | None]:
-    """``serialize_keras_object(layer)`` if it is JSON-able, else (None, reason)."""
+    """``serialize_keras_object(layer)`` if it is JSON-able, else (None, reason).
+
+    Two fallbacks keep a config where one part of the user's serialization code fails:
+    a failing ``get_build_config`` leaves only the build config out (the loader builds the
+    layer by a call instead), and a Functional / Sequential whose graph holds a layer
+    without a usable config keeps its graph with a placeholder for that layer's config
+    (that layer revives from its traced functions, the graph around it from config)."""
     original = original_identity(layer)
     if original is not None:
         return original.get("keras_config"), original.get("config_error")
-    try:
-        config = keras.saving.serialize_keras_object(layer)
-        json.dumps(config)
-    except Exception as err:  # the layer's own get_config: it will revive from its traces
-        reason = f"{type(err).__name__}: {err}"[:300]
+    config, reason = _serialized(layer)
+    if config is None:
+        with _placeholders([layer], configs=False):
+            config, _ = _serialized(layer)
+    if config is None and model_kind(layer) in ("functional", "sequential"):
+        config = _graph_with_placeholders(layer)
+    if config is None:
         log.warning(
             "Layer %r (%s) has no usable config (%s): it will be revived from its traced "
             "functions, also when its class is available.",
@@ -49,6 +61,71 @@ def keras_config(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str 
         )
         return None, reason
     return config, None
+
+
+def _serialized(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        config = keras.saving.serialize_keras_object(layer)
+        json.dumps(config)
+    except Exception as err:  # the layer's own get_config / get_build_config: user code
+        return None, f"{type(err).__name__}: {err}"[:300]
+    return config, None
+
+
+@contextlib.contextmanager
+def _placeholders(layers: list[keras.layers.Layer], *, configs: bool) -> Iterator[list[str]]:
+    """While active, each layer's ``get_build_config`` returns None and (if ``configs``)
+    a ``get_config`` still failing then returns a placeholder naming the layer and why
+    its config is missing; yields the names of the layers given a placeholder.
+
+    Instance attributes set with ``object.__setattr__`` (Keras must not track them) and
+    removed afterwards, so the classes and every other instance are untouched."""
+    patched: list[tuple[keras.layers.Layer, str]] = []
+    try:
+        for layer in layers:
+            object.__setattr__(layer, "get_build_config", _no_build_config)
+            patched.append((layer, "get_build_config"))
+            config, reason = _serialized(layer) if configs else ({}, None)
+            if config is None:
+                stub = {"name": layer.name, PLACEHOLDER: reason}
+                object.__setattr__(layer, "get_config", lambda stub=stub: dict(stub))
+                patched.append((layer, "get_config"))
+        yield [layer.name for layer, attribute in patched if attribute == "get_config"]
+    finally:
+        for layer, attribute in patched:
+            object.__delattr__(layer, attribute)
+
+
+def _no_build_config() -> None:
+    return None
+
+
+def _unserializable_graph_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:
+    """The layers of a Functional / Sequential graph (and of the graphs nested in it)
+    whose own serialization fails."""
+    found: dict[int, keras.layers.Layer] = {}  # a layer shared by nested graphs: once
+    for layer in keras_compat.sublayers(model, recursive=False):
+        if model_kind(layer) in ("functional", "sequential"):
+            found.update((id(inner), inner) for inner in _unserializable_graph_layers(layer))
+        elif _serialized(layer)[0] is None:
+            found[id(layer)] = layer
+    return list(found.values())
+
+
+def _graph_with_placeholders(model: keras.layers.Layer) -> dict[str, Any] | None:
+    failing = _unserializable_graph_layers(model)
+    if not failing:
+        return None
+    with _placeholders(failing, configs=True) as stubbed:
+        config, _ = _serialized(model)
+    if config is not None and stubbed:
+        log.warning(
+            "Model %r: its graph config holds a placeholder for the config of %s, revived "
+            "from traced functions inside the graph rebuilt from config.",
+            model.name,
+            ", ".join(map(repr, stubbed)),
+        )
+    return config
 
 
 def _stored_or_fallback(

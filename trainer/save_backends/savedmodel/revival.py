@@ -30,6 +30,7 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import standins
+from trainer.save_backends.savedmodel.records import PLACEHOLDER
 
 log = logging.getLogger(__name__)
 TOKEN = "__trainer_revived_{}__"
@@ -83,7 +84,7 @@ class Reviver:
             return self.layers[index]
         record = self.records[index]
         layer = None
-        if record["model_kind"] in ("functional", "sequential") and record["keras_config"]:
+        if _is_graph_config(record):
             layer = self._rebuild_graph(record)
         elif self._config_allowed(record):
             layer = self._from_config(record)
@@ -132,15 +133,35 @@ class Reviver:
         """Build like Keras would from the build config; if that leaves weights missing
         (layers creating sublayer weights lazily in ``call``), build by a symbolic call with
         the recorded input specs, as the original was built by the functional API."""
+        built_from_config = False
         if not layer.built and record.get("build_config"):
             with contextlib.suppress(Exception):
                 layer.build_from_config(record["build_config"])
-        if len(layer.variables) == len(record["variables"]):
+                built_from_config = True
+        if len(layer.variables) != len(record["variables"]):
+            self._call_symbolically(layer, record, rebuild=True)
             return
+        if built_from_config:
+            # As Keras' own loading does: a model's default build_from_config builds its
+            # sublayers by running its call, which does not mark the model itself built.
+            layer.built = True
+        if record["model_kind"] == "subclassed":
+            # A subclassed model takes its input signature (serving, saving it again)
+            # from its first call; the saved one had been called, so this one is too.
+            with contextlib.suppress(Exception):
+                self._call_symbolically(layer, record)
+
+    def _call_symbolically(
+        self, layer: keras.layers.Layer, record: dict[str, Any], *, rebuild: bool = False
+    ) -> None:
+        """Call ``layer`` on symbolic inputs of the specs its traced call recorded (after
+        marking it unbuilt if ``rebuild``, so that the call builds it)."""
         function = getattr(self.nodes[record["id"]], "call_infer", None)
         concretes = tf_compat.concrete_functions(function) if function else []
         if not concretes:
             return
+        if rebuild:
+            layer.built = False
         args, kwargs = concretes[0].structured_input_signature[0]
 
         def to_keras(spec: Any) -> Any:
@@ -148,7 +169,6 @@ class Reviver:
                 return keras.KerasTensor(spec.shape, spec.dtype.name)
             return spec
 
-        layer.built = False
         layer(
             *tf.nest.map_structure(to_keras, tuple(args)),
             **tf.nest.map_structure(to_keras, dict(kwargs)),
@@ -191,15 +211,20 @@ class Reviver:
 
     def _rebuild_graph(self, record: dict[str, Any]) -> keras.layers.Layer:
         """Functional/Sequential: layers first, then Keras' own graph reconstruction."""
-        by_name = {self.records[c["id"]]["name"]: c["id"] for c in record["sublayers"]}
         extra: dict[str, Any] = {}
         config = copy.deepcopy(record["keras_config"])
-        for entry in config["config"].get("layers", []):
-            name = entry.get("name") or entry.get("config", {}).get("name")
-            if name not in by_name:
+        entries = config["config"]["layers"]
+        for entry, child in zip(entries, self._graph_children(record, entries), strict=True):
+            if child is None:
+                if isinstance(entry.get("config"), dict) and PLACEHOLDER in entry["config"]:
+                    raise CorruptCheckpointError(
+                        f"{self.where}: the graph of {record['name']!r} holds a placeholder "
+                        f"for a layer without config, but no saved layer matches it. The "
+                        f"checkpoint is damaged; load an older one. Received: {entry!r}"[:600]
+                    )
                 continue
-            token = TOKEN.format(by_name[name])
-            extra[token] = _Prebuilt(self.revive(by_name[name]))
+            token = TOKEN.format(child)
+            extra[token] = _Prebuilt(self.revive(child))
             entry.update(class_name=token, registered_name=token, module=None)
         try:
             model = self._deserialize(config, extra)
@@ -215,6 +240,26 @@ class Reviver:
         self._bind(model, record, strict=True)
         self.how[record["name"]] = "graph"
         return model
+
+    def _graph_children(
+        self, record: dict[str, Any], entries: list[dict[str, Any]]
+    ) -> list[int | None]:
+        """The saved layer of each graph entry: by name, or for a Sequential whose layer's
+        config has no name (its own get_config leaves it out), by position."""
+        by_name = {self.records[c["id"]]["name"]: c["id"] for c in record["sublayers"]}
+        found: list[int | None] = []
+        for entry in entries:
+            inner = entry.get("config")
+            name = entry.get("name") or (inner.get("name") if isinstance(inner, dict) else None)
+            found.append(by_name.get(name))
+        if record["model_kind"] == "sequential":
+            unique = list(dict.fromkeys(c["id"] for c in record["sublayers"]))
+            if len(unique) == len(entries):
+                for position, (entry, child) in enumerate(zip(entries, unique, strict=True)):
+                    same_class = self.records[child]["class_name"] == entry.get("class_name")
+                    if found[position] is None and same_class:
+                        found[position] = child
+        return found
 
     def _from_functions(self, record: dict[str, Any]) -> keras.layers.Layer:
         node = self.nodes[record["id"]]
@@ -307,6 +352,20 @@ class Reviver:
                 continue
             self.layers[child["id"]] = kid
             self._adopt_children(kid, child_record)
+
+
+def _is_graph_config(record: dict[str, Any]) -> bool:
+    """Whether the record's config describes a Functional / Sequential graph that Keras
+    can rebuild around revived layers; a subclass whose own get_config returns its
+    constructor's arguments instead is rebuilt like any other layer (or from traces)."""
+    kind = record["model_kind"]
+    config = record["keras_config"]
+    inner = config.get("config") if isinstance(config, dict) else None
+    if kind not in ("functional", "sequential") or not isinstance(inner, dict):
+        return False
+    if not isinstance(inner.get("layers"), list):
+        return False
+    return kind == "sequential" or all(k in inner for k in ("input_layers", "output_layers"))
 
 
 def _policy(config: Any) -> Any:

@@ -234,7 +234,8 @@ def make_revived(
     own_variables: list[keras.Variable],
     dtype: Any,
 ) -> keras.layers.Layer:
-    base = RevivedModel if record["model_kind"] == "subclassed" else RevivedLayer
+    # Any model (also a Functional subclass revived from its traces) stands in as a model.
+    base = RevivedModel if record["model_kind"] else RevivedLayer
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     takes_training = record.get("takes_training", True)
     cls = revived_class(record["class_name"], base, takes_training, takes_mask)
