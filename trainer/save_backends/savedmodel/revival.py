@@ -111,6 +111,7 @@ class Reviver:
         attempts = [(config, {})]
         if record["sublayers"]:
             attempts.append(self._substituted(record))
+        fault = None
         for cfg, extra in attempts:
             try:
                 cfg = copy.deepcopy(cfg)
@@ -126,7 +127,13 @@ class Reviver:
             except Exception as err:  # unknown class, failing from_config, ...
                 reason = f"{type(err).__name__}: {str(err)[:200]}"
                 self.config_errors[record["id"]] = err
+                fault = fault or rebuild_error(err, self.where, f"layer {record['name']!r}")
             log.info("Layer %r not rebuilt from config (%s)", record["name"], reason)
+        if fault is not None:
+            # The class was found but its own code cannot rebuild it: the layer is revived
+            # from its traced functions (same outputs and training, not the class's Python
+            # methods). A warning, since the user expected their class.
+            log.warning("%s Revived from its traced functions instead.", fault)
         return None
 
     def _build(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:

@@ -115,15 +115,33 @@ class _RevivedMixin:
         if function is None:
             return previous_mask
         if any(map(keras.utils.is_keras_tensor, tf.nest.flatten(inputs))):  # graph building
-            concrete = tf_compat.concrete_functions(function)[0]
-            return tf.nest.map_structure(
-                lambda spec: keras.KerasTensor(spec.shape, spec.dtype), concrete.structured_outputs
-            )
+            return _symbolic_mask(function, previous_mask)
         return function(inputs, previous_mask)
 
     def get_config(self) -> dict[str, Any]:
         config = (self._trainer_original.get("keras_config") or {}).get("config") or {}
         return {**config, "name": self.name, "trainable": self.trainable}
+
+
+def _symbolic_mask(function: Any, previous_mask: Any) -> Any:
+    """The mask a traced ``compute_mask`` returns, as symbolic tensors, for a Functional
+    graph being built: from the trace that had a mask exactly when this call has one."""
+    has_mask = any(m is not None for m in tf.nest.flatten(previous_mask))
+    concretes = _concretes(function)
+    for concrete in concretes:
+        traced_mask = concrete.structured_input_signature[0][1]
+        if any(m is not None for m in tf.nest.flatten(traced_mask)) == has_mask:
+            break
+    else:
+        concrete = concretes[0]
+
+    def symbolic(spec: Any) -> Any:
+        return None if spec is None else keras.KerasTensor(spec.shape, spec.dtype)
+
+    outputs = concrete.structured_outputs
+    if outputs is None:
+        return None
+    return tf.nest.map_structure(symbolic, outputs)
 
 
 def _concretes(function: Any) -> list[Any]:
