@@ -6,6 +6,10 @@ Modules, in the order a save and a load go through them:
 - ``trace_cache``: trace once, save many (the graph bytes kept between saves);
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
 - ``tracing``: traced call, serving, regularizer and activity functions;
+- ``input_signature``: the input dtypes Keras' export gets wrong (subclassed models taking
+  integer ids, Sequential models Keras could not link into a graph);
+- ``state_variables``: variables a layer's calls use beyond its weights (metrics it holds,
+  stateful RNN states), which the object graph must reach;
 - ``records``: the per-layer JSON records a loader rebuilds from;
 - ``layout``: the files of the directory and its metadata file;
 - ``revival``: from a loaded SavedModel and its records back to a Keras model;
