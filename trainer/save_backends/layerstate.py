@@ -9,6 +9,9 @@ its cached mean and variance in ``load_own_variables``; adapted ``StringLookup``
 variables by position skips all of that and loads "successfully" with wrong outputs, so a
 backend stores every layer's state through these methods instead.
 
+A stateful RNN's states (what it carries from batch to batch) are kept with its state too,
+under keys of their own: Keras keeps them out of both its variables and that protocol.
+
 Layers are visited in one deterministic order (the model first, then every sublayer once,
 in Keras's own tracking order), and matched by position: the loading process rebuilds the
 same architecture, so the order is the same; layer names are kept only as labels and
@@ -96,7 +99,7 @@ def restore_one(layer: keras.layers.Layer, state: LayerState) -> None:
             _write_tree(Path(scratch), state.assets)
             _call(layer, "load_assets", scratch, saving=False)
     if states:  # none stored: written before trainer kept them (they start at zero)
-        restore_rnn_states(layer, states, layer.name)
+        restore_rnn_states(layer, states, "the checkpoint")
 
 
 RNN_STATE_KEY = "trainer:rnn_state:"

@@ -56,9 +56,8 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
     type is returned (None if nothing changes). Keras records no dtype for the calls of a
     subclassed model, and serving ids as floats would make the revived model refuse the
     ids it was trained on."""
-    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
-        return None
-    if declared_dtypes(model, structure) is not structure or model.input_spec is not None:
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:  # typed by its inputs, or as it declares
         return None
     flat = tf.nest.flatten(structure)
     typed = []
