@@ -21,7 +21,6 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 
 from trainer import integrity, limits
-from trainer._compat import keras as keras_compat
 from trainer.atomic import atomic_write, is_temporary, write_error
 from trainer.errors import (
     CorruptCheckpointError,
@@ -32,6 +31,7 @@ from trainer.errors import (
     SaveError,
     TrainerError,
 )
+from trainer.save_backends import readiness
 from trainer.serializables import register_serializables
 from trainer.state import TrainingState
 from trainer.version import __version__
@@ -82,6 +82,7 @@ class SaveBackend(abc.ABC):
         path = self.checkpoint_path(path)
         check_replaceable(path, type(self))
         check_model_ready(model)
+        readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         state = state if state is not None else TrainingState()
         meta = self.build_metadata(model, state, metadata or {})
         try:
@@ -377,7 +378,7 @@ def check_model_ready(model: Any) -> None:
             f"Only Keras 3 models can be saved; wrap layers in a keras.Model first. "
             f"Received an object of type {type(model).__module__}.{type(model).__name__}"
         )
-    unbuilt = [layer.name for layer in _all_layers(model) if not layer.built]
+    unbuilt = readiness.unbuilt_layers(model)
     if not model.built or unbuilt:
         names = ", ".join(unbuilt[:5]) or model.name
         raise ModelNotReadyError(
@@ -386,15 +387,3 @@ def check_model_ready(model: Any) -> None:
             f"or train it before saving. Received model {model.name!r} "
             f"({type(model).__name__})"
         )
-
-
-def _all_layers(model: keras.Model) -> list[keras.layers.Layer]:
-    seen: dict[int, keras.layers.Layer] = {}
-    stack = keras_compat.sublayers(model)
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen[id(layer)] = layer
-        stack.extend(keras_compat.sublayers(layer))
-    return list(seen.values())

@@ -10,7 +10,8 @@ drops the RNG seed states, so we store Keras 3 configs instead::
     /training_state   JSON of TrainingState
     /layers/NNNNN/    one group per layer (the model, then every sublayer, in Keras's
                       tracking order): arrays/ from its save_own_variables (attr "path"
-                      is the store key), assets/ its save_assets files as bytes
+                      is the store key; a stateful RNN's states under "trainer:rnn_state:N"),
+                      assets/ its save_assets files as bytes
     /rng_state/       Dropout & co. seed states (model.variables minus model.weights)
     /optimizer/       every optimizer variable: iteration, learning rate, all slots
     /metadata         JSON, written last: the completeness mark can_load looks for

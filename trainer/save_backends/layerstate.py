@@ -9,6 +9,9 @@ its cached mean and variance in ``load_own_variables``; adapted ``StringLookup``
 variables by position skips all of that and loads "successfully" with wrong outputs, so a
 backend stores every layer's state through these methods instead.
 
+A stateful RNN's states (what it carries from batch to batch) are kept with its state too,
+under keys of their own: Keras keeps them out of both its variables and that protocol.
+
 Layers are visited in one deterministic order (the model first, then every sublayer once,
 in Keras's own tracking order), and matched by position: the loading process rebuilds the
 same architecture, so the order is the same; layer names are kept only as labels and
@@ -54,6 +57,8 @@ def collect_one(layer: keras.layers.Layer) -> LayerState:
     state = LayerState(layer.name, type(layer).__name__)
     store: dict[str, object] = {}
     _call(layer, "save_own_variables", store, saving=True)
+    for i, variable in enumerate(rnn_states(layer)):  # kept apart from Keras's own keys
+        store[f"{RNN_STATE_KEY}{i}"] = variable
     state.arrays = {key: np.asarray(keras.ops.convert_to_numpy(v)) for key, v in store.items()}
     if hasattr(layer, "save_assets"):
         with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
@@ -84,12 +89,81 @@ def restore(model: keras.Model, states: list[LayerState], where: str) -> None:
 
 
 def restore_one(layer: keras.layers.Layer, state: LayerState) -> None:
-    """``load_own_variables`` then ``load_assets``, in Keras's order."""
-    _call(layer, "load_own_variables", dict(state.arrays), saving=False)
+    """``load_own_variables`` then ``load_assets``, in Keras's order; then a stateful
+    RNN's states."""
+    arrays = dict(state.arrays)
+    states = [arrays.pop(key) for key in sorted(arrays, key=_rnn_state_position) if _is_rnn(key)]
+    _call(layer, "load_own_variables", arrays, saving=False)
     if hasattr(layer, "load_assets"):  # as Keras does: even with no stored file
         with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
             _write_tree(Path(scratch), state.assets)
             _call(layer, "load_assets", scratch, saving=False)
+    if states:  # none stored: written before trainer kept them (they start at zero)
+        restore_rnn_states(layer, states, "the checkpoint")
+
+
+RNN_STATE_KEY = "trainer:rnn_state:"
+
+
+def _is_rnn(key: str) -> bool:
+    return key.startswith(RNN_STATE_KEY)
+
+
+def _rnn_state_position(key: str) -> int:
+    suffix = key[len(RNN_STATE_KEY) :] if _is_rnn(key) else ""
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def rnn_states(layer: keras.layers.Layer) -> list[keras.Variable]:
+    """The state variables of a stateful RNN (``LSTM(stateful=True)``, ``ConvLSTM2D``...):
+    what it carries from one batch to the next. Keras keeps them out of ``variables`` and
+    ``save_own_variables`` (its ``.keras`` files reload them as zeros), so a checkpoint
+    would silently restart every sequence; trainer stores them with the layer's state."""
+    if not (isinstance(layer, keras.layers.RNN) and layer.stateful):
+        return []
+    return [v for v in keras.tree.flatten(layer.states or []) if isinstance(v, keras.Variable)]
+
+
+def restore_rnn_states(layer: keras.layers.Layer, arrays: list[np.ndarray], where: str) -> None:
+    """Assign stored states to a stateful RNN's state variables, refusing any mismatch."""
+    variables = rnn_states(layer)
+    shapes = [tuple(v.shape) for v in variables]
+    if shapes != [tuple(np.shape(a)) for a in arrays]:
+        raise CorruptCheckpointError(
+            f"{where}: the stored states of stateful RNN layer {layer.name!r} do not fit it as "
+            f"rebuilt (state shapes {shapes}). The checkpoint is damaged or was written by "
+            f"another architecture (another batch size?). Received shapes: "
+            f"{[tuple(np.shape(a)) for a in arrays]}"
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        variable.assign(value)
+
+
+def rnn_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """``(label, value)`` of every stateful RNN state of the model, layers in the order
+    both sides agree on: for a backend whose weights Keras's ``save_weights`` stores, which
+    skips them."""
+    return [
+        (f"{layer.name}/state_{i}", np.asarray(keras.ops.convert_to_numpy(variable)))
+        for layer in stateful_layers(model)
+        for i, variable in enumerate(rnn_states(layer))
+    ]
+
+
+def restore_rnn_state_arrays(model: keras.Model, arrays: list[np.ndarray], where: str) -> None:
+    """Give back what :func:`rnn_state_arrays` stored, refusing any count mismatch."""
+    layers = [layer for layer in stateful_layers(model) if rnn_states(layer)]
+    counts = [len(rnn_states(layer)) for layer in layers]
+    if sum(counts) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} stateful RNN states but the model rebuilt from its "
+            f"config has {sum(counts)}. The checkpoint is damaged or was written by another "
+            f"architecture. Received: {len(arrays)} states"
+        )
+    start = 0
+    for layer, count in zip(layers, counts, strict=True):
+        restore_rnn_states(layer, arrays[start : start + count], where)
+        start += count
 
 
 def copy_own_state(source: keras.Model, target: keras.Model) -> None:
@@ -138,7 +212,7 @@ def keeps_own_state(layer: keras.layers.Layer, *, assets_only: bool = False) -> 
         return True
     if assets_only:
         return False
-    return not loads_own_variables_by_position(layer)
+    return bool(rnn_states(layer)) or not loads_own_variables_by_position(layer)
 
 
 def refuse_older_format(model: keras.Model, where: object, *, assets_only: bool) -> None:

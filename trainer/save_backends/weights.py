@@ -1,8 +1,9 @@
 """``weights``: Keras 3's own ``model.weights.h5`` plus what trainer needs beside it::
 
     model.weights.h5   model.save_weights(): every layer weight, readable by plain Keras
-    optimizer.h5       optimizer variables (iteration, learning rate, every slot) and the
-                       RNG seed states of Dropout & co., which save_weights skips
+    optimizer.h5       optimizer variables (iteration, learning rate, every slot), the
+                       RNG seed states of Dropout & co. and the states of stateful RNNs,
+                       which save_weights skips
     assets/NNNNN/      each layer's save_assets files (NNNNN: its position among the model
                        and its sublayers), e.g. an adapted StringLookup's vocabulary
     trainer.json       format marker, architecture config, compile config, training state
@@ -43,6 +44,7 @@ WEIGHTS_FILE = "model.weights.h5"
 EXTRA_FILE = "optimizer.h5"
 INDEX_FILE = "trainer.json"
 ASSETS_DIR = "assets"
+RNN_STATES = "rnn_states"  # in EXTRA_FILE: stateful RNN states, which save_weights skips
 
 
 class WeightsBackend(SaveBackend):
@@ -88,6 +90,7 @@ class WeightsBackend(SaveBackend):
         with h5py.File(buffer, "w") as handle:
             hdf5_arrays.write_arrays(handle, "optimizer", modelstate.optimizer_arrays(model))
             hdf5_arrays.write_arrays(handle, "rng_state", modelstate.rng_state_arrays(model))
+            hdf5_arrays.write_arrays(handle, RNN_STATES, layerstate.rnn_state_arrays(model))
         hdf5_arrays.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
         layerstate.write_assets(model, tmp / ASSETS_DIR)  # e.g. adapted lookup vocabularies
         (tmp / INDEX_FILE).write_text(index_text)
@@ -137,7 +140,12 @@ class WeightsBackend(SaveBackend):
             optimizer = (
                 hdf5_arrays.read_arrays(handle, "optimizer", path / EXTRA_FILE) if compile else []
             )
+            states = None  # absent: written before trainer kept them (they start at zero)
+            if RNN_STATES in handle:
+                states = hdf5_arrays.read_arrays(handle, RNN_STATES, path / EXTRA_FILE)
         modelstate.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
+        if states is not None:
+            layerstate.restore_rnn_state_arrays(model, states, str(path / EXTRA_FILE))
         if compile and compile_config:
             modelstate.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)

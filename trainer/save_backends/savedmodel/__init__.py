@@ -7,6 +7,10 @@ Modules, in the order a save and a load go through them:
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
 - ``tracing``: traced call, regularizer and activity functions;
 - ``endpoints``: the model's positional inputs, ``serve`` and ``serving_default``;
+- ``input_signature``: the input dtypes Keras' export gets wrong (subclassed models taking
+  integer ids, Sequential models Keras could not link into a graph);
+- ``state_variables``: variables a layer's calls use beyond its weights (metrics it holds,
+  stateful RNN states), which the object graph must reach;
 - ``records``: the per-layer JSON records a loader rebuilds from;
 - ``layout``: the files of the directory and its metadata file;
 - ``revival``: from a loaded SavedModel and its records back to a Keras model;

@@ -31,6 +31,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
+from trainer.save_backends.savedmodel import input_signature
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NOT_INPUTS = ("training", "mask")
@@ -50,6 +51,9 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
     revived = _revived_call_args(model)
     if revived is not None:
         return revived
+    unlinked = input_signature.unlinked_sequential_input(model)
+    if unlinked is not None:
+        return (unlinked,)
     try:
         signature = list(keras_compat.get_input_signature(model))
     except (ValueError, TypeError) as err:
@@ -68,7 +72,7 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
         if name is not None and isinstance(arg, tf.TensorSpec) and len(signature) > 1:
             arg = tf.TensorSpec(arg.shape, arg.dtype, name=name)
         args.append(arg)
-    return tuple(args)
+    return input_signature.declared_dtypes(model, tuple(args))
 
 
 def _revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:

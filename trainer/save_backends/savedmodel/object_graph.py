@@ -17,7 +17,14 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends.savedmodel import endpoints, records, tracing
+from trainer.save_backends import readiness
+from trainer.save_backends.savedmodel import (
+    endpoints,
+    input_signature,
+    records,
+    state_variables,
+    tracing,
+)
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
 
 SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -53,6 +60,7 @@ def structure_fingerprint(model: keras.Model) -> str:
         for v in layer.variables:
             storage = tracing.variable_storage(v)
             parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
+        parts.extend(f"m{id(v)}" for v in state_variables.state_variables(layer))
     optimizer = getattr(model, "optimizer", None)
     parts.append(f"O{id(optimizer)}:{getattr(optimizer, 'built', None)}")
     if optimizer is not None and optimizer.built:
@@ -71,7 +79,16 @@ def trace_model(model: keras.Model) -> TracedModel:
     opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
     tf_vars, var_records, var_index = _variable_table(layers)
     args = endpoints.model_call_args(model)
-    recorder = _record_call_specs(model, layers, args)
+    recorder = tracing.CallRecorder(layers)
+    recorder.class_only = readiness.replayed_by_sequential(model)
+    concrete = _record_call_specs(model, recorder, args)
+    integer = input_signature.integer_inputs(model, args, concrete)
+    if integer is not None:  # served as the integer ids it takes; floats still accepted
+        args = integer
+        _record_call_specs(model, recorder, args)
+        wide = input_signature.widened_integers(args)
+        if wide is not None:  # int64 ids (NumPy's default) too, once revived
+            _record_call_specs(model, recorder, wide)
     nodes: list[Node | None] = [None] * len(layers)
     layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
@@ -138,15 +155,15 @@ def _variable_table(
 
 
 def _record_call_specs(
-    model: keras.Model, layers: list[keras.layers.Layer], args: tuple[Any, ...]
-) -> tracing.CallRecorder:
+    model: keras.Model, recorder: tracing.CallRecorder, args: tuple[Any, ...]
+) -> Any:
     """A throwaway trace of the serving function that only records what each layer
-    receives: the specs every layer's own functions are then traced with."""
+    receives: the specs every layer's own functions are then traced with. Returns the
+    concrete function of that trace."""
     recording = endpoints.make_serve(model, args)
-    recorder = tracing.CallRecorder(layers)
     try:
         with recorder:
-            recording.get_concrete_function()
+            concrete = recording.get_concrete_function()
     except ModelNotReadyError:
         raise
     except Exception as err:  # the model's own call, in a tf.function: user code
@@ -155,7 +172,7 @@ def _record_call_specs(
             f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
             f"was built with. Received {type(model).__name__}"
         ) from err
-    return recorder
+    return concrete
 
 
 def _trace_node(
@@ -173,7 +190,14 @@ def _trace_node(
     resources = tracing.trackable_resources(layer)
     if resources:
         node.resources = resources
-    functions, call_specs = _trace_layer(layer, node, recorder.specs[id(layer)], dispatcher)
+    extra = state_variables.state_variables(layer)
+    if extra:  # read or updated by its traced calls: the graph must reach them
+        node.state_variables = extra
+    # A layer whose __call__ replays in a Sequential is revived from its class only.
+    calls = id(layer) not in recorder.class_only
+    functions, call_specs = _trace_layer(
+        layer, node, recorder.specs[id(layer)], dispatcher, calls=calls
+    )
     functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
     own = [var_index[id(tf_variable(v))] for v in layer.variables]
     own = [i for i in own if var_records[i]["owner"] == li]
@@ -186,7 +210,10 @@ def _trace_node(
         functions=functions,
         call_specs=call_specs,
     )
-    if hasattr(node, "call_infer"):  # after the record: this mutes its regularizer
+    # After the record: this mutes its regularizer. A layer overriding __call__ is not
+    # dispatched: its traced function holds its __call__ Python, which the parent's call
+    # runs too before reaching ``call`` (the override would be applied twice).
+    if hasattr(node, "call_infer") and not readiness.overrides_call(layer):
         dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
     return node, record
 
@@ -284,12 +311,18 @@ def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> 
 
 
 def _trace_layer(
-    layer: keras.layers.Layer, node: Node, specs: dict[str, Any], dispatcher: Any = None
+    layer: keras.layers.Layer,
+    node: Node,
+    specs: dict[str, Any],
+    dispatcher: Any = None,
+    *,
+    calls: bool = True,
 ):
-    """Concrete call functions for each recorded call spec, for both training values."""
+    """Concrete call functions for each recorded call spec, for both training values
+    (none unless ``calls``)."""
     functions: dict[str, Any] = {}
     first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
-    specs = specs or _fallback_specs(layer)
+    specs = (specs or _fallback_specs(layer)) if calls else {}
     summaries = [_spec_summary(s) for s in specs.values()]
     try:
         if specs:

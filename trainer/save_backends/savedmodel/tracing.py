@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
+from trainer.save_backends import readiness
 
 
 class Node(tf.Module):
@@ -84,7 +85,9 @@ def _spec_key(args: Any, kwargs: Any) -> str:
 
 
 class CallRecorder:
-    """Intercept ``layer.call`` on every layer while the serving function is traced."""
+    """Intercept ``layer.call`` on every layer while the serving function is traced; for
+    a layer overriding ``__call__``, what its ``__call__`` receives instead (its override
+    would otherwise run twice: before the recorded ``call`` inputs and in its trace)."""
 
     def __init__(self, layers: list[keras.layers.Layer]):
         self.layers = layers
@@ -92,37 +95,72 @@ class CallRecorder:
         # (first input, mask Keras hands to compute_mask) for layers with their own
         # compute_mask: what a revived layer's traced compute_mask is called with.
         self.mask_specs: dict[int, dict[str, tuple[Any, Any]]] = {id(x): {} for x in layers}
+        self.classes: dict[int, type] = {}
+        self.class_only: set[int] = set()  # layers that get no traced call functions
 
     def __enter__(self) -> CallRecorder:
         for layer in self.layers:
-            object.__setattr__(layer, "call", self._wrap(layer, layer.call))
+            if readiness.overrides_call(layer):
+                self.classes[id(layer)] = type(layer)
+                object.__setattr__(layer, "__class__", self._recording_class(layer))
+            else:
+                object.__setattr__(layer, "call", self._wrap(layer, layer.call))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for layer in self.layers:
             if "call" in layer.__dict__:
                 object.__delattr__(layer, "call")
+            if id(layer) in self.classes:
+                object.__setattr__(layer, "__class__", self.classes.pop(id(layer)))
+
+    def _record(self, layer: keras.layers.Layer, args: Any, kwargs: Any) -> None:
+        clean = {k: v for k, v in kwargs.items() if k != "training"}
+        spec = (
+            tf.nest.map_structure(_to_spec, tuple(args)),
+            tf.nest.map_structure(_to_spec, clean),
+        )
+        self.specs[id(layer)].setdefault(_spec_key(*spec), spec)
+        if has_own_compute_mask(layer) and args:
+            mask = kwargs.get("mask")
+            if mask is None:
+                mask = tf.nest.map_structure(keras_compat.keras_mask, args[0])
+            mask_spec = tf.nest.map_structure(_to_spec, (args[0], mask))
+            self.mask_specs[id(layer)].setdefault(repr(mask_spec), mask_spec)
 
     def _wrap(self, layer: keras.layers.Layer, call: Callable) -> Callable:
         def recording_call(*args: Any, **kwargs: Any) -> Any:
-            clean = {k: v for k, v in kwargs.items() if k != "training"}
-            spec = (
-                tf.nest.map_structure(_to_spec, tuple(args)),
-                tf.nest.map_structure(_to_spec, clean),
-            )
-            self.specs[id(layer)].setdefault(_spec_key(*spec), spec)
-            if has_own_compute_mask(layer) and args:
-                mask = kwargs.get("mask")
-                if mask is None:
-                    mask = tf.nest.map_structure(keras_compat.keras_mask, args[0])
-                mask_spec = tf.nest.map_structure(_to_spec, (args[0], mask))
-                self.mask_specs[id(layer)].setdefault(repr(mask_spec), mask_spec)
+            self._record(layer, args, kwargs)
             return call(*args, **kwargs)
 
         return recording_call
 
+    def _recording_class(self, layer: keras.layers.Layer) -> type:
+        """A subclass of the layer's own class (set on this instance only, while
+        recording) whose ``__call__`` records its arguments, then runs the original."""
+        original = type(layer)
+        recorder = self
+
+        def __call__(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            recorder._record(layer, args, kwargs)
+            return original.__call__(instance, *args, **kwargs)
+
+        return type(original.__name__, (original,), {"__call__": __call__})
+
 
 # ----------------------------------------------------------------------- function makers
+def _read_variables(structure: Any) -> Any:
+    """Variables passed as call arguments, read into tensors: a traced function takes
+    tensors (a stateful RNN passes its ``states`` variables to its cell's first step)."""
+
+    def read(value: Any) -> Any:
+        if isinstance(value, keras.Variable | tf.Variable):
+            return tf.convert_to_tensor(value)
+        return value
+
+    return tf.nest.map_structure(read, structure)
+
+
 class Dispatcher:
     """While active, a call to an already traced layer runs its traced function instead of
     re-tracing its Python ``call``: a parent's graph then holds one call op per child, so
@@ -154,7 +192,8 @@ class Dispatcher:
             if training is None:  # a call without ``training``: Keras passes it by context
                 training = keras_compat.outer_training()
             use_train = train is not None and isinstance(training, bool) and training
-            outputs, losses = (train if use_train else infer)(tuple(args), kwargs)
+            args, kwargs = _read_variables((tuple(args), kwargs))
+            outputs, losses = (train if use_train else infer)(args, kwargs)
             keras_compat.add_losses(layer, list(losses))
             return outputs
 

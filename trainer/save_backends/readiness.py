@@ -1,0 +1,132 @@
+"""What makes a built model savable beyond its own ``built`` flag.
+
+Unbuilt sublayers. A layer that keeps Keras' default ``build`` creates no weights when
+built, so it is ready even unbuilt: a parent may run its ``call`` directly and never mark
+it built (``TextVectorization`` does so with its inner ``StringLookup``, whose state, the
+vocabulary, exists from ``adapt`` on).
+
+Layers whose class overrides ``__call__`` (runs Python before ``super().__call__``). Such
+a layer works in every backend as long as its model is rebuilt by calling the layer once
+per call, as a subclassed model's ``call`` does. A graph model is different when the
+override changes the inputs: building the graph ran that code on symbolic tensors and
+recorded its operations, then the layer's call on the changed inputs, and running the
+graph calls the layer again (the override applies twice).
+
+- A Functional model keeps those operations in its config, and rebuilding it from the
+  config runs the override once more on top: the loaded model would compute something else
+  (Keras' own ``.keras`` format does so silently). trainer refuses to save it.
+- A Sequential model keeps only its layers and is rebuilt by the same construction, so a
+  class rebuilt from config is faithful; but a layer revived from traced functions cannot
+  replay the operations construction recorded, so such a layer gets no traced functions
+  and a load without its class says the class is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from trainer._compat import keras as keras_compat
+from trainer.errors import ModelNotReadyError
+
+
+def unbuilt_layers(model: keras.Model) -> list[str]:
+    """Names of the sublayers (every depth) whose weights do not exist yet."""
+    seen: dict[int, keras.layers.Layer] = {}
+    stack = keras_compat.sublayers(model)
+    while stack:
+        layer = stack.pop()
+        if id(layer) not in seen:
+            seen[id(layer)] = layer
+            stack.extend(keras_compat.sublayers(layer))
+    return [
+        layer.name
+        for layer in seen.values()
+        if not layer.built and type(layer).build is not keras.layers.Layer.build
+    ]
+
+
+def overrides_call(layer: keras.layers.Layer) -> bool:
+    """Whether the layer's class (not Keras) defines ``__call__``."""
+    for cls in type(layer).__mro__:
+        if "__call__" in vars(cls):
+            return not cls.__module__.startswith("keras.")
+    return False
+
+
+def refuse_reapplied_overrides(model: keras.Model) -> None:
+    """Refuse a Functional model holding a layer whose ``__call__`` changes its inputs."""
+    every = keras_compat.sublayers(model, include_self=True, recursive=True)
+    for graph in [m for m in every if keras_compat.is_functional(m)]:
+        for layer in _input_changing(graph):
+            raise ModelNotReadyError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) of Functional model "
+                f"{graph.name!r} overrides __call__ and changes its inputs before Keras' own "
+                f"__call__. The saved graph already holds the changed inputs, and rebuilding "
+                f"the model from its config runs that code again, so the loaded model would "
+                f"compute something else (Keras' .keras format does so silently). Move that "
+                f"code into the layer's call(), or use a Sequential or subclassed model, "
+                f"then save. Received: "
+                f"{type(layer).__module__}.{type(layer).__qualname__}.__call__"
+            )
+
+
+def replayed_by_sequential(model: keras.Model) -> set[int]:
+    """Ids of the layers of (nested) Sequential models whose ``__call__`` changes their
+    inputs: rebuilt faithfully only from their class (see the module's docstring)."""
+    every = keras_compat.sublayers(model, include_self=True, recursive=True)
+    # ``inputs`` raises AttributeError for a Sequential whose layers Keras could not link
+    # into a graph: it runs them one by one, like a subclassed model.
+    linked = [m for m in every if isinstance(m, keras.Sequential) and hasattr(m, "inputs")]
+    return {id(layer) for graph in linked for layer in _input_changing(graph)}
+
+
+def _input_changing(graph: keras.Model) -> list[keras.layers.Layer]:
+    return [layer for layer in graph.layers if overrides_call(layer) and changes_inputs(layer)]
+
+
+class _Reached(Exception):
+    """Raised in place of the layer's computation once its inputs are known."""
+
+
+def changes_inputs(layer: keras.layers.Layer) -> bool:
+    """Call the layer on its own graph inputs and see whether what reaches Keras' part of
+    ``__call__`` is still those inputs (Keras may cast floats to the layer's dtype). The
+    layer's computation is not run: the call stops where it would start."""
+    try:
+        graph_input = layer.input
+    except (AttributeError, ValueError):  # never called in a graph: nothing to rebuild
+        return False
+    # Fresh symbolic tensors, produced by no operation: the probe leaves the graph as is.
+    given = keras.tree.map_structure(lambda t: keras.KerasTensor(t.shape, t.dtype), graph_input)
+    reached: dict[str, Any] = {}
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        reached["inputs"] = args[0] if args else None
+        raise _Reached
+
+    object.__setattr__(layer, "symbolic_call", stop)
+    try:
+        layer(given)
+    except _Reached:
+        pass
+    except Exception:  # the layer takes more than its first input: cannot tell
+        return False
+    finally:
+        object.__delattr__(layer, "symbolic_call")
+    flat_given = keras.tree.flatten(given)
+    flat_reached = keras.tree.flatten(reached.get("inputs"))
+    if len(flat_given) != len(flat_reached):
+        return True
+    return not all(
+        a is b or _cast_by_keras(layer, a, b) for a, b in zip(flat_given, flat_reached, strict=True)
+    )
+
+
+def _cast_by_keras(layer: keras.layers.Layer, given: Any, reached: Any) -> bool:
+    return (
+        tuple(getattr(given, "shape", ())) == tuple(getattr(reached, "shape", ()))
+        and getattr(reached, "dtype", None) == layer.input_dtype
+        and getattr(given, "dtype", None) != layer.input_dtype
+    )

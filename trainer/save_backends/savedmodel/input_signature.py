@@ -1,0 +1,89 @@
+"""Input dtypes of the serving signature that Keras' own export gets wrong.
+
+``keras.Model.export`` (whose input signature the SavedModel backend starts from) types a
+subclassed model's inputs with its float compute dtype, because Keras records no dtype for
+the calls of a subclassed model: a model trained on integer token ids would be served, and
+revived, as taking floats. A Sequential model whose layers Keras could not link into a
+graph has no ``inputs`` at all. The helpers here find what the model really takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer._compat import keras as keras_compat
+
+
+def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
+    """A Sequential model whose layers Keras could not link into a graph (a ``Lambda``
+    whose output shape it cannot infer, such as ``tf.strings.lower``) is built but has no
+    ``inputs``; its ``Input`` layer still says what it takes."""
+    if not isinstance(model, keras.Sequential) or hasattr(model, "inputs"):
+        return None  # hasattr: ``inputs`` raises AttributeError when there is no graph
+    layers = keras_compat.tracked_sublayers(model)
+    if not layers or not isinstance(layers[0], keras.layers.InputLayer):
+        return None
+    shape = list(layers[0].batch_shape)
+    return tf.TensorSpec([None, *shape[1:]], tf.as_dtype(layers[0].dtype))
+
+
+def declared_dtypes(model: keras.Model, structure: Any) -> Any:
+    """The structure with the dtypes a subclassed model declares in its ``input_spec``
+    (Keras' export takes the layer's float compute dtype instead, and the model then
+    refuses its own serving inputs)."""
+    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
+        return structure
+    flat = tf.nest.flatten(structure)
+    declared = tf.nest.flatten(model.input_spec) if model.input_spec is not None else []
+    if len(declared) != len(flat) or not all(
+        isinstance(d, keras.InputSpec) and d.dtype for d in declared
+    ):
+        return structure
+    typed = [
+        tf.TensorSpec(s.shape, tf.as_dtype(d.dtype), name=s.name)
+        for s, d in zip(flat, declared, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(structure, typed)
+
+
+def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | None:
+    """For a subclassed model that declares no input dtypes: if the serving function
+    traced with float inputs uses an input only to cast it to an integer type (an
+    ``Embedding`` first), the model takes integer ids, and the structure with that integer
+    type is returned (None if nothing changes). Keras records no dtype for the calls of a
+    subclassed model, and serving ids as floats would make the revived model refuse the
+    ids it was trained on."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:  # typed by its inputs, or as it declares
+        return None
+    flat = tf.nest.flatten(structure)
+    typed = []
+    for spec, tensor in zip(flat, concrete.inputs[: len(flat)], strict=True):
+        consumers = tensor.consumers() if spec.dtype.is_floating else []
+        targets = {op.get_attr("DstT") for op in consumers if op.type == "Cast"}
+        if (
+            consumers
+            and len(targets) == 1
+            and len(consumers) == sum(op.type == "Cast" for op in consumers)
+        ):
+            target = tf.as_dtype(targets.pop())
+            if target.is_integer:
+                spec = tf.TensorSpec(spec.shape, target, name=spec.name)
+        typed.append(spec)
+    if all(a.dtype == b.dtype for a, b in zip(flat, typed, strict=True)):
+        return None
+    return tf.nest.pack_sequence_as(structure, typed)
+
+
+def widened_integers(structure: Any) -> Any | None:
+    """The structure with its 32-bit integer inputs as int64 (None if it has none)."""
+    flat = tf.nest.flatten(structure)
+    wide = [
+        tf.TensorSpec(s.shape, tf.int64, name=s.name) if s.dtype == tf.int32 else s for s in flat
+    ]
+    if all(a.dtype == b.dtype for a, b in zip(flat, wide, strict=True)):
+        return None
+    return tf.nest.pack_sequence_as(structure, wide)

@@ -1,0 +1,56 @@
+"""Variables a layer's calls use that are not among its Keras weights.
+
+``tf.saved_model.save`` refuses a traced function that captures a variable the object
+graph does not reach ("untracked resource"); each layer's node therefore also holds these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
+from trainer.save_backends.savedmodel.tracing import variable_storage
+
+
+def state_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
+    """Variables a layer's calls read or update that are not among ``layer.variables``:
+    those of the ``keras.metrics`` objects it holds (``self.tracker =
+    keras.metrics.Mean()`` updated in ``call``), untracked variables it keeps in its own
+    attributes (a stateful RNN's ``states``), and for a layer revived from traced functions
+    whatever else those functions captured (the loaded ones of the same kinds).
+    ``tf.saved_model.save`` refuses a function capturing a variable that the object graph
+    does not reach. Keras' own bookkeeping attributes (a model's compiled metrics and loss
+    tracker, never touched by ``call``) are left out."""
+    weights = {id(variable_storage(v)) for v in layer.variables}
+    found: dict[int, tf.Variable] = {}
+
+    def add(variable: Any) -> None:
+        storage = variable_storage(variable)
+        if storage is not None and id(storage) not in weights:
+            found.setdefault(id(storage), storage)
+
+    for name, value in list(vars(layer).items()):
+        if name not in keras_compat.LAYER_STATE_ATTRIBUTES:
+            for item in _flat_attribute(value):
+                if isinstance(item, keras.metrics.Metric):
+                    for variable in item.variables:
+                        add(variable)
+                elif isinstance(item, keras.Variable | tf.Variable):
+                    add(item)
+    for attribute in ("_trainer_call_infer", "_trainer_call_train"):
+        function = getattr(layer, attribute, None)
+        for concrete in tf_compat.concrete_functions(function) if function is not None else []:
+            for variable in concrete.variables:
+                add(variable)
+    return list(found.values())
+
+
+def _flat_attribute(value: Any, depth: int = 0) -> list[Any]:
+    """An attribute's value, and the items of (nested) lists and tuples it holds."""
+    if not isinstance(value, list | tuple) or depth > 3:
+        return [value]
+    return [item for element in value for item in _flat_attribute(element, depth + 1)]
