@@ -6,6 +6,7 @@ Modules, in the order a save and a load go through them:
 - ``trace_cache``: trace once, save many (the graph bytes kept between saves);
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
 - ``tracing``: traced call, regularizer and activity functions;
+- ``masks``: the Keras masks a traced call takes from its inputs and gives its outputs;
 - ``endpoints``: the model's positional inputs, ``serve`` and ``serving_default``;
 - ``records``: the per-layer JSON records a loader rebuilds from;
 - ``layout``: the files of the directory and its metadata file;
