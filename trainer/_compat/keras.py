@@ -57,6 +57,18 @@ def keras_mask(value: Any) -> Any:
     return backend.get_keras_mask(value)
 
 
+def set_keras_mask(value: Any, mask: Any) -> None:
+    """Attach ``mask`` to ``value`` as its Keras mask, as a layer's output gets it.
+
+    ``keras.src.backend.set_keras_mask``, the counterpart of ``keras_mask``: no public API.
+    A layer's traced call attaches the masks its inputs carried when it was recorded, since
+    layers read them from their inputs (``MultiHeadAttention``). Checked: Keras 3.15.1.
+    """
+    from keras.src import backend
+
+    backend.set_keras_mask(value, mask)
+
+
 def outer_training() -> bool | None:
     """The ``training`` value of the Keras layer call in progress (``None`` outside one).
 

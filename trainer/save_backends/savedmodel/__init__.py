@@ -6,6 +6,7 @@ Modules, in the order a save and a load go through them:
 - ``trace_cache``: trace once, save many (the graph bytes kept between saves);
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
 - ``tracing``: traced call, regularizer and activity functions;
+- ``masks``: the Keras masks a traced call takes from its inputs and gives its outputs;
 - ``endpoints``: the model's positional inputs, ``serve`` and ``serving_default``;
 - ``input_signature``: the input dtypes Keras' export gets wrong (subclassed models taking
   integer ids, Sequential models Keras could not link into a graph);

@@ -8,6 +8,7 @@ are plain JSON; nothing here is code, so reading them can never execute anything
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -177,6 +178,29 @@ def child_attributes(layer: keras.layers.Layer, child: keras.layers.Layer) -> li
     return names
 
 
+def call_signature(layer: keras.layers.Layer) -> list[dict[str, Any]] | None:
+    """The parameters of the layer's ``call`` (name, kind, plain default): a layer revived
+    from traces takes calls exactly as the original did, also one whose first input is
+    passed by keyword (``attention(query=x, value=x)``). While tracing replaces ``call``
+    on the instance, the class's ``call`` is inspected; None if it has no signature."""
+    call = type(layer).call if "call" in vars(layer) else layer.call
+    try:
+        parameters = list(inspect.signature(call).parameters.values())
+    except (TypeError, ValueError):  # a builtin or otherwise uninspectable call
+        return None
+    if call is type(layer).call:  # the class's function: its first parameter is self
+        parameters = parameters[1:]
+    found = []
+    for parameter in parameters:
+        entry: dict[str, Any] = {"name": parameter.name, "kind": parameter.kind.name}
+        default = parameter.default
+        if default is not inspect.Parameter.empty:
+            plain = default is None or isinstance(default, bool | int | float | str)
+            entry["default"] = default if plain else None
+        found.append(entry)
+    return found
+
+
 def input_spec_config(layer: keras.layers.Layer, fallbacks: dict[str, str]) -> Any:
     spec = getattr(layer, "input_spec", None)
     if spec is None:
@@ -240,6 +264,7 @@ def layer_record(
         "dtype_policy": dtype_policy_config(layer, fallbacks),
         "build_config": build_config,
         "takes_training": takes_training(layer),
+        "call_signature": call_signature(layer),
         "supports_masking": bool(layer.supports_masking),
         "input_spec": input_spec_config(layer, fallbacks),
         "sublayers": [

@@ -89,9 +89,22 @@ class Reviver:
         elif self._config_allowed(record):
             layer = self._from_config(record)
         if layer is None:
+            if record["model_kind"] in ("functional", "sequential"):
+                self._refuse_failing_class(record)
             layer = self._from_functions(record)
         self.layers[index] = layer
         return layer
+
+    def _refuse_failing_class(self, record: dict[str, Any]) -> None:
+        """A Functional subclass whose class is given but fails to rebuild from its config
+        is that class's error (``RebuildError``), not a reason to revive it from traces:
+        only a missing class is."""
+        failure = self.config_errors.get(record["id"])
+        if failure is None or "Could not locate" in str(failure):
+            return
+        rebuilt = rebuild_error(failure, self.where, f"model {record['name']!r}")
+        if rebuilt is not None:
+            raise rebuilt from failure
 
     # ------------------------------------------------------------------- strategies
     def _config_allowed(self, record: dict[str, Any]) -> bool:
@@ -236,10 +249,8 @@ class Reviver:
         try:
             model = self._deserialize(config, extra)
         except (TypeError, ValueError) as err:  # what Keras raises for a class it cannot locate
-            found = "Could not locate" not in str(err)
-            rebuilt = rebuild_error(err, self.where, f"model {record['name']!r}") if found else None
-            if rebuilt is not None:  # the class is here but its own code fails: say so
-                raise rebuilt from err
+            if "Could not locate" not in str(err):
+                raise self._graph_error(record, err) from err
             # A registered Functional subclass whose class is missing: plain Functional.
             base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
             with keras.saving.custom_object_scope({**self.custom_objects, **extra}):
@@ -247,6 +258,20 @@ class Reviver:
         self._bind(model, record, strict=True)
         self.how[record["name"]] = "graph"
         return model
+
+    def _graph_error(self, record: dict[str, Any], err: Exception) -> Exception:
+        """Why a graph found all its classes and still did not rebuild: a class's own code
+        (``RebuildError``), or the graph itself failing around its revived layers."""
+        rebuilt = rebuild_error(err, self.where, f"model {record['name']!r}")
+        if rebuilt is not None:
+            return rebuilt
+        traced = sorted(name for name, how in self.how.items() if how == "traced")
+        return CorruptCheckpointError(
+            f"{self.where}: the graph of model {record['name']!r} could not be rebuilt from "
+            f"its config around its layers (revived from traced functions: {traced or 'none'}"
+            f"). Pass the missing classes in custom_objects, or load an older checkpoint. "
+            f"Received: {type(err).__name__}: {str(err)[:400]}"
+        )
 
     def _graph_children(
         self, record: dict[str, Any], entries: list[dict[str, Any]]

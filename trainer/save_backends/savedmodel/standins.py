@@ -9,6 +9,9 @@ current ``training`` value. Losses the traced call produced are re-added with ``
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import keyword
 import re
 from typing import Any
 
@@ -17,6 +20,7 @@ import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
+from trainer.save_backends.savedmodel import masks
 
 
 class TracedRegularizer(keras.regularizers.Regularizer):
@@ -80,6 +84,7 @@ class _RevivedMixin:
         object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
         object.__setattr__(self, "_trainer_kwarg_defaults", _kwarg_defaults(infer))
         object.__setattr__(self, "_trainer_compute_mask", getattr(node, "compute_mask", None))
+        object.__setattr__(self, "_trainer_takes_masks", masks.accepts_masks(infer))
         # Records written before masks were recorded: Keras' default for a layer with
         # its own compute_mask, which every revived layer has.
         self.supports_masking = record.get("supports_masking", True)
@@ -96,15 +101,17 @@ class _RevivedMixin:
             object.__setattr__(self, "_trainer_input_structure", structure)
         self.built = True
 
-    def _trainer_call(self, inputs, args, training, kwargs):
-        """The traced call for this ``training`` value."""
+    def _trainer_call(self, args, training, kwargs):
+        """The traced call for this ``training`` value, on the arguments as received (and
+        the masks their tensors carry, if it was traced with masks)."""
         function = self._trainer_call_infer
         if training and self._trainer_call_train is not None:
             function = self._trainer_call_train
-        args = (inputs, *args)
         for key, value in self._trainer_kwarg_defaults.items():
             kwargs.setdefault(key, value)
-        outputs, losses = function(tuple(args), kwargs)
+        if self._trainer_takes_masks:
+            kwargs = masks.with_masks(args, kwargs)
+        outputs, losses = masks.received(function(tuple(args), kwargs))
         for loss in losses:
             self.add_loss(loss)
         return outputs
@@ -191,56 +198,80 @@ class RevivedModel(_RevivedMixin, keras.Model):
     """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
 
 
-def _call_without_training(self, inputs, *args, mask=None, **kwargs):
-    """``call`` of a stand-in whose original ``call`` did not declare ``training``. Keras
-    decides from the signature whether to pass ``training`` (``fit`` calls such a model
-    without it, so its sublayers run in inference mode), and still hands the value down
-    through its call context, where this reads it: the same behaviour as the original."""
-    training = keras_compat.outer_training()
-    return self._trainer_call(inputs, args, training, mask, kwargs)
-
-
-# ``call`` signatures: Keras decides from the signature whether to pass ``training`` (fit
-# calls a model whose call lacks it without it, so its sublayers run in inference mode)
-# and ``mask`` (and records a passed ``mask`` in the Functional graph's config). A stand-in
-# declares exactly what the original declared; without ``training`` it reads the value
-# Keras hands down through its call context, as the original's sublayers would.
-def _call_training_mask(self, inputs, *args, training=None, mask=None, **kwargs):
-    return self._trainer_call(inputs, args, training, {**kwargs, "mask": mask})
-
-
-def _call_training(self, inputs, *args, training=None, **kwargs):
-    return self._trainer_call(inputs, args, training, kwargs)
-
-
-def _call_mask(self, inputs, *args, mask=None, **kwargs):
-    training = keras_compat.outer_training()
-    return self._trainer_call(inputs, args, training, {**kwargs, "mask": mask})
-
-
-def _call(self, inputs, *args, **kwargs):
-    return self._trainer_call(inputs, args, keras_compat.outer_training(), kwargs)
-
-
-_CALLS = {
-    (True, True): _call_training_mask,
-    (True, False): _call_training,
-    (False, True): _call_mask,
-    (False, False): _call,
+_KINDS = {
+    kind.name: kind
+    for kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.VAR_KEYWORD,
+    )
 }
-_CLASSES: dict[tuple[str, type, bool, bool], type] = {}
 
 
-def revived_class(
-    class_name: str, base: type, takes_training: bool = True, takes_mask: bool = False
-) -> type:
+def _call(self, *args, **kwargs):
+    """``call`` of every stand-in; its class gives it the original's signature, so Keras
+    binds a call exactly as it bound the original's (which argument is the first input,
+    whether it passes ``training`` and ``mask``: a ``call`` without ``training`` is called
+    without it, and reads the value Keras hands down through its call context, as the
+    original's sublayers would)."""
+    training = kwargs.pop("training") if "training" in kwargs else keras_compat.outer_training()
+    return self._trainer_call(args, training, kwargs)
+
+
+def _parameter(saved: dict[str, Any]) -> inspect.Parameter:
+    """One parameter of a recorded signature (untrusted: names and defaults checked)."""
+    name = saved["name"]
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"not a parameter name: {name!r}")
+    default = saved.get("default", inspect.Parameter.empty)
+    plain = default is inspect.Parameter.empty or default is None
+    if not (plain or isinstance(default, bool | int | float | str)):
+        raise ValueError(f"not a plain default: {default!r}")
+    return inspect.Parameter(name, _KINDS[saved["kind"]], default=default)
+
+
+def call_signature(record: dict[str, Any], takes_mask: bool) -> inspect.Signature:
+    """The signature of the original ``call`` (with ``self``) as its record has it, or
+    for records without one (or a damaged one), ``(inputs, *args, training, mask,
+    **kwargs)`` with ``training`` and ``mask`` as the original declared them."""
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    with contextlib.suppress(TypeError, ValueError, KeyError):
+        saved = record.get("call_signature")
+        if isinstance(saved, list):
+            params = [_parameter(p) for p in saved]
+            return inspect.Signature([self_param, *params])
+    params = [
+        self_param,
+        inspect.Parameter("inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+    ]
+    keyword_only = inspect.Parameter.KEYWORD_ONLY
+    if record.get("takes_training", True):
+        params.append(inspect.Parameter("training", keyword_only, default=None))
+    if takes_mask:
+        params.append(inspect.Parameter("mask", keyword_only, default=None))
+    params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+_CLASSES: dict[tuple[str, type, str], type] = {}
+
+
+def revived_class(class_name: str, base: type, signature: inspect.Signature) -> type:
     """A subclass of ``base`` named like the saved class, so ``type(layer).__name__``
-    still tells what the layer was, whose ``call`` declares ``training`` and ``mask``
-    exactly when the original's did."""
-    key = (class_name, base, takes_training, takes_mask)
+    still tells what the layer was, whose ``call`` has the original's ``signature``."""
+    key = (class_name, base, str(signature))
     if key not in _CLASSES:
         name = class_name if class_name.isidentifier() else "Revived"
-        body = {"__module__": __name__, "call": _CALLS[takes_training, takes_mask]}
+
+        def call(self, *args, **kwargs):
+            return _call(self, *args, **kwargs)
+
+        call.__doc__ = _call.__doc__
+        call.__signature__ = signature
+        body = {"__module__": __name__, "call": call}
         _CLASSES[key] = type(name, (base,), body)
     return _CLASSES[key]
 
@@ -255,8 +286,7 @@ def make_revived(
     # Any model (also a Functional subclass revived from its traces) stands in as a model.
     base = RevivedModel if record["model_kind"] else RevivedLayer
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
-    takes_training = record.get("takes_training", True)
-    cls = revived_class(record["class_name"], base, takes_training, takes_mask)
+    cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
     layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
     layer._trainer_setup(record, node, children, own_variables)
     return layer

@@ -22,6 +22,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import readiness
+from trainer.save_backends.savedmodel import masks
 
 
 class Node(tf.Module):
@@ -120,7 +121,8 @@ class CallRecorder:
             tf.nest.map_structure(_to_spec, tuple(args)),
             tf.nest.map_structure(_to_spec, clean),
         )
-        self.specs[id(layer)].setdefault(_spec_key(*spec), spec)
+        for variant in masks.spec_variants(*spec, args, clean):  # and the input masks
+            self.specs[id(layer)].setdefault(_spec_key(*variant), variant)
         if has_own_compute_mask(layer) and args:
             mask = kwargs.get("mask")
             if mask is None:
@@ -186,14 +188,17 @@ class Dispatcher:
 
     def _install(self, layer: keras.layers.Layer) -> None:
         _, infer, train, _ = self.entries[id(layer)]
+        takes_masks = masks.accepts_masks(infer)
 
         def dispatch(*args: Any, **kwargs: Any) -> Any:
             training = kwargs.pop("training", None)
             if training is None:  # a call without ``training``: Keras passes it by context
                 training = keras_compat.outer_training()
+            if takes_masks:
+                kwargs = masks.with_masks(args, kwargs)
             use_train = train is not None and isinstance(training, bool) and training
             args, kwargs = _read_variables((tuple(args), kwargs))
-            outputs, losses = (train if use_train else infer)(args, kwargs)
+            outputs, losses = masks.received((train if use_train else infer)(args, kwargs))
             keras_compat.add_losses(layer, list(losses))
             return outputs
 
@@ -233,7 +238,7 @@ def make_call_function(
 
     def call(args, kwargs):
         target = ref()
-        kwargs = dict(kwargs)
+        kwargs = masks.attach(args, kwargs)  # the masks its inputs carried, back on them
         if training is not None:
             kwargs["training"] = training
         active = dispatcher_ref() if dispatcher_ref is not None else None
@@ -242,7 +247,7 @@ def make_call_function(
         else:
             with active.own_call(target):
                 outputs = target(*args, **kwargs)
-        return outputs, keras_compat.take_losses(target)
+        return masks.returned(outputs, keras_compat.take_losses(target))
 
     return tf.function(call)
 
