@@ -1,13 +1,14 @@
 """Entry point: `python train.py [group=option ...] [key=value ...]` (see conf/)."""
 
-import os
+from trainer.console import quiet_tensorflow
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ chatter out of logs
+# Before anything imports TensorFlow: log levels, start-up chatter, one log handler.
+quiet_tensorflow()
 
-import hydra
-from omegaconf import DictConfig
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
-from trainer.training import train
+from trainer.training import train  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

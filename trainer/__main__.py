@@ -1,8 +1,7 @@
-import os
-import sys
+"""``python -m trainer``: the same commands as the ``trainer`` console script."""
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import sys
 
 from trainer.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m trainer"))

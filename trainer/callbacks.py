@@ -91,33 +91,64 @@ class RunProgress(keras.callbacks.Callback):
                 signal.signal(sig, handler)
 
 
+class EpochProgress(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar, numbering epochs out of the whole run.
+
+    Training calls ``fit`` once per epoch, so Keras's own bar would say "Epoch 3/3" and
+    leave out "Epoch 1/1". Placed in the callback list before the checkpointer, it also
+    ends each epoch's line (with the validation metrics) before a save logs anything.
+    """
+
+    def __init__(self, epochs: int):
+        super().__init__()
+        self.total_epochs = epochs
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.epochs = self.total_epochs
+
+
 class ScalarLogger(keras.callbacks.Callback):
-    """Per-step loss and per-epoch metrics on one global-step axis, continued on resume."""
+    """Per-step and per-epoch scalars on one global-step axis, continued on resume:
+    ``batch/<metric>`` for the loss and every compiled metric (Keras's running means over
+    the epoch so far) and ``batch/learning_rate`` (the rate that step used), then
+    ``epoch/<metric>`` with the validation metrics."""
 
     def __init__(self, log_dir: Path, state: TrainingState):
         super().__init__()
         self.state = state
         mark_session_start(Path(log_dir), state.global_step)
         self.writer = tf.summary.create_file_writer(str(log_dir))
+        self._step_rate: float | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Read before the step: afterwards a schedule already gives the next step's rate.
+        self._step_rate = current_learning_rate(self.model.optimizer)
 
     def on_train_batch_end(self, batch, logs=None):
-        if logs and "loss" in logs:
-            with self.writer.as_default(step=self.state.global_step):
-                tf.summary.scalar("batch/loss", float(logs["loss"]))
+        with self.writer.as_default(step=self.state.global_step):
+            for key, value in (logs or {}).items():
+                tf.summary.scalar(f"batch/{key}", float(value))
+            if self._step_rate is not None:
+                tf.summary.scalar("batch/learning_rate", self._step_rate)
 
     def on_epoch_end(self, epoch, logs=None):
         with self.writer.as_default(step=self.state.global_step):
             for key, value in (logs or {}).items():
                 tf.summary.scalar(f"epoch/{key}", float(value))
-            learning_rate = getattr(self.model.optimizer, "learning_rate", None)
+            learning_rate = current_learning_rate(self.model.optimizer)
             if learning_rate is not None:
-                tf.summary.scalar(
-                    "epoch/learning_rate", float(keras.ops.convert_to_numpy(learning_rate))
-                )
+                tf.summary.scalar("epoch/learning_rate", learning_rate)
         self.writer.flush()
 
     def close(self):
         self.writer.close()
+
+
+def current_learning_rate(optimizer) -> float | None:
+    """The rate the optimizer's next step uses (a schedule evaluated at ``iterations``)."""
+    rate = getattr(optimizer, "learning_rate", None)
+    return None if rate is None else float(keras.ops.convert_to_numpy(rate))
 
 
 def mark_session_start(log_dir: Path, step: int) -> None:

@@ -102,6 +102,10 @@ class Checkpointer(keras.callbacks.Callback):
         self._pending_logs: dict[str, Any] | None = None
         self.saved: list[Path] = []
         self.failed: list[Path] = []  # saves that failed under on_save_error=continue
+        # "Saved checkpoint" lines, logged by the training thread between progress-bar
+        # lines (a background write finishes while the next epoch's bar is being drawn).
+        self._done: list[tuple[Path, int, float]] = []
+        self._done_lock = threading.Lock()
         for stale in clean_stale_temporaries(self.directory):
             log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
 
@@ -119,12 +123,14 @@ class Checkpointer(keras.callbacks.Callback):
             self._pending_logs = dict(logs or {})
 
     def on_epoch_end(self, epoch, logs=None):
+        self.report_saved()  # the bar's line for this epoch is complete
         if self.progress.interrupted:
             self._save_on_interrupt(logs)
             return
         every = self.policy.every_n_epochs
         if self._pending_logs is not None or (every and self.state.epoch % every == 0):
             self.save(logs)
+        self.report_saved()
 
     def finish(self) -> None:
         """End of training: the final save (if due), then wait for any write in flight."""
@@ -137,10 +143,21 @@ class Checkpointer(keras.callbacks.Callback):
     def _save_on_interrupt(self, logs) -> None:
         if self.policy.on_interrupt:
             self.save(logs, wait=True)
+        self.report_saved()
 
     def wait(self) -> None:
-        if self.writer is not None:
-            self.writer.wait()
+        try:
+            if self.writer is not None:
+                self.writer.wait()
+        finally:
+            self.report_saved()
+
+    def report_saved(self) -> None:
+        """Log the saves completed since the last call (from the training thread only)."""
+        with self._done_lock:
+            done, self._done = self._done, []
+        for path, step, seconds in done:
+            log.info("Saved checkpoint %s (step %d) in %.2fs", path, step, seconds)
 
     # ---------------------------------------------------------------------- save
     def save(self, logs: dict[str, Any] | None, *, wait: bool = False) -> Path | None:
@@ -221,7 +238,8 @@ class Checkpointer(keras.callbacks.Callback):
             )
         point_latest(self.directory, path)
         self._apply_retention(state)
-        log.info("Saved checkpoint %s (step %d) in %.2fs", path, state.global_step, seconds)
+        with self._done_lock:
+            self._done.append((path, state.global_step, seconds))
 
     def _snapshot(self) -> keras.Model:
         """Bring the shadow model (built once) to the live model's exact state."""

@@ -1,7 +1,9 @@
-"""``python -m trainer``: inspect and verify checkpoints, export them for serving, list runs.
+"""``trainer`` / ``python -m trainer``: inspect and verify checkpoints, export them for
+serving, list runs.
 
 Every deliberate error (``TrainerError``) becomes one line on stderr and exit code 2;
-nothing here prints a traceback for bad input.
+nothing here prints a traceback for bad input. The help is plain text written for the
+terminal (``DESCRIPTION``), not this docstring.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +19,94 @@ from trainer.errors import TrainerError
 
 EXIT_USAGE = 2
 
+DESCRIPTION = """\
+Inspect and verify trainer checkpoints (any save backend), export them for serving, and
+list the runs of an outputs directory. A bad path or an unreadable checkpoint gives one
+"error:" line and exit code 2."""
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="describe a checkpoint of any backend")
-    inspect.add_argument("path", type=Path)
-    inspect.add_argument("--json", action="store_true", help="machine-readable output")
-    export = commands.add_parser(
-        "export", help="export a checkpoint of any backend as OUT_DIR/<version>/ for serving"
+EXAMPLES = {
+    "inspect": "{prog} inspect outputs/2026-01-31/12-00-00/checkpoints/latest",
+    "verify": "{prog} verify outputs/2026-01-31/12-00-00/checkpoints/latest",
+    "export": "{prog} export outputs/2026-01-31/12-00-00/checkpoints/latest serving/digits",
+    "runs": "{prog} runs outputs",
+}
+CHECKPOINT_HELP = (
+    "a checkpoint of any backend (directory or .h5 file), e.g. a run's checkpoints/latest"
+)
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The command-line interface, with a description, every argument explained and an
+    example for each command (``--help`` of the program and of each command)."""
+    formatter = argparse.RawDescriptionHelpFormatter
+    examples = "\n".join(f"  {e.format(prog=prog)}" for e in EXAMPLES.values())
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        epilog=f"examples:\n{examples}",
+        formatter_class=formatter,
     )
-    export.add_argument("checkpoint", type=Path)
-    export.add_argument("out_dir", type=Path)
-    export.add_argument("--keep", type=int, default=5, help="versions kept (default 5)")
-    export.add_argument("--format", choices=["auto", "keras", "savedmodel"], default="auto")
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="one of the commands below; COMMAND --help explains its arguments",
+    )
+
+    def command(name: str, summary: str, *positionals: tuple[str, str]) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=summary,
+            description=textwrap.fill(summary[0].upper() + summary[1:] + ".", width=88),
+            epilog=f"example:\n  {EXAMPLES[name].format(prog=prog)}",
+            formatter_class=formatter,
+        )
+        for dest, text in positionals:
+            sub.add_argument(dest, type=Path, help=text)
+        sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        return sub
+
+    command(
+        "inspect",
+        "describe a checkpoint or serving export: backend, step, metrics, signatures and "
+        "the layer tree (layers revived from traced functions are marked)",
+        ("path", CHECKPOINT_HELP + ", or a serving export's version directory"),
+    )
+    verify = command(
+        "verify",
+        "check every file of a checkpoint against its manifest, then load it",
+        ("path", CHECKPOINT_HELP),
+    )
+    verify.add_argument(
+        "--files-only", action="store_true", help="check the files only; do not rebuild the model"
+    )
+    export = command(
+        "export",
+        "export a checkpoint of any backend as OUT_DIR/<version>/ for serving",
+        ("checkpoint", CHECKPOINT_HELP),
+        ("out_dir", "directory of numbered versions (created if missing)"),
+    )
+    _add_export_options(export)
+    command(
+        "runs",
+        "list every run with its checkpoints, exports and TensorBoard log",
+        ("output_dir", "a Hydra outputs directory (outputs/, multirun/) or a run"),
+    )
+    return parser
+
+
+def _add_export_options(export: argparse.ArgumentParser) -> None:
+    export.add_argument(
+        "--keep", type=int, default=5, metavar="N", help="newest versions kept (default 5)"
+    )
+    export.add_argument(
+        "--format",
+        choices=["auto", "keras", "savedmodel"],
+        default="auto",
+        help="savedmodel: a trainer SavedModel (servable, and revivable as a trainable "
+        "model); keras: Keras's lean inference-only export; auto: savedmodel if its "
+        "backend can be imported, else keras (default auto)",
+    )
     export.add_argument(
         "--warmup",
         type=int,
@@ -40,34 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument(
         "--no-card", action="store_true", help="do not add an export card to the run's log"
     )
-    export.add_argument("--json", action="store_true", help="machine-readable output")
-    runs = commands.add_parser("runs", help="list every run with its checkpoints and exports")
-    runs.add_argument("output_dir", type=Path)
-    runs.add_argument("--json", action="store_true", help="machine-readable output")
-    verify = commands.add_parser(
-        "verify", help="check every file of a checkpoint against its manifest, then load it"
-    )
-    verify.add_argument("path", type=Path)
-    verify.add_argument("--files-only", action="store_true", help="do not rebuild the model")
-    verify.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
+    """Run one command; ``prog`` is how the user started it (``python -m trainer`` passes
+    its own), so usage lines name a command that works."""
+    args = build_parser(prog).parse_args(argv)
+    from trainer.console import quiet_tensorflow
+
+    quiet_tensorflow()  # every command below imports TensorFlow
     try:
         if args.command == "inspect":
             return run_inspect(args.path, as_json=args.json)
         if args.command == "verify":
             return run_verify(args.path, load=not args.files_only, as_json=args.json)
-        if args.command in ("export", "runs"):
-            from trainer import cli_extra
+        from trainer import cli_extra
 
-            if args.command == "export":
-                return cli_extra.run_export(args)
-            return cli_extra.run_runs(args.output_dir, as_json=args.json)
+        if args.command == "export":
+            return cli_extra.run_export(args)
+        return cli_extra.run_runs(args.output_dir, as_json=args.json)
     except (TrainerError, OSError) as error:
         message = " ".join(str(error).split())  # one line, even for multi-line causes
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    parser.error(f"unknown command {args.command!r}")
-    return EXIT_USAGE
 
 
 def run_verify(path: Path, *, load: bool, as_json: bool) -> int:
@@ -98,6 +170,8 @@ def run_inspect(path: Path, *, as_json: bool) -> int:
 def describe(checkpoint) -> dict[str, Any]:
     meta = checkpoint.metadata
     state = checkpoint.state
+    how = meta.get("revived_from") if isinstance(meta.get("revived_from"), dict) else {}
+    model = checkpoint.model
     return {
         "path": str(checkpoint.path),
         "backend": meta.get("backend"),
@@ -107,28 +181,48 @@ def describe(checkpoint) -> dict[str, Any]:
         "global_step": state.global_step,
         "step_in_epoch": state.step_in_epoch,
         "metrics": state.metrics,
-        "model": checkpoint.model.name,
-        "model_class": type(checkpoint.model).__name__,
-        "num_params": int(checkpoint.model.count_params()),
-        "layers": layer_tree(checkpoint.model),
+        "model": model.name,
+        "model_class": type(model).__name__,
+        "num_params": int(model.count_params()),
+        **({"revived_from": how[model.name]} if model.name in how else {}),
+        "layers": layer_tree(model, how),
     }
 
 
-def layer_tree(layer) -> list[dict[str, Any]]:
-    """Direct sublayers of ``layer`` with parameter counts, recursively."""
+def layer_tree(layer, how: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Direct sublayers of ``layer`` with parameter counts, recursively; with ``how``
+    (the SavedModel backend's ``revived_from``: layer name -> ``config`` | ``graph`` |
+    ``traced``) each node says how it was rebuilt."""
     from trainer._compat import keras as keras_compat
 
+    how = how or {}
     children = []
     for child in keras_compat.sublayers(layer, recursive=False):
-        children.append(
-            {
-                "name": child.name,
-                "class": type(child).__name__,
-                "params": int(child.count_params()) if child.built else 0,
-                "layers": layer_tree(child),
-            }
-        )
+        node = {
+            "name": child.name,
+            "class": type(child).__name__,
+            "params": int(child.count_params()) if child.built else 0,
+        }
+        if child.name in how:
+            node["revived_from"] = how[child.name]
+        node["layers"] = layer_tree(child, how)
+        children.append(node)
     return children
+
+
+# A layer revived from its traced functions: its class was missing, its code refused in
+# safe mode, or its config could not be rebuilt. It computes what was saved, but none of
+# the class's Python (custom methods, attributes) is there.
+TRACED_MARK = "[revived from traced functions: its class was not used]"
+
+
+def _traced_names(nodes: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for node in nodes:
+        if node.get("revived_from") == "traced":
+            names.append(node["name"])
+        names += _traced_names(node["layers"])
+    return names
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -141,13 +235,23 @@ def format_report(report: dict[str, Any]) -> str:
         "metrics:        "
         + (", ".join(f"{k}={v:.4g}" for k, v in report["metrics"].items()) or "none"),
         f"model:          {report['model']} ({report['model_class']}), "
-        f"{report['num_params']:,} parameters",
-        "layers:",
+        f"{report['num_params']:,} parameters"
+        + (f" {TRACED_MARK}" if report.get("revived_from") == "traced" else ""),
     ]
+    traced = _traced_names(report["layers"])
+    if traced:
+        lines.append(
+            f"revived:        {len(traced)} layer(s) from traced functions, not from their "
+            f"class: {', '.join(traced)}"
+        )
+    lines.append("layers:")
 
     def walk(nodes: list[dict[str, Any]], depth: int) -> None:
         for node in nodes:
-            lines.append(f"{'  ' * depth}- {node['name']} ({node['class']}): {node['params']:,}")
+            mark = f"  {TRACED_MARK}" if node.get("revived_from") == "traced" else ""
+            lines.append(
+                f"{'  ' * depth}- {node['name']} ({node['class']}): {node['params']:,}{mark}"
+            )
             walk(node["layers"], depth + 1)
 
     walk(report["layers"], 1)

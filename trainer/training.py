@@ -14,7 +14,7 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 from trainer import distribute, resume
-from trainer.callbacks import RunProgress, ScalarLogger
+from trainer.callbacks import EpochProgress, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
 from trainer.export import export_for_run
@@ -98,6 +98,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     callbacks = [
         *dist.callbacks(progress),  # multi-worker: agree on stop signals first
         progress,
+        # The bar ends each epoch's line before anything after it logs (saves included).
+        EpochProgress(cfg.trainer.epochs),
         *config_callbacks(cfg.get("callbacks")),  # the user's, after step counting
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
@@ -131,7 +133,11 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     scalars.close()
 
     log.info("Run directory: %s", run_dir)
-    log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpointer.saved) or "none")
+    kept = [p.name for p in checkpointer.saved if p.exists()]  # retention removed the rest
+    if kept:
+        log.info("Checkpoints:   %s: %s (latest)", checkpointer.directory, ", ".join(kept))
+    else:
+        log.info("Checkpoints:   none")
     log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
     if progress.interrupted:
         where = checkpointer.saved[-1] if checkpointer.saved else None

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainer import integrity
 from trainer.errors import NotACheckpointError, TrainerError, UnknownBackendError
+from trainer.save_backends import hints
 from trainer.save_backends.base import Checkpoint, SaveBackend, check_exists, set_format_detector
 
 _BUILTIN = {
@@ -83,10 +84,20 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
         skipped = f" Backends that could not be imported: {'; '.join(unavailable)}."
     raise NotACheckpointError(
         f"{path} is not a checkpoint in any registered format "
-        f"({', '.join(sorted(_registry))}).{skipped} A plain TensorFlow SavedModel can be "
-        f"opened with tf.saved_model.load or keras.layers.TFSMLayer instead. "
+        f"({', '.join(sorted(_registry))}).{skipped} {hints.advice(path, _is_checkpoint)} "
         f"Received: {str(path)!r}"
     )
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """Whether a registered (importable) backend claims ``path``; for the hints only."""
+    for name in list(_registry):
+        try:
+            if backend_class(name).can_load(path):
+                return True
+        except ImportError:
+            continue
+    return False
 
 
 set_format_detector(detect_backend)

@@ -207,10 +207,15 @@ def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
 
 def make_serving_default(model: keras.Model, serve: Any, args: tuple[Any, ...]) -> Any:
     """``serving_default(*args)``: ``serve`` with its outputs named (a flat dict), which is
-    what a SavedModel signature needs."""
+    what a SavedModel signature needs. ``serve``'s captured variables become inputs of
+    the signature's function: they are captured first under valid argument names
+    (``captured_<i>``), not TensorFlow's numeric ids, which the save would rename."""
     ref = weakref.ref(model)
 
     def serving_default(*inputs):
+        captured = serve.get_concrete_function(*inputs).captured_inputs
+        for i, value in enumerate(captured):
+            tf_compat.capture_named(value, f"captured_{i}")
         return output_dict(ref(), serve(*inputs))
 
     return tf.function(serving_default, input_signature=list(args))
