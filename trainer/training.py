@@ -14,9 +14,9 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 from trainer import distribute, resume
-from trainer.callbacks import RunProgress, ScalarLogger
+from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
-from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
+from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.export import export_for_run
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
@@ -102,6 +102,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
         checkpointer,
+        progress.epoch_cutter(),  # after every other callback
+        *([RunProgbar(state)] if cfg.trainer.verbose else []),
     ]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
@@ -117,7 +119,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     try:
         with progress.stop_on_signals():
-            fit_epochs(model, data, val, cfg, state, steps, callbacks, progress)
+            fit_run(model, data, val, cfg, state, steps, callbacks)
             state.extra["numpy_rng"] = resume.numpy_rng_record()
             checkpointer.finish()
     except BaseException:
@@ -164,29 +166,31 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     return metrics
 
 
-def fit_epochs(model, data, val, cfg, state, steps, callbacks, progress) -> None:
-    """One ``fit`` per epoch over that epoch's seeded order, skipping consumed batches."""
-    for epoch in range(state.epoch, cfg.trainer.epochs):
-        batches = epoch_dataset(
-            data.x_train,
-            data.y_train,
-            batch_size=cfg.trainer.batch_size,
-            seed=int(cfg.seed),
-            epoch=epoch,
-            skip_batches=state.step_in_epoch,
-            max_batches=steps,
-        )
-        model.fit(
-            batches,
-            epochs=epoch + 1,
-            initial_epoch=epoch,
-            validation_data=val,
-            callbacks=callbacks,
-            verbose=cfg.trainer.verbose,
-            shuffle=False,  # the order is already the seeded per-epoch permutation
-        )
-        if progress.interrupted:
-            return
+def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
+    """One ``fit`` from where ``state`` stands to the last epoch, over every epoch's seeded
+    order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
+    if state.epoch >= cfg.trainer.epochs:
+        return
+    batches = run_dataset(
+        data.x_train,
+        data.y_train,
+        batch_size=cfg.trainer.batch_size,
+        seed=int(cfg.seed),
+        epochs=cfg.trainer.epochs,
+        first_epoch=state.epoch,
+        skip_batches=state.step_in_epoch,
+        max_batches=steps,
+    )
+    model.fit(
+        batches,
+        epochs=cfg.trainer.epochs,
+        initial_epoch=state.epoch,
+        steps_per_epoch=steps,
+        validation_data=val,
+        callbacks=callbacks,
+        verbose=cfg.trainer.verbose,
+        shuffle=False,  # the order is already the seeded per-epoch permutation
+    )
 
 
 def config_callbacks(callbacks_cfg: Any) -> list[keras.callbacks.Callback]:
