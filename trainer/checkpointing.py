@@ -82,6 +82,7 @@ class Checkpointer(keras.callbacks.Callback):
         metadata_fn: Callable[[TrainingState], dict[str, Any]],
         progress: Any,
         board: RunBoard | None = None,
+        callback_state: Callable[[], dict[str, Any]] | None = None,
     ):
         super().__init__()
         self.backend = backend
@@ -91,12 +92,14 @@ class Checkpointer(keras.callbacks.Callback):
         self.metadata_fn = metadata_fn
         self.progress = progress
         self.board = board
+        self.callback_state = callback_state
         async_save = policy.async_save
         if async_save is None:
             async_save = getattr(backend, "async_by_default", False)
         self.writer = AsyncWriter() if async_save else None
         self._shadow: keras.Model | None = None
-        self._last_saved_step: int | None = None
+        # A resumed run's checkpoint already holds its first step: never save it again.
+        self._last_saved_step: int | None = state.global_step or None
         # A step-triggered save waits for the next batch or the epoch end, so a save that
         # falls on an epoch's last batch is taken after validation, as an epoch-end one.
         self._pending_logs: dict[str, Any] | None = None
@@ -167,6 +170,12 @@ class Checkpointer(keras.callbacks.Callback):
         self.state.extra["metric_variables"] = [
             keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
         ]
+        if self.callback_state is not None:
+            self.state.extra["callbacks"] = self.callback_state()
+        # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
+        self.state.extra["stopped_early"] = bool(
+            self.model.stop_training and not self.progress.interrupted
+        )
         state = copy.deepcopy(self.state)
         metadata = self.metadata_fn(state)
         if self.board is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import distribute, resume
+from trainer import distribute, resume, user_callbacks
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
@@ -79,6 +78,11 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir),
+        state,
+        saved=state.extra.get("callbacks"),
+    )
     board = RunBoard(
         out_dir / cfg.trainer.tensorboard_dir,
         run_dir=out_dir,
@@ -94,11 +98,12 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         metadata_fn=lambda st: {"config": config_record},
         progress=progress,
         board=board,
+        callback_state=configured.state_dict,
     )
     callbacks = [
         *dist.callbacks(progress),  # multi-worker: agree on stop signals first
         progress,
-        *config_callbacks(cfg.get("callbacks")),  # the user's, after step counting
+        configured,  # the user's, after step counting
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
         checkpointer,
@@ -171,6 +176,9 @@ def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
     order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
     if state.epoch >= cfg.trainer.epochs:
         return
+    if state.extra.get("stopped_early"):
+        log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
+        return
     batches = run_dataset(
         data.x_train,
         data.y_train,
@@ -191,30 +199,6 @@ def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
         verbose=cfg.trainer.verbose,
         shuffle=False,  # the order is already the seeded per-epoch permutation
     )
-
-
-def config_callbacks(callbacks_cfg: Any) -> list[keras.callbacks.Callback]:
-    """The ``callbacks`` config, ``{name: {_target_: ...}}``, instantiated in order; an entry
-    set to null is left out."""
-    if not callbacks_cfg:
-        return []
-    if not isinstance(callbacks_cfg, Mapping):  # DictConfig is one
-        raise TypeError(
-            f"callbacks must map names to {{_target_: ...}} configs. "
-            f"Received {type(callbacks_cfg).__name__}"
-        )
-    out = []
-    for name, spec in callbacks_cfg.items():
-        if spec is None:
-            continue
-        callback = hydra.utils.instantiate(spec)
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise TypeError(
-                f"callbacks.{name} must build a keras.callbacks.Callback. "
-                f"Received {type(callback).__name__}"
-            )
-        out.append(callback)
-    return out
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
