@@ -58,6 +58,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         )
         build_metric_variables(model, data)
     dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
+    policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
+    policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from)
@@ -93,7 +95,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     checkpointer = Checkpointer(
         dist.backend(hydra.utils.instantiate(cfg.save)),
         out_dir / cfg.checkpoint.directory,
-        CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True)),
+        policy,
         state,
         metadata_fn=lambda st: {"config": config_record},
         progress=progress,
