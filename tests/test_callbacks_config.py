@@ -8,6 +8,7 @@ import keras
 import pytest
 
 from trainer import train
+from trainer.errors import ConfigError
 
 calls: list[tuple[str, int]] = []
 
@@ -54,5 +55,5 @@ def test_a_keras_callback_from_config_sees_every_epoch(compose_cfg, tmp_path):
 
 def test_an_entry_that_is_not_a_callback_is_refused(compose_cfg):
     cfg = compose_cfg("model=mlp", "save=h5", "+callbacks.bad={_target_: builtins.dict}")
-    with pytest.raises(TypeError, match=r"callbacks\.bad must build a keras\.callbacks"):
+    with pytest.raises(ConfigError, match=r"callbacks\.bad must build a keras\.callbacks"):
         train(cfg)

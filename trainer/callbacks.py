@@ -1,8 +1,8 @@
-"""Step counting, interrupt handling and TensorBoard scalars for the training loop.
+"""Step counting, interrupt handling, the progress bar and TensorBoard scalars of a run.
 
-Training runs one ``fit`` call per epoch (so each epoch's seeded order can be rebuilt), so
-these callbacks keep their own counters in the shared ``TrainingState`` instead of trusting
-Keras' per-call ones.
+A run is one ``fit`` over every remaining epoch (``trainer.data.run_dataset``); a resumed
+run starts in the middle of an epoch, where Keras' own counters start at 0. So these
+callbacks keep their counters in the shared ``TrainingState`` instead of trusting Keras'.
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class RunProgress(keras.callbacks.Callback):
-    """Counts steps into the state, restores a resumed epoch's metric sums, stops on signal."""
+    """Counts steps into the state, restores a resumed epoch's metric sums, stops on signal,
+    and ends a resumed epoch after its last batch (see ``epoch_cutter``).
+
+    Goes before every callback of the user: its ``on_epoch_end`` must run first.
+    """
 
     def __init__(self, state: TrainingState, steps_per_epoch: int):
         super().__init__()
@@ -34,6 +38,19 @@ class RunProgress(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.requested_signal: int | None = None
         self.interrupted = False
+        self.cut_epoch = False  # set by the cutter: this epoch was ended early on purpose
+
+    def epoch_cutter(self) -> keras.callbacks.Callback:
+        """The callback that ends a resumed epoch: goes after every other callback.
+
+        Keras runs ``steps_per_epoch`` batches in every epoch, but a resumed epoch has only
+        the batches that were not trained before the stop. After its last one, the cutter
+        sets ``model.stop_training`` (Keras then validates and ends the epoch as usual) and
+        ``RunProgress.on_epoch_end``, before any other callback sees it, clears it again so
+        the next epoch follows. A stop that another callback requested at that batch (it
+        is already set when the cutter runs, last) is left alone.
+        """
+        return _EpochCutter(self)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.state.epoch = epoch
@@ -61,6 +78,9 @@ class RunProgress(keras.callbacks.Callback):
             self.interrupted = self.state.step_in_epoch < self.steps_per_epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.cut_epoch:
+            self.cut_epoch = False
+            self.model.stop_training = False
         if self.interrupted:
             return  # the epoch did not finish; the state stays mid-epoch
         self.state.epoch = epoch + 1
@@ -91,21 +111,46 @@ class RunProgress(keras.callbacks.Callback):
                 signal.signal(sig, handler)
 
 
-class EpochProgress(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar, numbering epochs out of the whole run.
+class _EpochCutter(keras.callbacks.Callback):
+    """See ``RunProgress.epoch_cutter``."""
 
-    Training calls ``fit`` once per epoch, so Keras's own bar would say "Epoch 3/3" and
-    leave out "Epoch 1/1". Placed in the callback list before the checkpointer, it also
-    ends each epoch's line (with the validation metrics) before a save logs anything.
-    """
-
-    def __init__(self, epochs: int):
+    def __init__(self, progress: RunProgress):
         super().__init__()
-        self.total_epochs = epochs
+        self.progress = progress
 
-    def set_params(self, params):
-        super().set_params(params)
-        self.epochs = self.total_epochs
+    def on_train_batch_end(self, batch, logs=None):
+        progress = self.progress
+        if (
+            progress.state.step_in_epoch >= progress.steps_per_epoch
+            and batch + 1 < progress.steps_per_epoch  # Keras would go on: a resumed epoch
+            and not self.model.stop_training
+        ):
+            self.model.stop_training = True
+            progress.cut_epoch = True
+
+
+class RunProgbar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, counting a resumed epoch from the batches trained before the
+    stop: ``12/45`` ... ``45/45`` rather than ``1/45`` ... ``34/45``."""
+
+    def __init__(self, state: TrainingState):
+        super().__init__()
+        self.state = state
+        self.offset = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.offset = self.state.step_in_epoch
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch + self.offset, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.state.step_in_epoch and self.progbar is not None:  # stopped mid-epoch
+            items = list((logs or {}).items())
+            self.progbar.update(self.state.step_in_epoch, items, finalize=True)
+            return
+        super().on_epoch_end(epoch, logs)
 
 
 class ScalarLogger(keras.callbacks.Callback):

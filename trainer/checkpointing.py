@@ -12,9 +12,10 @@ import copy
 import dataclasses
 import logging
 import os
+import string
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from trainer._compat.keras import get_input_signature
 from trainer.atomic import clean_stale_temporaries, remove_path, temporary_sibling
-from trainer.errors import SaveError
+from trainer.errors import ConfigError, SaveError
 from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState
@@ -43,7 +44,7 @@ class CheckpointPolicy:
     on_train_end: bool = True
     on_interrupt: bool = True
     keep_last: int | None = 3
-    keep_best: int = 0
+    keep_best: int = 1
     monitor: str = "val_loss"
     mode: str = "min"
     keep_every_n_epochs: int | None = None
@@ -53,21 +54,87 @@ class CheckpointPolicy:
 
     def __post_init__(self):
         if self.on_save_error not in ("raise", "continue"):
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.on_save_error must be 'raise' (stop training) or 'continue' "
-                f"(log it and keep training). Received {self.on_save_error!r}"
+                f"(log it and keep training). Received: {self.on_save_error!r}"
             )
         if self.mode not in ("min", "max"):
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.mode must be 'min' or 'max' (how checkpoint.monitor improves). "
-                f"Received {self.mode!r}"
+                f"Received: {self.mode!r}"
             )
         for field in ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs"):
             value = getattr(self, field)
             if value is not None and value < 1:
-                raise ValueError(
-                    f"checkpoint.{field} must be a positive integer or null. Received {value!r}"
+                raise ConfigError(
+                    f"checkpoint.{field} must be a positive integer or null. Received: {value!r}"
                 )
+        name_fields(self.name)  # a malformed pattern fails here
+
+    def check_name(self, metrics: Iterable[str], *, validation: bool) -> None:
+        """Refuse, before training, a ``name`` pattern that some save could not fill.
+
+        ``metrics`` are the names the model logs at every batch (``loss``, ``accuracy``);
+        ``val_*`` ones exist only at epoch ends, and only with validation data. Step and
+        interrupt saves can fall mid-epoch, before validation.
+        """
+        known = set(metrics)
+        fields = name_fields(self.name)
+        unknown = [
+            f for f in fields if f not in NAME_FIELDS and f not in known and f[4:] not in known
+        ]
+        validated = [f for f in fields if f.startswith("val_") and f[4:] in known]
+        problem = None
+        if unknown:
+            problem = (
+                f"uses {{{unknown[0]}}}, which no save knows (placeholders: step, epoch, "
+                f"{', '.join(sorted(known))} and their val_ versions)"
+            )
+        elif validated and not validation:
+            problem = f"uses {{{validated[0]}}}, but the run has no validation data"
+        elif validated and (self.every_n_steps or self.on_interrupt):
+            problem = (
+                f"uses {{{validated[0]}}}, which step and interrupt saves (taken mid-epoch, before "
+                f"validation) do not have; set checkpoint.policy.every_n_steps=null and "
+                f"checkpoint.policy.on_interrupt=false, or name them by a training metric"
+            )
+        if problem:
+            raise ConfigError(
+                f"checkpoint.policy.name {problem}. Use {{step}}, {{epoch}} or a logged metric. "
+                f"Received: {self.name!r}"
+            )
+
+
+NAME_FIELDS = ("step", "epoch")
+
+
+def name_fields(pattern: str) -> list[str]:
+    """The placeholders of a name pattern; a malformed one is a ``ConfigError``."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+        pattern.format(**{f: 0 if f in NAME_FIELDS else 0.0 for f in fields if f.isidentifier()})
+    except (ValueError, IndexError, KeyError, TypeError) as error:
+        fields = None
+        reason = str(error)
+    if fields is None or not all(f.isidentifier() for f in fields):
+        raise ConfigError(
+            f"checkpoint.policy.name must be a format pattern with named placeholders such as "
+            f"'step-{{step:08d}}' or 'epoch-{{epoch:03d}}-{{loss:.3f}}'"
+            f"{f' ({reason})' if fields is None else ''}. Received: {pattern!r}"
+        )
+    return fields
+
+
+def format_name(pattern: str, *, step: int, epoch: int, metrics: dict[str, float]) -> str:
+    """The name of one checkpoint; a placeholder this save lacks is a ``ConfigError``."""
+    try:
+        return pattern.format(step=step, epoch=epoch, **metrics)
+    except KeyError as error:
+        raise ConfigError(
+            f"checkpoint.policy.name uses {{{error.args[0]}}}, which this save (step {step}) "
+            f"does not log. Use {{step}}, {{epoch}} or one of its metrics: "
+            f"{', '.join(sorted(metrics)) or 'none'}. Received: {pattern!r}"
+        ) from None
 
 
 class Checkpointer(keras.callbacks.Callback):
@@ -82,6 +149,7 @@ class Checkpointer(keras.callbacks.Callback):
         metadata_fn: Callable[[TrainingState], dict[str, Any]],
         progress: Any,
         board: RunBoard | None = None,
+        callback_state: Callable[[], dict[str, Any]] | None = None,
     ):
         super().__init__()
         self.backend = backend
@@ -91,12 +159,14 @@ class Checkpointer(keras.callbacks.Callback):
         self.metadata_fn = metadata_fn
         self.progress = progress
         self.board = board
+        self.callback_state = callback_state
         async_save = policy.async_save
         if async_save is None:
             async_save = getattr(backend, "async_by_default", False)
         self.writer = AsyncWriter() if async_save else None
         self._shadow: keras.Model | None = None
-        self._last_saved_step: int | None = None
+        # A resumed run's checkpoint already holds its first step: never save it again.
+        self._last_saved_step: int | None = state.global_step or None
         # A step-triggered save waits for the next batch or the epoch end, so a save that
         # falls on an epoch's last batch is taken after validation, as an epoch-end one.
         self._pending_logs: dict[str, Any] | None = None
@@ -168,8 +238,8 @@ class Checkpointer(keras.callbacks.Callback):
         if self.writer is not None:
             self.writer.wait()  # at most one write in flight; raises an earlier failure
         metrics = {k: float(v) for k, v in (logs or {}).items()}
-        path = self.directory / self.policy.name.format(
-            step=self.state.global_step, epoch=self.state.epoch, **metrics
+        path = self.directory / format_name(
+            self.policy.name, step=self.state.global_step, epoch=self.state.epoch, metrics=metrics
         )
         path = self.backend.checkpoint_path(path)
         record = {
@@ -184,6 +254,12 @@ class Checkpointer(keras.callbacks.Callback):
         self.state.extra["metric_variables"] = [
             keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
         ]
+        if self.callback_state is not None:
+            self.state.extra["callbacks"] = self.callback_state()
+        # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
+        self.state.extra["stopped_early"] = bool(
+            self.model.stop_training and not self.progress.interrupted
+        )
         state = copy.deepcopy(self.state)
         metadata = self.metadata_fn(state)
         if self.board is not None:

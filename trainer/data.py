@@ -125,5 +125,48 @@ def epoch_dataset(
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def run_dataset(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    epochs: int,
+    first_epoch: int = 0,
+    skip_batches: int = 0,
+    max_batches: int | None = None,
+) -> tf.data.Dataset:
+    """Every remaining epoch's batches, in order, as one dataset for a single ``fit``.
+
+    Epoch ``e`` is ``epoch_dataset(..., epoch=e)``: its seeded order, capped at
+    ``max_batches``; the first epoch starts after ``skip_batches`` (a resumed epoch). A batch
+    never spans two epochs, so every epoch ends on the same (possibly partial) batch as a run
+    that never stopped. The orders are computed up front (``epochs x examples`` indices) and
+    the examples gathered per batch; each epoch keeps its own ``batch`` op so that
+    tf.distribute can split every batch over replicas. The cardinality is exact, so Keras
+    knows the number of batches.
+    """
+    steps = steps_per_epoch(len(x), batch_size, max_batches)
+    per_epoch = min(len(x), steps * batch_size)
+    dtype = np.int32 if len(x) < 2**31 else np.int64
+    first = epoch_order(len(x), seed, first_epoch)[skip_batches * batch_size : per_epoch]
+    rest = np.stack(
+        [epoch_order(len(x), seed, e)[:per_epoch] for e in range(first_epoch + 1, epochs)]
+        or [np.zeros(per_epoch, dtype)]
+    ).astype(dtype)[: max(0, epochs - first_epoch - 1)]
+    indices = tf.data.Dataset.from_tensor_slices(first.astype(dtype)).batch(batch_size)
+    indices = indices.concatenate(
+        tf.data.Dataset.from_tensor_slices(rest).flat_map(
+            lambda row: tf.data.Dataset.from_tensor_slices(row).batch(batch_size)
+        )
+    )
+    total = -(-len(first) // batch_size) + len(rest) * steps
+    features, labels = tf.constant(x), tf.constant(y)
+    dataset = indices.apply(tf.data.experimental.assert_cardinality(total)).map(
+        lambda batch: (tf.gather(features, batch), tf.gather(labels, batch))
+    )
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
 def eval_dataset(x: np.ndarray, y: np.ndarray, batch_size: int) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)

@@ -63,6 +63,10 @@ class UnsafeCheckpointError(MissingClassError, ValueError):
     """The checkpoint asks to run stored Python code (a marshalled lambda) in safe mode."""
 
 
+class ConfigError(TrainerError, ValueError):
+    """A setting of the run's config cannot work; raised before training starts."""
+
+
 class ConfigMismatchError(TrainerError):
     """The run's config disagrees with the checkpoint it should resume from."""
 

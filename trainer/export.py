@@ -42,6 +42,7 @@ EXPORT_FILE = "trainer_export.json"
 FORMAT = "trainer-export"
 FORMAT_VERSION = 1  # of the export layout and its metadata
 FORMATS = ("auto", "keras", "savedmodel")
+DEFAULT_KEEP = 5  # newest versions kept; conf/export/default.yaml says the same
 _VERSION = re.compile(r"^[0-9]+$")
 
 
@@ -82,7 +83,7 @@ def export_serving(
     model: keras.Model,
     export_root: str | os.PathLike,
     *,
-    keep: int = 5,
+    keep: int = DEFAULT_KEEP,
     warmup: Any = None,
     metadata: Mapping[str, Any] | None = None,
     board: RunBoard | None = None,
@@ -261,7 +262,7 @@ def export_from_checkpoint(
     checkpoint_path: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    keep: int = 5,
+    keep: int = DEFAULT_KEEP,
     warmup: Any = None,
     format: str = "auto",
     card: bool = True,
@@ -364,7 +365,7 @@ def export_for_run(
     return export_serving(
         model,
         Path(run_dir) / str(options.get("directory") or "export"),
-        keep=int(options.get("keep") or 5),
+        keep=int(options.get("keep") or DEFAULT_KEEP),
         warmup=warmup,
         metadata=metadata,
         board=board,

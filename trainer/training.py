@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,10 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-from trainer import distribute, resume
-from trainer.callbacks import EpochProgress, RunProgress, ScalarLogger
+from trainer import distribute, resume, user_callbacks
+from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpointer, CheckpointPolicy
-from trainer.data import DataSplits, epoch_dataset, eval_dataset, steps_per_epoch
+from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.export import export_for_run
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
@@ -59,6 +58,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         )
         build_metric_variables(model, data)
     dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
+    policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
+    policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         checkpoint = load_checkpoint(resume_from)
@@ -79,6 +80,11 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir),
+        state,
+        saved=state.extra.get("callbacks"),
+    )
     board = RunBoard(
         out_dir / cfg.trainer.tensorboard_dir,
         run_dir=out_dir,
@@ -89,21 +95,23 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     checkpointer = Checkpointer(
         dist.backend(hydra.utils.instantiate(cfg.save)),
         out_dir / cfg.checkpoint.directory,
-        CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True)),
+        policy,
         state,
         metadata_fn=lambda st: {"config": config_record},
         progress=progress,
         board=board,
+        callback_state=configured.state_dict,
     )
     callbacks = [
         *dist.callbacks(progress),  # multi-worker: agree on stop signals first
         progress,
+        configured,  # the user's, after step counting
         # The bar ends each epoch's line before anything after it logs (saves included).
-        EpochProgress(cfg.trainer.epochs),
-        *config_callbacks(cfg.get("callbacks")),  # the user's, after step counting
+        *([RunProgbar(state)] if cfg.trainer.verbose else []),
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
         checkpointer,
+        progress.epoch_cutter(),  # after every other callback
     ]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
@@ -119,7 +127,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     try:
         with progress.stop_on_signals():
-            fit_epochs(model, data, val, cfg, state, steps, callbacks, progress)
+            fit_run(model, data, val, cfg, state, steps, callbacks)
             state.extra["numpy_rng"] = resume.numpy_rng_record()
             checkpointer.finish()
     except BaseException:
@@ -170,53 +178,34 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     return metrics
 
 
-def fit_epochs(model, data, val, cfg, state, steps, callbacks, progress) -> None:
-    """One ``fit`` per epoch over that epoch's seeded order, skipping consumed batches."""
-    for epoch in range(state.epoch, cfg.trainer.epochs):
-        batches = epoch_dataset(
-            data.x_train,
-            data.y_train,
-            batch_size=cfg.trainer.batch_size,
-            seed=int(cfg.seed),
-            epoch=epoch,
-            skip_batches=state.step_in_epoch,
-            max_batches=steps,
-        )
-        model.fit(
-            batches,
-            epochs=epoch + 1,
-            initial_epoch=epoch,
-            validation_data=val,
-            callbacks=callbacks,
-            verbose=cfg.trainer.verbose,
-            shuffle=False,  # the order is already the seeded per-epoch permutation
-        )
-        if progress.interrupted:
-            return
-
-
-def config_callbacks(callbacks_cfg: Any) -> list[keras.callbacks.Callback]:
-    """The ``callbacks`` config, ``{name: {_target_: ...}}``, instantiated in order; an entry
-    set to null is left out."""
-    if not callbacks_cfg:
-        return []
-    if not isinstance(callbacks_cfg, Mapping):  # DictConfig is one
-        raise TypeError(
-            f"callbacks must map names to {{_target_: ...}} configs. "
-            f"Received {type(callbacks_cfg).__name__}"
-        )
-    out = []
-    for name, spec in callbacks_cfg.items():
-        if spec is None:
-            continue
-        callback = hydra.utils.instantiate(spec)
-        if not isinstance(callback, keras.callbacks.Callback):
-            raise TypeError(
-                f"callbacks.{name} must build a keras.callbacks.Callback. "
-                f"Received {type(callback).__name__}"
-            )
-        out.append(callback)
-    return out
+def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
+    """One ``fit`` from where ``state`` stands to the last epoch, over every epoch's seeded
+    order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
+    if state.epoch >= cfg.trainer.epochs:
+        return
+    if state.extra.get("stopped_early"):
+        log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
+        return
+    batches = run_dataset(
+        data.x_train,
+        data.y_train,
+        batch_size=cfg.trainer.batch_size,
+        seed=int(cfg.seed),
+        epochs=cfg.trainer.epochs,
+        first_epoch=state.epoch,
+        skip_batches=state.step_in_epoch,
+        max_batches=steps,
+    )
+    model.fit(
+        batches,
+        epochs=cfg.trainer.epochs,
+        initial_epoch=state.epoch,
+        steps_per_epoch=steps,
+        validation_data=val,
+        callbacks=callbacks,
+        verbose=cfg.trainer.verbose,
+        shuffle=False,  # the order is already the seeded per-epoch permutation
+    )
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:

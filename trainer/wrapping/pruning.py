@@ -29,6 +29,19 @@ from trainer.wrapping.core import (
 # Attributes under which Keras layers keep the weight matrices worth pruning.
 KERNEL_ATTRS = ("_kernel", "kernel", "depthwise_kernel", "pointwise_kernel")
 DEFAULT_LAYER_TYPES = ("Dense", "Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D")
+DEFAULT_FREQUENCY = 10  # steps between mask updates
+# What ``wrap=prune`` does for a key its config leaves out: the values of conf/wrap/prune.yaml
+# (tests/test_defaults.py keeps the two equal).
+CONFIG_DEFAULTS = {
+    "target_sparsity": 0.5,
+    "initial_sparsity": 0.0,
+    "begin_step": 0,
+    "end_step": None,  # the run's last step
+    "frequency": DEFAULT_FREQUENCY,
+    "power": 3.0,
+    "layer_types": ("Dense", "Conv2D"),
+    "exclude": (),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +55,7 @@ class PolynomialSparsity:
     initial: float = 0.0
     begin: int = 0
     end: int = 1000
-    frequency: int = 100
+    frequency: int = DEFAULT_FREQUENCY
     power: float = 3.0
 
     def __post_init__(self):
@@ -84,7 +97,7 @@ class PruneLowMagnitude(TrainingWrapper):
         initial_sparsity: float = 0.0,
         begin_step: int = 0,
         end_step: int = 1000,
-        frequency: int = 100,
+        frequency: int = DEFAULT_FREQUENCY,
         power: float = 3.0,
         **kwargs,
     ):
@@ -276,8 +289,8 @@ def prunable(layer_types=DEFAULT_LAYER_TYPES, exclude=()):
 
 def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = None):
     """``apply_wrap`` for ``kind: prune``: ``(wrapped model, [PruningCallback()])``."""
-    get = dict(cfg).get
-    end_step = get("end_step", None)
+    get = {**CONFIG_DEFAULTS, **{k: v for k, v in dict(cfg).items() if v is not None}}.get
+    end_step = get("end_step")
     if end_step is None:
         if total_steps is None:
             raise ConfigMismatchError(
@@ -286,12 +299,12 @@ def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = 
             )
         end_step = total_steps
     params = {
-        "target_sparsity": get("target_sparsity", 0.5),
-        "initial_sparsity": get("initial_sparsity", 0.0),
-        "begin_step": get("begin_step", 0),
+        "target_sparsity": get("target_sparsity"),
+        "initial_sparsity": get("initial_sparsity"),
+        "begin_step": get("begin_step"),
         "end_step": end_step,
-        "frequency": get("frequency", 100),
-        "power": get("power", 3.0),
+        "frequency": get("frequency"),
+        "power": get("power"),
     }
     existing = find_layers(model, PruneLowMagnitude)
     if existing:  # a model loaded from a wrapped checkpoint: keep its wrappers and schedule
@@ -308,7 +321,7 @@ def wrap_from_config(model: keras.Model, cfg: Any, *, total_steps: int | None = 
                 f"schedule. Use the checkpoint's wrap settings. Received: {wanted}"
             )
         return model, [PruningCallback()]
-    predicate = prunable(get("layer_types", DEFAULT_LAYER_TYPES), get("exclude", ()) or ())
+    predicate = prunable(get("layer_types"), get("exclude") or ())
     wrapped = wrap_model(model, predicate, lambda layer: PruneLowMagnitude(layer, **params))
     if not find_layers(wrapped, PruneLowMagnitude):
         warnings.warn(

@@ -1,0 +1,123 @@
+"""The ``callbacks`` config group and callback state in checkpoints (issue 15, items 4, 5).
+
+EarlyStopping and ReduceLROnPlateau from ``conf/callbacks`` act across the whole run, and
+their counters travel with every checkpoint: a run stopped by SIGTERM or killed by SIGKILL and
+resumed stops at the same epoch, with the same rates and weights, as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import ROOT, subprocess_env
+
+from trainer import train
+from trainer.checkpointing import all_variables
+from trainer.errors import ConfigError
+from trainer.save_backends import load_checkpoint
+from trainer.user_callbacks import load_state
+
+# Nothing counts as an improvement (min_delta=100): EarlyStopping stops after its patience
+# (epoch 4 of 8) and ReduceLROnPlateau halves the rate after every epoch but the first.
+PLATEAU = [
+    "model=mlp",
+    "model.dropout=0.3",
+    "save=h5",
+    "trainer.epochs=8",
+    "callbacks=[early_stopping,reduce_lr_on_plateau,csv_logger]",
+    "callbacks.early_stopping.patience=3",
+    "callbacks.early_stopping.min_delta=100",
+    "callbacks.reduce_lr_on_plateau.patience=1",
+    "callbacks.reduce_lr_on_plateau.min_delta=100",
+]
+
+
+def finished(run):
+    checkpoint = load_checkpoint(run / "checkpoints" / "latest")
+    values = [np.asarray(v.numpy()) for v in all_variables(checkpoint.model)]
+    rate = float(checkpoint.model.optimizer.learning_rate.numpy())
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    return checkpoint.state, values, rate, rows
+
+
+def assert_same_run(got, want):
+    (state, values, rate, rows), (state0, values0, rate0, rows0) = got, want
+    assert (state.epoch, state.global_step) == (state0.epoch, state0.global_step)
+    assert rate == rate0
+    assert rows == rows0
+    assert state.extra["history"] == state0.extra["history"]
+    for mine, theirs in zip(values, values0, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_early_stopping_ends_the_run_and_reduce_lr_lowers_the_rate(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    cfg = compose_cfg(*PLATEAU)
+    assert cfg.callbacks.early_stopping._target_ == "keras.callbacks.EarlyStopping"
+    train(cfg)
+    state, _, rate, rows = finished(run)
+    assert state.epoch == 4 < 8 and state.extra["stopped_early"] is True
+    assert state.extra["callbacks"]["early_stopping"]["stopped_epoch"] == 3
+    assert rate == pytest.approx(0.001 * 0.5**3, rel=1e-6)  # lowered after epochs 2, 3 and 4
+    used = [float(r["learning_rate"]) for r in rows]  # the rate each epoch trained with
+    assert used == pytest.approx([0.001, 0.001, 0.0005, 0.00025], rel=1e-6)
+    # Resuming a run that a callback ended trains nothing more.
+    train(compose_cfg(*PLATEAU, "resume=latest", f"resume_dir={run}"))
+    assert load_checkpoint(run / "checkpoints" / "latest").state.global_step == 12
+
+
+def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path):
+    train(compose_cfg(*PLATEAU, f"run_dir={tmp_path / 'straight'}"))
+    expected = finished(tmp_path / "straight")
+
+    broken = tmp_path / "broken"
+    # 3 steps per epoch: stopped after step 8, in the middle of epoch 3.
+    hook = "+callbacks.sigterm={_target_: faults.SignalAtStep, step: 7}"
+    train(compose_cfg(*PLATEAU, f"run_dir={broken}", hook))
+    stopped = load_checkpoint(broken / "checkpoints" / "latest").state
+    assert (stopped.epoch, stopped.step_in_epoch) == (2, 2)
+    assert stopped.extra["callbacks"]["early_stopping"]["wait"] == 1
+    assert len(list(csv.DictReader((broken / "metrics.csv").open()))) == 2  # no partial row
+
+    train(compose_cfg(*PLATEAU, "resume=latest", f"resume_dir={broken}"))
+    assert_same_run(finished(broken), expected)
+
+
+@pytest.mark.slow
+def test_sigkill_and_rerun_stops_at_the_same_epoch(compose_cfg, tmp_path):
+    """``python train.py`` killed by SIGKILL in epoch 3, after the epoch-2 checkpoint (and
+    its CSV row), then run again with resume=latest: same stop, rates, rows and weights."""
+    train(compose_cfg(*PLATEAU, f"run_dir={tmp_path / 'straight'}"))
+    expected = finished(tmp_path / "straight")
+
+    run = tmp_path / "killed"
+    command = [
+        sys.executable, str(ROOT / "train.py"), *PLATEAU, "data=synthetic",
+        "trainer.batch_size=16", "trainer.steps_per_epoch=3", "trainer.verbose=0",
+        "export.enabled=false", f"hydra.run.dir={run}", "hydra/job_logging=disabled",
+    ]  # fmt: skip
+    kill = f"+callbacks.kill={{_target_: faults.SignalAtStep, step: 7, signum: {signal.SIGKILL}}}"
+    first = subprocess.run(
+        [*command, kill], env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "latest").state.global_step == 6
+    again = subprocess.run(
+        [*command, "resume=latest"], env=subprocess_env(), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert_same_run(finished(run), expected)
+
+
+def test_early_stopping_that_restores_best_weights_is_refused_on_resume():
+    callback = keras.callbacks.EarlyStopping(restore_best_weights=True)
+    with pytest.raises(ConfigError, match=r"callbacks\.stop .*restore_best_weights=false"):
+        load_state("stop", callback, {"wait": 1, "best": 0.5, "best_epoch": 2})
+    load_state("stop", callback, {"wait": 0, "best": None})  # nothing best yet: fine

@@ -1,0 +1,185 @@
+"""Callbacks from the ``callbacks`` config (``conf/callbacks``) and their state in checkpoints.
+
+Keras callbacks keep counters in plain attributes (EarlyStopping's ``wait`` and ``best``,
+ReduceLROnPlateau's ``wait``, ``cooldown_counter`` and ``best``) and reset them in
+``on_train_begin``. A resumed run would start them from zero and stop at another epoch than
+a run that never stopped, so every checkpoint carries each configured callback's state, by
+its config name, and the resumed run puts it back right after ``on_train_begin``.
+
+A callback of your own takes part by defining ``state_dict() -> dict`` (JSON values) and
+``load_state_dict(state)``; Keras' own stateful callbacks are read through the public
+attributes listed in ``KERAS_STATE``. The learning rate that ReduceLROnPlateau lowers is an
+optimizer variable, saved with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import hydra
+import keras
+import numpy as np
+
+from trainer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Keras callbacks whose counters decide what they do next, and the attributes holding them.
+KERAS_STATE: dict[type, tuple[str, ...]] = {
+    keras.callbacks.EarlyStopping: ("wait", "stopped_epoch", "best", "best_epoch"),
+    keras.callbacks.ReduceLROnPlateau: ("wait", "cooldown_counter", "best"),
+}
+
+
+def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callback]:
+    """The ``callbacks`` config, ``{name: {_target_: ...}}``, instantiated in order; an entry
+    set to null is left out. A callback with ``set_run_dir(path)`` is told the run directory
+    (``trainer.user_callbacks.CSVLogger`` puts its file there)."""
+    if not callbacks_cfg:
+        return {}
+    if not isinstance(callbacks_cfg, Mapping):  # DictConfig is one
+        raise ConfigError(
+            f"callbacks must map names to {{_target_: ...}} configs, e.g. "
+            f"callbacks=[early_stopping] or '+callbacks.NAME={{_target_: pkg.Class}}'. "
+            f"Received: {type(callbacks_cfg).__name__}"
+        )
+    out = {}
+    for name, spec in callbacks_cfg.items():
+        if spec is None:
+            continue
+        callback = hydra.utils.instantiate(spec)
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ConfigError(
+                f"callbacks.{name} must build a keras.callbacks.Callback; point its _target_ "
+                f"at a Callback class. Received: {type(callback).__name__}"
+            )
+        if hasattr(callback, "set_run_dir"):
+            callback.set_run_dir(Path(run_dir))
+        out[str(name)] = callback
+    return out
+
+
+def state_of(callback: keras.callbacks.Callback) -> dict[str, Any] | None:
+    """The callback's resumable state, or None if it keeps none."""
+    if hasattr(callback, "state_dict"):
+        return callback.state_dict()
+    for cls, names in KERAS_STATE.items():
+        if isinstance(callback, cls):
+            return {name: _plain(getattr(callback, name, None)) for name in names}
+    return None
+
+
+def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, Any]) -> None:
+    """Put ``state`` (from ``state_of``) back into ``callback``."""
+    if hasattr(callback, "load_state_dict"):
+        callback.load_state_dict(state)
+        return
+    if isinstance(callback, keras.callbacks.EarlyStopping):
+        _check_best_weights(name, callback, state)
+    for cls, names in KERAS_STATE.items():
+        if isinstance(callback, cls):
+            for key in names:
+                if key in state:
+                    setattr(callback, key, state[key])
+
+
+def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
+    if callback.restore_best_weights and state.get("best") is not None:
+        raise ConfigError(
+            f"callbacks.{name} is an EarlyStopping with restore_best_weights=true, but the "
+            f"weights of its best epoch ({int(state.get('best_epoch') or 0) + 1}) are not part "
+            f"of checkpoints, so a resumed run could not put them back. Set "
+            f"callbacks.{name}.restore_best_weights=false and keep the best checkpoint with "
+            f"checkpoint.policy.keep_best=1 instead, or start a fresh run. "
+            f"Received: restore_best_weights=True"
+        )
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a counter: Python int or float (numpy scalars converted), or None."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(keras.ops.convert_to_numpy(value))
+    return value if math.isfinite(value) else None
+
+
+class ConfigCallbacks(keras.callbacks.CallbackList):
+    """The configured callbacks as one callback: restores their saved state after their own
+    ``on_train_begin``, and hides from them the end of an epoch that a signal cut short (it
+    did not end: the resumed run finishes it, and they see its end then, once)."""
+
+    def __init__(
+        self,
+        named: dict[str, keras.callbacks.Callback],
+        state: Any,
+        saved: dict[str, dict[str, Any]] | None = None,
+    ):
+        super().__init__(list(named.values()))
+        self.named = named
+        self.state = state  # the run's TrainingState: step_in_epoch 0 = the epoch ended
+        self.saved = dict(saved or {})
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        for name, callback in self.named.items():
+            if name in self.saved:
+                load_state(name, callback, self.saved.pop(name))
+                log.info("Restored the state of callbacks.%s", name)
+            elif state_of(callback) is not None:
+                log.info("callbacks.%s has no saved state: it starts afresh", name)
+        for name in self.saved:
+            log.warning("The checkpoint holds state of callbacks.%s; it is not configured", name)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.state.step_in_epoch == 0:  # RunProgress ran first: 0 = the epoch completed
+            super().on_epoch_end(epoch, logs)
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name, callback in self.named.items():
+            state = state_of(callback)
+            if state is not None:
+                out[name] = state
+        return out
+
+
+class CSVLogger(keras.callbacks.CSVLogger):
+    """``keras.callbacks.CSVLogger`` for runs: a relative ``filename`` lives in the run
+    directory, and a resumed run drops the rows logged after its checkpoint (a crash between
+    the row and the checkpoint would otherwise log those epochs twice)."""
+
+    def __init__(self, filename: str = "metrics.csv", separator: str = ",", append: bool = True):
+        super().__init__(filename, separator=separator, append=append)
+        self.rows = 0
+
+    def set_run_dir(self, run_dir: Path) -> None:
+        if not Path(self.filename).is_absolute():
+            self.filename = str(Path(run_dir) / self.filename)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        self.rows += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep the header and the first ``rows`` rows. Runs after ``on_train_begin``
+        opened the file for appending, so the file is rewritten through that handle."""
+        self.rows = int(state.get("rows", 0))
+        path = Path(self.filename)
+        if not path.is_file():
+            return
+        lines = path.read_bytes().splitlines(keepends=True)
+        if len(lines) <= 1 + self.rows:
+            return
+        self.csv_file.seek(0)
+        self.csv_file.truncate()
+        self.csv_file.write(b"".join(lines[: 1 + self.rows]).decode())
+        self.csv_file.flush()
