@@ -30,6 +30,9 @@ PLATEAU = [
     "model.dropout=0.3",
     "save=h5",
     "trainer.epochs=8",
+    # ReduceLROnPlateau sets the rate: a float rate, not the default cosine schedule
+    "optimizer.learning_rate=0.001",
+    "schedule=none",
     "callbacks=[early_stopping,reduce_lr_on_plateau,csv_logger]",
     "callbacks.early_stopping.patience=3",
     "callbacks.early_stopping.min_delta=100",

@@ -266,11 +266,18 @@ class Reviver:
         if rebuilt is not None:
             return rebuilt
         traced = sorted(name for name, how in self.how.items() if how == "traced")
+        advice = (
+            "Pass the missing classes in custom_objects, or load an older checkpoint"
+            if traced
+            else "The checkpoint is damaged or was edited; load an older checkpoint"
+        )
+        cause = err
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__  # Keras wraps the real error
         return CorruptCheckpointError(
             f"{self.where}: the graph of model {record['name']!r} could not be rebuilt from "
             f"its config around its layers (revived from traced functions: {traced or 'none'}"
-            f"). Pass the missing classes in custom_objects, or load an older checkpoint. "
-            f"Received: {type(err).__name__}: {str(err)[:400]}"
+            f"). {advice}. Received: {type(cause).__name__}: {str(cause)[:400]}"
         )
 
     def _graph_children(
