@@ -4,15 +4,12 @@ the same outputs and training behaviour, or refused at save time with a clear re
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.saving import object_registration
 
+from tests.savedmodel_zoo import classes_hidden as zoo_classes_hidden
 from trainer.errors import MissingClassError, ModelNotReadyError
 from trainer.save_backends import get_backend, layerstate
 
@@ -20,25 +17,26 @@ PKG = "test_save_time_cases"
 BACKENDS = ("savedmodel", "h5", "weights")
 
 
-@contextlib.contextmanager
-def classes_hidden(*names: str) -> Iterator[None]:
+def classes_hidden(*names: str):
     """As if the module defining ``PKG>name`` had not been imported."""
-    objects = object_registration.GLOBAL_CUSTOM_OBJECTS
-    registered = object_registration.GLOBAL_CUSTOM_NAMES
-    saved = {}
-    for name in names:
-        cls = objects.pop(f"{PKG}>{name}")
-        saved[name] = (cls, registered.pop(cls))
-    try:
-        yield
-    finally:
-        for name, (cls, key) in saved.items():
-            objects[f"{PKG}>{name}"], registered[cls] = cls, key
+    return zoo_classes_hidden(list(names), PKG)
 
 
 def _round_trip(backend, model, tmp_path, **load_options):
     path = get_backend(backend).save(model, tmp_path / f"ckpt-{backend}")
     return path, get_backend(backend).load(path, **load_options)
+
+
+def _round_trip_everywhere(model, x, tmp_path):
+    """Every backend loads ``model`` with bitwise the same outputs on ``x``, and the
+    savedmodel checkpoint serves them; returns that checkpoint's path."""
+    expected = model(x).numpy()
+    paths = {}
+    for backend in BACKENDS:
+        paths[backend], checkpoint = _round_trip(backend, model, tmp_path)
+        np.testing.assert_array_equal(checkpoint.model(x).numpy(), expected, err_msg=backend)
+    np.testing.assert_allclose(_serve(paths["savedmodel"], x), expected, atol=1e-6)
+    return paths["savedmodel"]
 
 
 def _serve(path, x):
@@ -137,12 +135,7 @@ def test_call_override_in_a_subclassed_model_round_trips(tmp_path):
     model = ShiftedModel()
     x = np.linspace(-1, 1, 12).reshape(3, 4).astype("float32")
     expected = model(x).numpy()
-    paths = {}
-    for backend in BACKENDS:
-        paths[backend], checkpoint = _round_trip(backend, model, tmp_path)
-        np.testing.assert_array_equal(checkpoint.model(x).numpy(), expected, err_msg=backend)
-    path = paths["savedmodel"]
-    np.testing.assert_allclose(_serve(path, x), expected, atol=1e-6)
+    path = _round_trip_everywhere(model, x, tmp_path)
     with classes_hidden("Shifted", "ShiftedModel"):
         revived = get_backend("savedmodel").load(path)
         assert revived.metadata["revived_from"]["shifted"] == "traced"
@@ -160,13 +153,7 @@ def test_call_override_in_a_sequential_model(tmp_path):
     shifted = Shifted(2, name="shifted")
     model = keras.Sequential([keras.Input((4,)), shifted, keras.layers.Flatten()])
     x = np.linspace(-1, 1, 8).reshape(2, 4).astype("float32")
-    expected = model(x).numpy()
-    paths = {}
-    for backend in BACKENDS:
-        paths[backend], checkpoint = _round_trip(backend, model, tmp_path)
-        np.testing.assert_array_equal(checkpoint.model(x).numpy(), expected, err_msg=backend)
-    path = paths["savedmodel"]
-    np.testing.assert_allclose(_serve(path, x), expected, atol=1e-6)
+    path = _round_trip_everywhere(model, x, tmp_path)
     with classes_hidden("Shifted"), pytest.raises(MissingClassError, match="'shifted'"):
         get_backend("savedmodel").load(path)
 
