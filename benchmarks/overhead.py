@@ -53,19 +53,29 @@ HOOK = "+callbacks.epoch_clock={_target_:benchmarks.overhead.EpochClock}"
 
 
 class EpochClock(keras.callbacks.Callback):
-    """Timestamps of every ``fit`` call (one per epoch). ``on_train_end`` runs after every
-    callback's ``on_epoch_end``, so an epoch's time includes its checkpoint save."""
+    """Timestamps of every epoch of the run's one ``fit``. An epoch ends when the next one
+    begins (or training ends), so its time includes its checkpoint save, which a callback
+    after this one takes in ``on_epoch_end``."""
 
     spans: list[tuple[float, float, int]] = []  # (start, end, steps); read after train()
 
     def on_train_begin(self, logs=None):
+        self._start, self._steps = None, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._close()
         self._start, self._steps = time.perf_counter(), 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
 
     def on_train_end(self, logs=None):
-        EpochClock.spans.append((self._start, time.perf_counter(), self._steps))
+        self._close()
+
+    def _close(self):
+        if self._start is not None:
+            EpochClock.spans.append((self._start, time.perf_counter(), self._steps))
+            self._start = None
 
 
 def async_option() -> tuple[bool, str]:

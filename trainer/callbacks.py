@@ -19,8 +19,11 @@ import keras
 import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
 
+from trainer.checkpointing import Checkpoint
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
+
+__all__ = ["Checkpoint", "RunProgbar", "RunProgress", "ScalarLogger"]
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer import distribute, resume, user_callbacks
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
-from trainer.checkpointing import Checkpointer, CheckpointPolicy
+from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.export import export_for_run
 from trainer.save_backends import load_checkpoint
@@ -62,29 +62,13 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
-        checkpoint = load_checkpoint(resume_from)
-        resume.check_compatible(cfg, checkpoint.metadata, resume_from)
-        with dist.scope():  # may build the optimizer: its variables are distributed too
-            state = resume.restore_into(model, checkpoint)
-        del checkpoint
-        log.info(
-            "Resuming from %s at epoch %d, step %d (+%d in epoch)",
-            resume_from,
-            state.epoch,
-            state.global_step,
-            state.step_in_epoch,
-        )
+        state = restore(cfg, dist, model, resume_from)
 
     config_record = OmegaConf.to_container(cfg, resolve=True)
     out_dir = dist.output_dir(run_dir)
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
-    configured = user_callbacks.ConfigCallbacks(
-        user_callbacks.build(cfg.get("callbacks"), out_dir),
-        state,
-        saved=state.extra.get("callbacks"),
-    )
     board = RunBoard(
         out_dir / cfg.trainer.tensorboard_dir,
         run_dir=out_dir,
@@ -92,14 +76,23 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     if state.global_step == 0:
         board.write_graph(model)
-    checkpointer = Checkpointer(
+    manager = CheckpointManager(
+        out_dir / checkpoint_dirname,
         dist.backend(hydra.utils.instantiate(cfg.save)),
-        out_dir / cfg.checkpoint.directory,
         policy,
-        state,
-        metadata_fn=lambda st: {"config": config_record},
-        progress=progress,
+        metadata={"config": config_record},
         board=board,
+    )
+    manager.adopt(state)  # retention continues from the resumed checkpoint's records
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir),
+        state,
+        saved=state.extra.get("callbacks"),
+    )
+    checkpoint = Checkpoint(
+        manager=manager,
+        state=state,
+        progress=progress,
         callback_state=configured.state_dict,
     )
     callbacks = [
@@ -108,7 +101,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         configured,  # the user's, after step counting
         *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
         scalars,
-        checkpointer,
+        checkpoint,
         progress.epoch_cutter(),  # after every other callback
         *([RunProgbar(state)] if cfg.trainer.verbose else []),
     ]
@@ -121,37 +114,25 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         len(data.x_train),
         steps,
         cfg.trainer.epochs,
-        type(checkpointer.backend).__name__,
+        manager.backend,
         dist.describe(cfg.trainer.batch_size),
     )
     try:
         with progress.stop_on_signals():
             fit_run(model, data, val, cfg, state, steps, callbacks)
-            state.extra["numpy_rng"] = resume.numpy_rng_record()
-            checkpointer.finish()
+            manager.wait()
     except BaseException:
         scalars.close()
         board.close()
         try:
-            checkpointer.wait()
+            manager.wait()
         except Exception:  # logged in full; the error already propagating must win
             log.exception("The last checkpoint write failed")
         raise
     scalars.close()
 
-    log.info("Run directory: %s", run_dir)
-    log.info("Checkpoints:   %s", ", ".join(str(p) for p in checkpointer.saved) or "none")
-    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    report(cfg, run_dir, manager, progress)
     if progress.interrupted:
-        where = checkpointer.saved[-1] if checkpointer.saved else None
-        log.warning(
-            "Interrupted at epoch %d, step %d. %s",
-            state.epoch,
-            state.global_step,
-            f"Saved {where}; resume with: {resume.resume_hint(where, checkpoint_dirname)}"
-            if where
-            else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
-        )
         board.close()
         return dict(state.metrics)
     metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
@@ -171,6 +152,40 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     if exported is not None:
         log.info("Export:        %s", exported)
     return metrics
+
+
+def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
+    """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
+    loaded = load_checkpoint(path)
+    resume.check_compatible(cfg, loaded.metadata, path)
+    with dist.scope():  # may build the optimizer: its variables are distributed too
+        state = resume.restore_into(model, loaded)
+    log.info(
+        "Resuming from %s at epoch %d, step %d (+%d in epoch)",
+        path,
+        state.epoch,
+        state.global_step,
+        state.step_in_epoch,
+    )
+    return state
+
+
+def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
+    """Where everything went; after an interrupt, the command that resumes."""
+    state = progress.state
+    log.info("Run directory: %s", run_dir)
+    log.info("Checkpoints:   %s", ", ".join(str(p) for p in manager.saved) or "none")
+    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    if progress.interrupted:
+        where = manager.saved[-1] if manager.saved else None
+        log.warning(
+            "Interrupted at epoch %d, step %d. %s",
+            state.epoch,
+            state.global_step,
+            f"Saved {where}; resume with: {resume.resume_hint(where, cfg.checkpoint.directory)}"
+            if where
+            else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
+        )
 
 
 def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
