@@ -51,7 +51,7 @@ def assert_same_run(got, want):
     assert (state.epoch, state.global_step) == (state0.epoch, state0.global_step)
     assert rate == rate0
     assert rows == rows0
-    assert state.extra["history"] == state0.extra["history"]
+    assert state.history == state0.history
     for mine, theirs in zip(values, values0, strict=True):
         np.testing.assert_array_equal(mine, theirs)
 
@@ -62,8 +62,8 @@ def test_early_stopping_ends_the_run_and_reduce_lr_lowers_the_rate(compose_cfg, 
     assert cfg.callbacks.early_stopping._target_ == "keras.callbacks.EarlyStopping"
     train(cfg)
     state, _, rate, rows = finished(run)
-    assert state.epoch == 4 < 8 and state.extra["stopped_early"] is True
-    assert state.extra["callbacks"]["early_stopping"]["stopped_epoch"] == 3
+    assert state.epoch == 4 < 8 and state.stopped_early is True
+    assert state.callbacks["early_stopping"]["stopped_epoch"] == 3
     assert rate == pytest.approx(0.001 * 0.5**3, rel=1e-6)  # lowered after epochs 2, 3 and 4
     used = [float(r["learning_rate"]) for r in rows]  # the rate each epoch trained with
     assert used == pytest.approx([0.001, 0.001, 0.0005, 0.00025], rel=1e-6)
@@ -82,7 +82,7 @@ def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path):
     train(compose_cfg(*PLATEAU, f"run_dir={broken}", hook))
     stopped = load_checkpoint(broken / "checkpoints" / "latest").state
     assert (stopped.epoch, stopped.step_in_epoch) == (2, 2)
-    assert stopped.extra["callbacks"]["early_stopping"]["wait"] == 1
+    assert stopped.callbacks["early_stopping"]["wait"] == 1
     assert len(list(csv.DictReader((broken / "metrics.csv").open()))) == 2  # no partial row
 
     train(compose_cfg(*PLATEAU, "resume=latest", f"resume_dir={broken}"))

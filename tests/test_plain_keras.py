@@ -57,10 +57,10 @@ def kill_and_rerun(tmp_path, kill_at, *replace):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["h5", "weights", "savedmodel"])
+@pytest.mark.parametrize("backend", ["weights", "savedmodel"])
 def test_sigkill_and_rerun_ends_bitwise_like_a_run_never_stopped(tmp_path, reference, backend):
-    """Killed in epoch 3 (13 steps per epoch); async writes (weights, savedmodel) may leave
-    the newest save unfinished: the rerun resumes from whichever one is complete."""
+    """Killed in epoch 3 (13 steps per epoch), with the backend's default async writes: the
+    newest save may be unfinished, and the rerun resumes from whichever one is complete."""
     latest = kill_and_rerun(tmp_path, 30, ('backend="weights"', f'backend="{backend}"'))
     assert 0 < latest["global_step"] <= 30
     assert_same(tmp_path / "final.npz", reference)
@@ -69,11 +69,11 @@ def test_sigkill_and_rerun_ends_bitwise_like_a_run_never_stopped(tmp_path, refer
 
 @pytest.mark.slow
 def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path, reference):
-    """Synchronous saves every 7 steps (13 per epoch): killed after step 44, the newest
+    """h5 (synchronous saves) every 7 steps (13 per epoch): killed after step 44, the newest
     checkpoint is step 42, 3 batches into epoch 4; the rerun runs those 3 batches again,
     puts the checkpoint back and continues."""
-    sync = ("every_n_steps=20)", "every_n_steps=7, async_save=False)")
-    latest = kill_and_rerun(tmp_path, 44, sync)
+    h5 = [('backend="weights"', 'backend="h5"'), ("every_n_steps=20)", "every_n_steps=7)")]
+    latest = kill_and_rerun(tmp_path, 44, *h5)
     assert (latest["global_step"], latest["epoch"], latest["step_in_epoch"]) == (42, 3, 3)
     assert_same(tmp_path / "final.npz", reference)
 

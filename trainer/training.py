@@ -76,35 +76,9 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     if state.global_step == 0:
         board.write_graph(model)
-    manager = CheckpointManager(
-        out_dir / checkpoint_dirname,
-        dist.backend(hydra.utils.instantiate(cfg.save)),
-        policy,
-        metadata={"config": config_record},
-        board=board,
+    manager, callbacks = wire_callbacks(
+        cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
     )
-    manager.adopt(state)  # retention continues from the resumed checkpoint's records
-    configured = user_callbacks.ConfigCallbacks(
-        user_callbacks.build(cfg.get("callbacks"), out_dir),
-        state,
-        saved=state.extra.get("callbacks"),
-    )
-    checkpoint = Checkpoint(
-        manager=manager,
-        state=state,
-        progress=progress,
-        callback_state=configured.state_dict,
-    )
-    callbacks = [
-        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
-        progress,
-        configured,  # the user's, after step counting
-        *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
-        scalars,
-        checkpoint,
-        progress.epoch_cutter(),  # after every other callback
-        *([RunProgbar(state)] if cfg.trainer.verbose else []),
-    ]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     log.info(
@@ -135,23 +109,61 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     if progress.interrupted:
         board.close()
         return dict(state.metrics)
-    metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
-    log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-    board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
-    export_cfg = cfg.get("export")
-    exported = export_for_run(
-        unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
-        out_dir,
-        export_cfg,
+    return evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record)
+
+
+def evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record):
+    """After a run that finished: final metrics, hparams, the serving export."""
+    try:
+        metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
+        log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
+        export_cfg = cfg.get("export")
+        exported = export_for_run(
+            unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
+            out_dir,
+            export_cfg,
+            board=board,
+            state=state,
+            validation_x=data.x_val,
+            config=config_record,
+        )
+        if exported is not None:
+            log.info("Export:        %s", exported)
+        return metrics
+    finally:
+        board.close()
+
+
+def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
+    """The checkpoint manager and the run's callbacks, in the order they must run: stop
+    agreement (multi-worker), step counting, the configured ones, ``middle`` (wrappers'
+    callbacks: masks baked in before epoch-end saves; TensorBoard scalars), checkpointing,
+    the epoch cutter, the progress bar."""
+    manager = CheckpointManager(
+        out_dir / cfg.checkpoint.directory,
+        dist.backend(hydra.utils.instantiate(cfg.save)),
+        policy,
+        metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
         board=board,
-        state=state,
-        validation_x=data.x_val,
-        config=config_record,
     )
-    board.close()
-    if exported is not None:
-        log.info("Export:        %s", exported)
-    return metrics
+    manager.adopt(state)  # retention continues from the resumed checkpoint's records
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
+    )
+    checkpoint = Checkpoint(
+        manager=manager, state=state, progress=progress, callback_state=configured.state_dict
+    )
+    callbacks = [
+        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
+        progress,
+        configured,
+        *middle,
+        checkpoint,
+        progress.epoch_cutter(),  # after every other callback
+        *([RunProgbar(state)] if cfg.trainer.verbose else []),
+    ]
+    return manager, callbacks
 
 
 def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
@@ -193,7 +205,7 @@ def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
     order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
     if state.epoch >= cfg.trainer.epochs:
         return
-    if state.extra.get("stopped_early"):
+    if state.stopped_early:
         log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
         return
     batches = run_dataset(

@@ -99,9 +99,9 @@ class Checkpoint(keras.callbacks.Callback):
             self.state = TrainingState(global_step=_iterations(self.model))
             return
         self.state = self.manager.restore(self.model, latest).state
-        self._tracked_to_restore = self.state.extra.get("callbacks") or {}
+        self._tracked_to_restore = dict(self.state.callbacks)
         epoch = self.state.epoch
-        if self.state.extra.get("stopped_early"):
+        if self.state.stopped_early:
             epoch = max(epoch, int(self.params.get("epochs") or epoch))  # nothing left to do
         set_initial_epoch(self.model, epoch)
         if self.state.step_in_epoch:
@@ -126,10 +126,10 @@ class Checkpoint(keras.callbacks.Callback):
         """The resumed epoch's already-trained batches ran again: put the checkpoint back."""
         for variable, value in zip(all_variables(self.model), self._replay_values, strict=True):
             variable.assign(value)
-        sums = self.state.extra.get("metric_variables") or []
+        sums = self.state.metric_variables
         for variable, value in zip(self.model.metrics_variables, sums, strict=False):
             variable.assign(value)
-        set_numpy_rng(self.state.extra.get("numpy_rng"))
+        set_numpy_rng(self.state.numpy_rng)
         self._replay, self._replay_values = 0, None
 
     # --------------------------------------------------------------- triggers
@@ -195,20 +195,19 @@ class Checkpoint(keras.callbacks.Callback):
         """Save now, with what only the live run knows in the state: metric sums (for a
         mid-epoch resume), NumPy's RNG, callbacks' state, whether a callback ended the run."""
         self._pending_logs = None
-        extra = self.state.extra
-        extra["metric_variables"] = [
+        state = self.state
+        state.metric_variables = [
             keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
         ]
-        extra["numpy_rng"] = numpy_rng_record()
+        state.numpy_rng = numpy_rng_record()
         states = dict(self.callback_state() if self.callback_state else {})
         for name, callback in self.track.items():
-            state = state_of(callback)
-            if state is not None:
-                states[name] = state
-        if states or "callbacks" in extra:
-            extra["callbacks"] = states
+            own = state_of(callback)
+            if own is not None:
+                states[name] = own
+        state.callbacks = states
         # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
-        extra["stopped_early"] = bool(self.model.stop_training and not self.interrupted)
+        state.stopped_early = bool(self.model.stop_training and not self.interrupted)
         return self.manager.save(self.model, self.state, metrics=logs, wait=wait)
 
 

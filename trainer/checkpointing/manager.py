@@ -121,7 +121,7 @@ class CheckpointManager:
         }
         self.records = [*(r for r in self.records if r["name"] != path.name), record]
         saved_state = copy.deepcopy(state)
-        saved_state.extra["checkpoints"] = copy.deepcopy(self.records)
+        saved_state.checkpoints = copy.deepcopy(self.records)
         metadata = copy.deepcopy(self.metadata)
         if self.board is not None:
             tag = card_tag("checkpoint", path.name)
@@ -216,7 +216,7 @@ class CheckpointManager:
 
     def adopt(self, state: TrainingState) -> None:
         """Continue from a restored ``state``: its retention records; its step is saved."""
-        self.records = copy.deepcopy(state.extra.get("checkpoints", []))
+        self.records = copy.deepcopy(state.checkpoints)
         self._last_saved_step = state.global_step
 
     # ---------------------------------------------------------------- lifecycle
@@ -308,7 +308,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
         )
     for src, dst in zip(source, target, strict=True):
         dst.assign(src)
-    set_numpy_rng(checkpoint.state.extra.get("numpy_rng"))
+    set_numpy_rng(checkpoint.state.numpy_rng)
     return checkpoint.state
 
 
