@@ -121,3 +121,20 @@ def test_early_stopping_that_restores_best_weights_is_refused_on_resume():
     with pytest.raises(ConfigError, match=r"callbacks\.stop .*restore_best_weights=false"):
         load_state("stop", callback, {"wait": 1, "best": 0.5, "best_epoch": 2})
     load_state("stop", callback, {"wait": 0, "best": None})  # nothing best yet: fine
+
+
+def test_csv_logger_drops_rows_logged_after_the_checkpoint(tmp_path):
+    """A crash between an epoch's CSV row and its checkpoint: the resumed run's logger keeps
+    the rows its checkpoint counted and logs the repeated epoch once."""
+    from trainer.user_callbacks import CSVLogger
+
+    (tmp_path / "metrics.csv").write_text("epoch,loss\r\n0,1.0\r\n1,0.5\r\n2,0.25\r\n")
+    logger = CSVLogger("metrics.csv")
+    logger.set_run_dir(tmp_path)
+    logger.on_train_begin()
+    logger.load_state_dict({"rows": 2})  # the checkpoint was taken after epoch 2
+    logger.on_epoch_end(2, {"loss": 0.3})
+    logger.on_train_end()
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [(r["epoch"], r["loss"]) for r in rows] == [("0", "1.0"), ("1", "0.5"), ("2", "0.3")]
+    assert logger.state_dict() == {"rows": 3}

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, subprocess_env
 
 from trainer.checkpointing import AsyncBackend, CheckpointManager, CheckpointPolicy
-from trainer.errors import ConfigError, NotACheckpointError
+from trainer.errors import ConfigError, NotACheckpointError, SaveError
 from trainer.save_backends import get_backend, read_checkpoint_metadata
 
 CHILD = ROOT / "tests" / "plain_keras_child.py"
@@ -136,3 +136,22 @@ def test_compat_set_initial_epoch_moves_the_start_of_fit():
     assert history.epoch == [2]
     set_initial_epoch(model, None)
     assert model.fit(x, y, epochs=2, verbose=0).epoch == [0, 1]
+
+
+def test_async_backend_wraps_any_backend(tmp_path):
+    """``AsyncBackend(inner)`` used directly: the write holds the state at the call, even
+    when training moves on before it finishes; a failure surfaces at ``wait``."""
+    from trainer.save_backends import load_checkpoint
+
+    model, x, y = small_model()
+    backend = AsyncBackend(get_backend("weights"))
+    assert backend.name == "weights"  # everything else is the inner backend's
+    expected = [w.copy() for w in model.get_weights()]
+    path = backend.save(model, tmp_path / "ckpt")
+    model.fit(x, y, epochs=1, verbose=0)  # changes the live weights during the write
+    backend.wait()
+    for got, want in zip(load_checkpoint(path).model.get_weights(), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    backend.save(model, tmp_path / ("x" * 300))  # a name the filesystem refuses
+    with pytest.raises(SaveError):  # a trainer error (also an OSError), never a raw one
+        backend.wait()
