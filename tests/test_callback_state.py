@@ -54,7 +54,7 @@ def assert_same_run(got, want):
     assert (state.epoch, state.global_step) == (state0.epoch, state0.global_step)
     assert rate == rate0
     assert rows == rows0
-    assert state.extra["history"] == state0.extra["history"]
+    assert state.history == state0.history
     for mine, theirs in zip(values, values0, strict=True):
         np.testing.assert_array_equal(mine, theirs)
 
@@ -65,8 +65,8 @@ def test_early_stopping_ends_the_run_and_reduce_lr_lowers_the_rate(compose_cfg, 
     assert cfg.callbacks.early_stopping._target_ == "keras.callbacks.EarlyStopping"
     train(cfg)
     state, _, rate, rows = finished(run)
-    assert state.epoch == 4 < 8 and state.extra["stopped_early"] is True
-    assert state.extra["callbacks"]["early_stopping"]["stopped_epoch"] == 3
+    assert state.epoch == 4 < 8 and state.stopped_early is True
+    assert state.callbacks["early_stopping"]["stopped_epoch"] == 3
     assert rate == pytest.approx(0.001 * 0.5**3, rel=1e-6)  # lowered after epochs 2, 3 and 4
     used = [float(r["learning_rate"]) for r in rows]  # the rate each epoch trained with
     assert used == pytest.approx([0.001, 0.001, 0.0005, 0.00025], rel=1e-6)
@@ -85,7 +85,7 @@ def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path):
     train(compose_cfg(*PLATEAU, f"run_dir={broken}", hook))
     stopped = load_checkpoint(broken / "checkpoints" / "latest").state
     assert (stopped.epoch, stopped.step_in_epoch) == (2, 2)
-    assert stopped.extra["callbacks"]["early_stopping"]["wait"] == 1
+    assert stopped.callbacks["early_stopping"]["wait"] == 1
     assert len(list(csv.DictReader((broken / "metrics.csv").open()))) == 2  # no partial row
 
     train(compose_cfg(*PLATEAU, "resume=latest", f"resume_dir={broken}"))
@@ -124,3 +124,20 @@ def test_early_stopping_that_restores_best_weights_is_refused_on_resume():
     with pytest.raises(ConfigError, match=r"callbacks\.stop .*restore_best_weights=false"):
         load_state("stop", callback, {"wait": 1, "best": 0.5, "best_epoch": 2})
     load_state("stop", callback, {"wait": 0, "best": None})  # nothing best yet: fine
+
+
+def test_csv_logger_drops_rows_logged_after_the_checkpoint(tmp_path):
+    """A crash between an epoch's CSV row and its checkpoint: the resumed run's logger keeps
+    the rows its checkpoint counted and logs the repeated epoch once."""
+    from trainer.user_callbacks import CSVLogger
+
+    (tmp_path / "metrics.csv").write_text("epoch,loss\r\n0,1.0\r\n1,0.5\r\n2,0.25\r\n")
+    logger = CSVLogger("metrics.csv")
+    logger.set_run_dir(tmp_path)
+    logger.on_train_begin()
+    logger.load_state_dict({"rows": 2})  # the checkpoint was taken after epoch 2
+    logger.on_epoch_end(2, {"loss": 0.3})
+    logger.on_train_end()
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [(r["epoch"], r["loss"]) for r in rows] == [("0", "1.0"), ("1", "0.5"), ("2", "0.3")]
+    assert logger.state_dict() == {"rows": 3}

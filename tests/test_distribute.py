@@ -153,7 +153,7 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
     got, state = values(broken / "checkpoints" / "latest")
     assert state.global_step == expected_state.global_step == 6
     assert_close(got, expected)
-    assert [h["epoch"] for h in state.extra["history"]] == [1, 2]
+    assert [h["epoch"] for h in state.history] == [1, 2]
 
     # Checkpoints written under the strategy load here, without it: every backend holds
     # the same values, and predicts as the same checkpoint loaded under the strategy.
@@ -164,7 +164,7 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
         path = tmp_path / name / "checkpoints" / "latest"
         got, state = values(path)
         assert_close(got, reference, exact=True)
-        assert state.extra["history"] == reference_state.extra["history"]
+        assert state.history == reference_state.history
         here = load_checkpoint(path).model.predict(inputs, verbose=0)
         np.testing.assert_allclose(predictions[name], here, rtol=1e-6, atol=1e-6)
     # ... and a one-device checkpoint loaded under the strategy predicts as it does here.
@@ -175,7 +175,7 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
     resumed, resumed_state = values(tmp_path / "m_broken" / "checkpoints" / "latest")
     assert resumed_state.global_step == 6
     assert_close(resumed, reference, exact=True)
-    assert resumed_state.extra["history"] == reference_state.extra["history"]
+    assert resumed_state.history == reference_state.history
 
 
 # ----------------------------------------------------------------------- multi-worker
@@ -294,7 +294,7 @@ def test_multiworker_checkpoints_kill_resume_and_stop_together(compose_cfg, tmp_
     expected, expected_state = values(single / "checkpoints" / "step-00000008")
     assert (state.epoch, state.step_in_epoch, state.global_step) == (2, 2, 8)
     assert_close(got, expected)
-    for mine, theirs in zip(state.extra["history"], expected_state.extra["history"], strict=True):
+    for mine, theirs in zip(state.history, expected_state.history, strict=True):
         assert mine == pytest.approx(theirs, rel=RTOL)
 
     # The chief's checkpoints link to the chief's own event files, which hold their cards.

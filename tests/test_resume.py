@@ -55,8 +55,8 @@ def test_stop_mid_epoch_and_resume_is_bitwise_exact(compose_cfg, tmp_path, save)
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert actual_state.extra["history"] == expected_state.extra["history"]
-    assert [h["epoch"] for h in actual_state.extra["history"]] == [1, 2, 3]
+    assert actual_state.history == expected_state.history
+    assert [h["epoch"] for h in actual_state.history] == [1, 2, 3]
 
 
 def test_resume_refuses_a_different_architecture(compose_cfg, tmp_path):

@@ -19,8 +19,11 @@ import keras
 import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
 
+from trainer.checkpointing import Checkpoint
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
+
+__all__ = ["Checkpoint", "RunProgbar", "RunProgress", "ScalarLogger"]
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +57,8 @@ class RunProgress(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.state.epoch = epoch
-        saved = self.state.extra.pop("metric_variables", None)
-        if self.state.step_in_epoch and saved is not None:
+        saved, self.state.metric_variables = self.state.metric_variables, []
+        if self.state.step_in_epoch and saved:
             # Mid-epoch resume: Keras just reset the running means; put back the sums of
             # the batches already trained so the epoch's logged metrics cover all of them.
             variables = self.model.metrics_variables
@@ -86,8 +89,7 @@ class RunProgress(keras.callbacks.Callback):
         self.state.epoch = epoch + 1
         self.state.step_in_epoch = 0
         self.state.metrics = {k: float(v) for k, v in (logs or {}).items()}
-        history = self.state.extra.setdefault("history", [])
-        history.append({"epoch": epoch + 1, **self.state.metrics})
+        self.state.history.append({"epoch": epoch + 1, **self.state.metrics})
         self.interrupted = self.requested_signal is not None
 
     @contextlib.contextmanager

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer._compat import keras as keras_compat
 from trainer.atomic import remove_path
+from trainer.checkpointing.wrappers import WrappingBackend
 from trainer.errors import TrainerError
 from trainer.save_backends.base import SaveBackend
 
@@ -178,20 +179,14 @@ class AgreeOnStop(keras.callbacks.Callback):
             self.progress.requested_signal = self.received or int(signal.SIGTERM)
 
 
-class ScratchBackend:
+class ScratchBackend(WrappingBackend):
     """A non-chief worker's backend: writes like the real one (so every collective the
     save needs runs on this worker too), then removes what it wrote."""
 
-    def __init__(self, inner: SaveBackend):
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
     def save(self, model, path, **kwargs) -> Path:
-        written = self.inner.save(model, path, **kwargs)
-        remove_path(Path(written))
-        return Path(written)
+        written = super().save(model, path, **kwargs)
+        remove_path(written)
+        return written
 
 
 def is_chief(task_type: str | None, task_id: int) -> bool:

@@ -13,15 +13,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-import keras
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.atomic import is_temporary
-from trainer.checkpointing import LATEST, all_variables
-from trainer.errors import ConfigMismatchError, NotACheckpointError, TrainerError
-from trainer.save_backends import Checkpoint, detect_backend, modelstate
-from trainer.state import TrainingState
+from trainer.checkpointing import LATEST, find_latest, restore_into
+from trainer.errors import ConfigMismatchError
+from trainer.save_backends import detect_backend
+
+__all__ = ["check_compatible", "find_latest", "resolve_resume", "restore_into", "run_dir_of"]
 
 log = logging.getLogger(__name__)
 
@@ -53,33 +51,6 @@ def resolve_resume(
 
 def checkpoint_dir_of(directory: Path, dirname: str = CHECKPOINT_DIR) -> Path:
     return directory / dirname if (directory / dirname).is_dir() else directory
-
-
-def find_latest(directory: Path) -> Path:
-    """The complete checkpoint in ``directory`` with the highest global step.
-
-    Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
-    (not by file times or the ``latest`` link) stays right after a crash between the
-    rename and the link update, and after the run directory was copied.
-    """
-    candidates = []
-    if directory.is_dir():
-        for child in directory.iterdir():
-            if child.name == LATEST or is_temporary(child):
-                continue
-            try:
-                state = detect_backend(child).read_metadata(child).get("state") or {}
-                step = int(state.get("global_step", -1))
-            except (TrainerError, OSError, ValueError, KeyError, TypeError):
-                continue
-            candidates.append((step, child.stat().st_mtime_ns, child.name, child))
-    if not candidates:
-        raise NotACheckpointError(
-            f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
-            f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
-            f"Received directory {str(directory)!r}"
-        )
-    return max(candidates)[-1]
 
 
 def run_dir_of(checkpoint: Path, dirname: str = CHECKPOINT_DIR) -> Path | None:
@@ -117,42 +88,6 @@ def _diff(old: Any, new: Any, prefix: str) -> list[str]:
             out += _diff(old.get(key), new.get(key), f"{prefix}.{key}")
         return out
     return [] if old == new else [f"{prefix} is {old!r} in the checkpoint but {new!r} now"]
-
-
-def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
-    """Copy every variable of the loaded checkpoint into ``model``; return its state."""
-    modelstate.build_optimizer(model)
-    source, target = all_variables(checkpoint.model), all_variables(model)
-    shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
-    if shapes[0] != shapes[1]:
-        first = next(
-            (i for i, (a, b) in enumerate(zip(*shapes, strict=False)) if a != b),
-            min(len(shapes[0]), len(shapes[1])),
-        )
-        detail = (
-            f"variable #{first} ({target[first].path if first < len(target) else 'none'}) "
-            f"has shape {shapes[1][first] if first < len(target) else None} in the model but "
-            f"{shapes[0][first] if first < len(source) else None} in the checkpoint"
-        )
-        raise ConfigMismatchError(
-            f"Checkpoint {checkpoint.path} does not fit the configured model: {detail} "
-            f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
-            f"was trained with, or start a fresh run."
-        )
-    for src, dst in zip(source, target, strict=True):
-        dst.assign(src)
-    state = checkpoint.state
-    numpy_state = state.extra.get("numpy_rng")
-    if numpy_state:
-        np.random.set_state(
-            (numpy_state[0], np.asarray(numpy_state[1], dtype=np.uint32), *numpy_state[2:])
-        )
-    return state
-
-
-def numpy_rng_record() -> list[Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
 
 
 def resume_hint(path: Path, dirname: str = CHECKPOINT_DIR) -> str:

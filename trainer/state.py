@@ -1,7 +1,8 @@
 """Training state that travels with every checkpoint, independent of the save format.
 
-Kept as a plain dataclass of JSON-friendly values so that every backend can store it
-the same way (a JSON string) and resume logic never depends on a backend's internals.
+Kept as a plain dataclass of named, typed, JSON-friendly fields so that every backend can
+store it the same way (a JSON string) and resume logic never depends on a backend's
+internals. ``extra`` is left for your own records.
 """
 
 from __future__ import annotations
@@ -10,6 +11,27 @@ import dataclasses
 import json
 from typing import Any
 
+# Keys that checkpoints written before the state had typed fields keep under ``extra``.
+LEGACY_EXTRA = (
+    "history",
+    "checkpoints",
+    "metric_variables",
+    "numpy_rng",
+    "callbacks",
+    "stopped_early",
+)
+# Field -> the JSON types it may hold (None allowed where the default is None).
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "metrics": (dict,),
+    "history": (list,),
+    "checkpoints": (list,),
+    "metric_variables": (list,),
+    "numpy_rng": (list, type(None)),
+    "callbacks": (dict,),
+    "stopped_early": (bool,),
+    "extra": (dict,),
+}
+
 
 @dataclasses.dataclass
 class TrainingState:
@@ -17,16 +39,28 @@ class TrainingState:
 
     ``epoch`` counts completed epochs; ``step_in_epoch`` counts batches already consumed
     from the current epoch (0 at an epoch boundary); ``global_step`` counts every
-    optimizer step since the start of the run.
+    optimizer step since the start of the run. The other fields belong to one component
+    each, named after it.
     """
 
     epoch: int = 0
     step_in_epoch: int = 0
     global_step: int = 0
     seed: int | None = None
+    # Logs of the last completed epoch, and one ``{"epoch": n, **logs}`` per completed epoch.
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    # Later features (RNG states, best-metric trackers, TensorBoard step...) put their
-    # JSON-friendly records here under their own key rather than growing the schema.
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    # CheckpointManager: one retention record per kept checkpoint (name, step, epoch, ...).
+    checkpoints: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # The compiled metrics' accumulators at the save, so a mid-epoch resume logs the same
+    # epoch metrics; NumPy's global RNG state (``numpy.random.get_state`` as JSON).
+    metric_variables: list[Any] = dataclasses.field(default_factory=list)
+    numpy_rng: list[Any] | None = None
+    # Callbacks' own state by name (EarlyStopping's wait and best...), and whether one of
+    # them ended the run (a resume then has nothing left to train).
+    callbacks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    stopped_early: bool = False
+    # Your own JSON-friendly records, under keys of your choosing.
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,6 +82,14 @@ class TrainingState:
                 f"Training state has unknown keys {unknown}; this checkpoint was written by a "
                 f"newer trainer. Upgrade trainer to load it. Received keys: {sorted(data)}"
             )
+        data = _from_legacy(data)
+        for name, types in FIELD_TYPES.items():
+            if name in data and not isinstance(data[name], types):
+                raise ValueError(
+                    f"Training state field {name!r} must be a JSON "
+                    f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}; "
+                    f"received {type(data[name]).__name__}: {data[name]!r}"
+                )
         state = cls(**data)
         for name in ("epoch", "step_in_epoch", "global_step"):
             value = getattr(state, name)
@@ -61,3 +103,17 @@ class TrainingState:
     @classmethod
     def from_json(cls, text: str) -> TrainingState:
         return cls.from_dict(json.loads(text))
+
+
+def _from_legacy(data: dict[str, Any]) -> dict[str, Any]:
+    """A state written before the typed fields: move their values out of ``extra``."""
+    extra = data.get("extra")
+    if not isinstance(extra, dict) or not any(key in extra for key in LEGACY_EXTRA):
+        return data
+    data, extra = dict(data), dict(extra)
+    for key in LEGACY_EXTRA:
+        if key in extra:
+            value = extra.pop(key)
+            data.setdefault(key, value)
+    data["extra"] = extra
+    return data

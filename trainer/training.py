@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer import distribute, resume, user_callbacks
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
-from trainer.checkpointing import Checkpointer, CheckpointPolicy
+from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.export import export_for_run
 from trainer.save_backends import load_checkpoint
@@ -62,29 +62,13 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
-        checkpoint = load_checkpoint(resume_from)
-        resume.check_compatible(cfg, checkpoint.metadata, resume_from)
-        with dist.scope():  # may build the optimizer: its variables are distributed too
-            state = resume.restore_into(model, checkpoint)
-        del checkpoint
-        log.info(
-            "Resuming from %s at epoch %d, step %d (+%d in epoch)",
-            resume_from,
-            state.epoch,
-            state.global_step,
-            state.step_in_epoch,
-        )
+        state = restore(cfg, dist, model, resume_from)
 
     config_record = OmegaConf.to_container(cfg, resolve=True)
     out_dir = dist.output_dir(run_dir)
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
-    configured = user_callbacks.ConfigCallbacks(
-        user_callbacks.build(cfg.get("callbacks"), out_dir),
-        state,
-        saved=state.extra.get("callbacks"),
-    )
     board = RunBoard(
         out_dir / cfg.trainer.tensorboard_dir,
         run_dir=out_dir,
@@ -92,27 +76,9 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     )
     if state.global_step == 0:
         board.write_graph(model)
-    checkpointer = Checkpointer(
-        dist.backend(hydra.utils.instantiate(cfg.save)),
-        out_dir / cfg.checkpoint.directory,
-        policy,
-        state,
-        metadata_fn=lambda st: {"config": config_record},
-        progress=progress,
-        board=board,
-        callback_state=configured.state_dict,
+    manager, callbacks = wire_callbacks(
+        cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
     )
-    callbacks = [
-        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
-        progress,
-        configured,  # the user's, after step counting
-        # The bar ends each epoch's line before anything after it logs (saves included).
-        *([RunProgbar(state)] if cfg.trainer.verbose else []),
-        *wrap_callbacks,  # before the checkpointer: masks are baked in before epoch-end saves
-        scalars,
-        checkpointer,
-        progress.epoch_cutter(),  # after every other callback
-    ]
 
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     log.info(
@@ -122,60 +88,121 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         len(data.x_train),
         steps,
         cfg.trainer.epochs,
-        type(checkpointer.backend).__name__,
+        manager.backend,
         dist.describe(cfg.trainer.batch_size),
     )
     try:
         with progress.stop_on_signals():
             fit_run(model, data, val, cfg, state, steps, callbacks)
-            state.extra["numpy_rng"] = resume.numpy_rng_record()
-            checkpointer.finish()
+            manager.wait()
     except BaseException:
         scalars.close()
         board.close()
         try:
-            checkpointer.wait()
+            manager.wait()
         except Exception:  # logged in full; the error already propagating must win
             log.exception("The last checkpoint write failed")
         raise
     scalars.close()
 
+    report(cfg, run_dir, manager, progress)
+    if progress.interrupted:
+        board.close()
+        return dict(state.metrics)
+    return evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record)
+
+
+def evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record):
+    """After a run that finished: final metrics, hparams, the serving export."""
+    try:
+        metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
+        log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
+        export_cfg = cfg.get("export")
+        exported = export_for_run(
+            unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
+            out_dir,
+            export_cfg,
+            board=board,
+            state=state,
+            validation_x=data.x_val,
+            config=config_record,
+        )
+        if exported is not None:
+            log.info("Export:        %s", exported)
+        return metrics
+    finally:
+        board.close()
+
+
+def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
+    """The checkpoint manager and the run's callbacks, in the order they must run: stop
+    agreement (multi-worker), step counting, the configured ones, ``middle`` (wrappers'
+    callbacks: masks baked in before epoch-end saves; TensorBoard scalars), checkpointing,
+    the epoch cutter; the progress bar right after the configured ones."""
+    manager = CheckpointManager(
+        out_dir / cfg.checkpoint.directory,
+        dist.backend(hydra.utils.instantiate(cfg.save)),
+        policy,
+        metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
+        board=board,
+    )
+    manager.adopt(state)  # retention continues from the resumed checkpoint's records
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
+    )
+    checkpoint = Checkpoint(
+        manager=manager, state=state, progress=progress, callback_state=configured.state_dict
+    )
+    callbacks = [
+        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
+        progress,
+        configured,
+        # The bar ends each epoch's line before anything after it logs (saves included).
+        *([RunProgbar(state)] if cfg.trainer.verbose else []),
+        *middle,
+        checkpoint,
+        progress.epoch_cutter(),  # after every other callback
+    ]
+    return manager, callbacks
+
+
+def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
+    """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
+    loaded = load_checkpoint(path)
+    resume.check_compatible(cfg, loaded.metadata, path)
+    with dist.scope():  # may build the optimizer: its variables are distributed too
+        state = resume.restore_into(model, loaded)
+    log.info(
+        "Resuming from %s at epoch %d, step %d (+%d in epoch)",
+        path,
+        state.epoch,
+        state.global_step,
+        state.step_in_epoch,
+    )
+    return state
+
+
+def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
+    """Where everything went; after an interrupt, the command that resumes."""
+    state = progress.state
     log.info("Run directory: %s", run_dir)
-    kept = [p.name for p in checkpointer.saved if p.exists()]  # retention removed the rest
+    kept = [p.name for p in manager.saved if p.exists()]  # retention removed the rest
     if kept:
-        log.info("Checkpoints:   %s: %s (latest)", checkpointer.directory, ", ".join(kept))
+        log.info("Checkpoints:   %s: %s (latest)", manager.directory, ", ".join(kept))
     else:
         log.info("Checkpoints:   none")
     log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
     if progress.interrupted:
-        where = checkpointer.saved[-1] if checkpointer.saved else None
+        where = manager.saved[-1] if manager.saved else None
         log.warning(
             "Interrupted at epoch %d, step %d. %s",
             state.epoch,
             state.global_step,
-            f"Saved {where}; resume with: {resume.resume_hint(where, checkpoint_dirname)}"
+            f"Saved {where}; resume with: {resume.resume_hint(where, cfg.checkpoint.directory)}"
             if where
             else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
         )
-        board.close()
-        return dict(state.metrics)
-    metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
-    log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-    board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
-    export_cfg = cfg.get("export")
-    exported = export_for_run(
-        unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
-        out_dir,
-        export_cfg,
-        board=board,
-        state=state,
-        validation_x=data.x_val,
-        config=config_record,
-    )
-    board.close()
-    if exported is not None:
-        log.info("Export:        %s", exported)
-    return metrics
 
 
 def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
@@ -183,7 +210,7 @@ def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
     order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
     if state.epoch >= cfg.trainer.epochs:
         return
-    if state.extra.get("stopped_early"):
+    if state.stopped_early:
         log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
         return
     batches = run_dataset(

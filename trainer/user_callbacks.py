@@ -7,32 +7,24 @@ a run that never stopped, so every checkpoint carries each configured callback's
 its config name, and the resumed run puts it back right after ``on_train_begin``.
 
 A callback of your own takes part by defining ``state_dict() -> dict`` (JSON values) and
-``load_state_dict(state)``; Keras' own stateful callbacks are read through the public
-attributes listed in ``KERAS_STATE``. The learning rate that ReduceLROnPlateau lowers is an
-optimizer variable, saved with the others.
+``load_state_dict(state)`` (see ``trainer.checkpointing.callback_state``). The rate that
+ReduceLROnPlateau lowers is an optimizer variable, saved with the others.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import hydra
 import keras
-import numpy as np
 
+from trainer.checkpointing.callback_state import load_state, state_of
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-# Keras callbacks whose counters decide what they do next, and the attributes holding them.
-KERAS_STATE: dict[type, tuple[str, ...]] = {
-    keras.callbacks.EarlyStopping: ("wait", "stopped_epoch", "best", "best_epoch"),
-    keras.callbacks.ReduceLROnPlateau: ("wait", "cooldown_counter", "best"),
-}
 
 
 def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callback]:
@@ -61,52 +53,6 @@ def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callba
             callback.set_run_dir(Path(run_dir))
         out[str(name)] = callback
     return out
-
-
-def state_of(callback: keras.callbacks.Callback) -> dict[str, Any] | None:
-    """The callback's resumable state, or None if it keeps none."""
-    if hasattr(callback, "state_dict"):
-        return callback.state_dict()
-    for cls, names in KERAS_STATE.items():
-        if isinstance(callback, cls):
-            return {name: _plain(getattr(callback, name, None)) for name in names}
-    return None
-
-
-def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, Any]) -> None:
-    """Put ``state`` (from ``state_of``) back into ``callback``."""
-    if hasattr(callback, "load_state_dict"):
-        callback.load_state_dict(state)
-        return
-    if isinstance(callback, keras.callbacks.EarlyStopping):
-        _check_best_weights(name, callback, state)
-    for cls, names in KERAS_STATE.items():
-        if isinstance(callback, cls):
-            for key in names:
-                if key in state:
-                    setattr(callback, key, state[key])
-
-
-def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
-    if callback.restore_best_weights and state.get("best") is not None:
-        raise ConfigError(
-            f"callbacks.{name} is an EarlyStopping with restore_best_weights=true, but the "
-            f"weights of its best epoch ({int(state.get('best_epoch') or 0) + 1}) are not part "
-            f"of checkpoints, so a resumed run could not put them back. Set "
-            f"callbacks.{name}.restore_best_weights=false and keep the best checkpoint with "
-            f"checkpoint.policy.keep_best=1 instead, or start a fresh run. "
-            f"Received: restore_best_weights=True"
-        )
-
-
-def _plain(value: Any) -> Any:
-    """A JSON value for a counter: Python int or float (numpy scalars converted), or None."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    value = float(keras.ops.convert_to_numpy(value))
-    return value if math.isfinite(value) else None
 
 
 class ConfigCallbacks(keras.callbacks.CallbackList):

@@ -391,3 +391,15 @@ def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
     quantized = getattr(layer, "quantization_mode", None) is not None
     lora = bool(getattr(layer, "lora_enabled", False))
     return defined_in <= _POSITIONAL_LOAD_MODULES and not quantized and not lora
+
+
+# ---------------------------------------------------------------------- training
+def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
+    """Make the ``fit`` that is starting begin at ``epoch`` (None: as its caller asked).
+
+    Sets ``model._initial_epoch``, which ``fit`` reads right after ``on_train_begin``
+    (``initial_epoch = self._initial_epoch or initial_epoch``): the only way a callback can
+    move the start of a ``fit`` it did not call. Keras' own ``BackupAndRestore`` does the
+    same; no public API exists. Checked: Keras 3.15.1, TensorFlow backend.
+    """
+    model._initial_epoch = epoch

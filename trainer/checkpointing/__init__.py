@@ -1,0 +1,51 @@
+"""Checkpointing in one place: any Keras user's, and ``train(cfg)``'s.
+
+* ``CheckpointManager`` (``manager.py``): one directory of checkpoints: save, list, restore,
+  retention, the ``latest`` pointer, async writes, stale-temporary cleanup. No Hydra needed.
+* ``Checkpoint`` (``callback.py``; also ``trainer.callbacks.Checkpoint``): the Keras callback
+  that decides when to save, and resumes a re-run script (``resume="auto"``).
+* ``CheckpointPolicy`` (``policy.py``): names, triggers, retention; validated when built.
+* Wrapping backends (``wrappers.py``): ``AsyncBackend(inner)`` writes in the background;
+  ``trainer.distribute.ScratchBackend`` (a non-chief worker's saves) is another.
+* ``snapshot.py``: the shadow model an async write works from; ``callback_state.py``: the
+  state of Keras callbacks, saved with each checkpoint.
+"""
+
+from trainer.checkpointing.callback import Checkpoint
+from trainer.checkpointing.manager import (
+    LATEST,
+    CheckpointManager,
+    find_latest,
+    numpy_rng_record,
+    point_latest,
+    restore_into,
+)
+from trainer.checkpointing.policy import CheckpointPolicy, format_name, name_fields, retained
+from trainer.checkpointing.snapshot import (
+    AsyncWriter,
+    all_variables,
+    clone_for_snapshot,
+    refresh_snapshot,
+)
+from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
+
+__all__ = [
+    "LATEST",
+    "AsyncBackend",
+    "AsyncWriter",
+    "Checkpoint",
+    "CheckpointManager",
+    "CheckpointPolicy",
+    "WrappingBackend",
+    "all_variables",
+    "clone_for_snapshot",
+    "find_latest",
+    "format_name",
+    "innermost",
+    "name_fields",
+    "numpy_rng_record",
+    "point_latest",
+    "refresh_snapshot",
+    "restore_into",
+    "retained",
+]

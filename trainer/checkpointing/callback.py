@@ -1,0 +1,233 @@
+"""``Checkpoint``: the checkpoint callback, for any ``model.fit`` and for ``train(cfg)``.
+
+It decides *when* to save (every N steps, every N epochs, at the end of training, on an
+interrupt) and hands each save to a ``CheckpointManager``, which names, writes, points
+``latest`` at and prunes them.
+
+In your own script (``Checkpoint(directory, ...)``) it counts steps and epochs itself, and
+with ``resume="auto"`` the ``fit`` of a re-run script starts from the newest checkpoint of
+``directory``: weights, every optimizer variable (the step count that drives learning-rate
+schedules, the rate ReduceLROnPlateau lowered), Keras' RNG seed states, NumPy's global RNG,
+the epoch (``fit`` starts there) and, for a checkpoint taken mid-epoch, the step: Keras
+cannot start an epoch in its middle, so the resumed epoch's first batches run once more and
+the checkpoint's values (metric sums included) are put back after the last of them; the
+next batch then continues exactly, as long as the epoch yields its batches in the same
+order as before (``shuffle=False``, or a pipeline whose order depends on the epoch alone).
+
+In ``train(cfg)`` it shares the loop's ``TrainingState`` and ``RunProgress`` (steps,
+interrupts) and ``train`` restores before ``fit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from trainer._compat.keras import set_initial_epoch
+from trainer.checkpointing.callback_state import load_state, state_of
+from trainer.checkpointing.manager import CheckpointManager, numpy_rng_record, set_numpy_rng
+from trainer.checkpointing.policy import CheckpointPolicy
+from trainer.checkpointing.snapshot import all_variables
+from trainer.errors import ConfigError, TrainerError
+from trainer.state import TrainingState
+
+log = logging.getLogger(__name__)
+
+RESUME = ("auto", "never")
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Checkpoints for ``model.fit``; resumes a re-run script where it stopped.
+
+    ``Checkpoint(directory, backend="savedmodel", every_n_steps=None, every_n_epochs=1,
+    keep_last=3, keep_best=1, monitor="val_loss", mode="min", async_save=None,
+    resume="auto")``, plus any other ``CheckpointPolicy`` field (``name``,
+    ``keep_every_n_epochs``, ``on_train_end``, ``on_save_error``). ``track``: callbacks by
+    name (e.g. ``{"early_stopping": early_stopping}``) whose state (see
+    ``trainer.checkpointing.callback_state``) travels with every checkpoint.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike | None = None,
+        backend: Any = "savedmodel",
+        *,
+        resume: str = "auto",
+        track: dict[str, keras.callbacks.Callback] | None = None,
+        manager: CheckpointManager | None = None,
+        state: TrainingState | None = None,
+        progress: Any = None,
+        callback_state: Callable[[], dict[str, Any]] | None = None,
+        **policy: Any,
+    ):
+        super().__init__()
+        if (directory is None) == (manager is None) or (manager is not None and policy):
+            raise ConfigError(
+                "Checkpoint needs a directory (with the backend and policy options), or a "
+                "CheckpointManager that has them, not both. Received: "
+                f"directory={directory!r}, manager={manager!r}, options={sorted(policy)}"
+            )
+        if resume not in RESUME:
+            raise ConfigError(
+                f"Checkpoint(resume=...) must be 'auto' (continue from the newest checkpoint "
+                f"of the directory) or 'never'. Received: {resume!r}"
+            )
+        self.manager = manager or CheckpointManager(directory, backend, make_policy(policy))
+        self.policy = self.manager.policy
+        self.resume = resume
+        self.track = dict(track or {})
+        self.state = state  # None: this callback counts (standalone); else the loop's
+        self.standalone = state is None
+        self.progress = progress  # the loop's RunProgress (interrupts), if any
+        self.callback_state = callback_state
+        self._pending_logs: dict[str, Any] | None = None
+        self._replay = 0  # batches of the resumed epoch to run again before continuing
+        self._replay_values: list[Any] | None = None
+        self._tracked_to_restore: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------- standalone
+    def on_train_begin(self, logs=None):
+        if not self.standalone:
+            return
+        self._pending_logs = None
+        latest = self.manager.latest() if self.resume == "auto" else None
+        if latest is None:
+            self.state = TrainingState(global_step=_iterations(self.model))
+            return
+        self.state = self.manager.restore(self.model, latest).state
+        self._tracked_to_restore = dict(self.state.callbacks)
+        epoch = self.state.epoch
+        if self.state.stopped_early:
+            epoch = max(epoch, int(self.params.get("epochs") or epoch))  # nothing left to do
+        set_initial_epoch(self.model, epoch)
+        if self.state.step_in_epoch:
+            self._replay = self.state.step_in_epoch
+            self._replay_values = [keras.ops.convert_to_numpy(v) for v in all_variables(self.model)]
+        log.info(
+            "Resuming from %s at epoch %d, step %d (+%d in epoch)",
+            latest,
+            self.state.epoch,
+            self.state.global_step,
+            self.state.step_in_epoch,
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._tracked_to_restore is not None:  # after every on_train_begin (they reset)
+            for name, callback in self.track.items():
+                if name in self._tracked_to_restore:
+                    load_state(name, callback, self._tracked_to_restore[name])
+            self._tracked_to_restore = None
+
+    def _end_replay(self) -> None:
+        """The resumed epoch's already-trained batches ran again: put the checkpoint back."""
+        for variable, value in zip(all_variables(self.model), self._replay_values, strict=True):
+            variable.assign(value)
+        sums = self.state.metric_variables
+        for variable, value in zip(self.model.metrics_variables, sums, strict=False):
+            variable.assign(value)
+        set_numpy_rng(self.state.numpy_rng)
+        self._replay, self._replay_values = 0, None
+
+    # --------------------------------------------------------------- triggers
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._pending_logs is not None:
+            self.save(self._pending_logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._replay:
+            if batch + 1 >= self._replay:
+                self._end_replay()
+            return
+        if self.standalone:
+            self.state.global_step += 1
+            self.state.step_in_epoch += 1
+        if self.interrupted:
+            self._save_on_interrupt(logs)
+            return
+        every = self.policy.every_n_steps
+        if every and self.state.global_step % every == 0:
+            self._pending_logs = dict(logs or {})
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._replay:
+            raise TrainerError(
+                f"The resumed epoch {epoch + 1} ended before the {self._replay} batches its "
+                f"checkpoint was taken after: the data is not the one the checkpoint was "
+                f"trained on. Resume with the same data, or remove the checkpoints in "
+                f"{self.manager.directory}. Received: an epoch shorter than {self._replay} batches"
+            )
+        if self.standalone:
+            self.state.epoch = epoch + 1
+            self.state.step_in_epoch = 0
+            self.state.metrics = {k: float(v) for k, v in (logs or {}).items()}
+        self.manager.report_saved()  # the bar's line for this epoch is complete
+        if self.interrupted:
+            self._save_on_interrupt(logs)
+            return
+        every = self.policy.every_n_epochs
+        if self._pending_logs is not None or (every and self.state.epoch % every == 0):
+            self.save(logs)
+        self.manager.report_saved()
+
+    def on_train_end(self, logs=None):
+        self.finish()
+        if self.standalone:
+            set_initial_epoch(self.model, None)  # a later fit starts where its caller says
+
+    def finish(self) -> None:
+        """End of training: the final save (if due), then wait for any write in flight."""
+        if self._pending_logs is not None or (self.policy.on_train_end and not self.interrupted):
+            self.save(self._pending_logs or self.state.metrics, wait=True)
+        self.manager.wait()
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.progress is not None and self.progress.interrupted)
+
+    def _save_on_interrupt(self, logs) -> None:
+        if self.policy.on_interrupt:
+            self.save(logs, wait=True)
+        self.manager.report_saved()
+
+    # ------------------------------------------------------------------- save
+    def save(self, logs: dict[str, Any] | None, *, wait: bool = False):
+        """Save now, with what only the live run knows in the state: metric sums (for a
+        mid-epoch resume), NumPy's RNG, callbacks' state, whether a callback ended the run."""
+        self._pending_logs = None
+        state = self.state
+        state.metric_variables = [
+            keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
+        ]
+        state.numpy_rng = numpy_rng_record()
+        states = dict(self.callback_state() if self.callback_state else {})
+        for name, callback in self.track.items():
+            own = state_of(callback)
+            if own is not None:
+                states[name] = own
+        state.callbacks = states
+        # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
+        state.stopped_early = bool(self.model.stop_training and not self.interrupted)
+        return self.manager.save(self.model, self.state, metrics=logs, wait=wait)
+
+
+def make_policy(options: dict[str, Any]) -> CheckpointPolicy:
+    """``CheckpointPolicy(**options)``; an unknown option is a ``ConfigError`` naming them."""
+    try:
+        return CheckpointPolicy(**options)
+    except TypeError as error:
+        known = sorted(CheckpointPolicy.__dataclass_fields__)
+        raise ConfigError(
+            f"Unknown checkpoint option: {error}. The options are {', '.join(known)}. "
+            f"Received: {sorted(options)}"
+        ) from None
+
+
+def _iterations(model: keras.Model) -> int:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return 0
+    return int(keras.ops.convert_to_numpy(optimizer.iterations))

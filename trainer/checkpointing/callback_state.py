@@ -1,0 +1,71 @@
+"""The state of Keras callbacks, as JSON, so that it can travel with a checkpoint.
+
+Keras callbacks keep counters in plain attributes (EarlyStopping's ``wait`` and ``best``,
+ReduceLROnPlateau's ``wait``, ``cooldown_counter`` and ``best``) and reset them in
+``on_train_begin``: a resumed run would start them from zero and stop at another epoch than
+a run that never stopped. ``state_of`` reads them (``KERAS_STATE`` lists the public
+attributes), ``load_state`` puts them back; a callback of your own takes part by defining
+``state_dict() -> dict`` (JSON values) and ``load_state_dict(state)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.errors import ConfigError
+
+# Keras callbacks whose counters decide what they do next, and the attributes holding them.
+KERAS_STATE: dict[type, tuple[str, ...]] = {
+    keras.callbacks.EarlyStopping: ("wait", "stopped_epoch", "best", "best_epoch"),
+    keras.callbacks.ReduceLROnPlateau: ("wait", "cooldown_counter", "best"),
+}
+
+
+def state_of(callback: keras.callbacks.Callback) -> dict[str, Any] | None:
+    """The callback's resumable state, or None if it keeps none."""
+    if hasattr(callback, "state_dict"):
+        return callback.state_dict()
+    for cls, names in KERAS_STATE.items():
+        if isinstance(callback, cls):
+            return {name: _plain(getattr(callback, name, None)) for name in names}
+    return None
+
+
+def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, Any]) -> None:
+    """Put ``state`` (from ``state_of``) back into ``callback``."""
+    if hasattr(callback, "load_state_dict"):
+        callback.load_state_dict(state)
+        return
+    if isinstance(callback, keras.callbacks.EarlyStopping):
+        _check_best_weights(name, callback, state)
+    for cls, names in KERAS_STATE.items():
+        if isinstance(callback, cls):
+            for key in names:
+                if key in state:
+                    setattr(callback, key, state[key])
+
+
+def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
+    if callback.restore_best_weights and state.get("best") is not None:
+        raise ConfigError(
+            f"callbacks.{name} is an EarlyStopping with restore_best_weights=true, but the "
+            f"weights of its best epoch ({int(state.get('best_epoch') or 0) + 1}) are not part "
+            f"of checkpoints, so a resumed run could not put them back. Set "
+            f"callbacks.{name}.restore_best_weights=false and keep the best checkpoint with "
+            f"checkpoint.policy.keep_best=1 instead, or start a fresh run. "
+            f"Received: restore_best_weights=True"
+        )
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for a counter: Python int or float (numpy scalars converted), or None."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(keras.ops.convert_to_numpy(value))
+    return value if math.isfinite(value) else None

@@ -1,0 +1,340 @@
+"""``CheckpointManager``: the checkpoints of one directory, for any Keras training code.
+
+It owns everything about checkpoints that does not depend on *when* they are taken: names
+(``policy.name``), retention (last N, best K by a monitored value, every M-th epoch), the
+``latest`` pointer, async writes (an ``AsyncBackend`` around the backend), cleanup of
+temporaries a crash left behind, listing and restoring. The Keras callback
+(``trainer.checkpointing.callback.Checkpoint``) decides when; ``train(cfg)`` wires both.
+
+    with CheckpointManager("ckpt", backend="weights", policy=CheckpointPolicy(keep_last=2)) as m:
+        m.save(model)                    # step = the optimizer's iteration count
+        m.restore(model)                 # the newest complete one, into an existing model
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.atomic import clean_stale_temporaries, is_temporary, remove_path, temporary_sibling
+from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
+from trainer.checkpointing.snapshot import all_variables
+from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
+from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
+from trainer.save_backends import (
+    Checkpoint,
+    detect_backend,
+    get_backend,
+    load_checkpoint,
+    modelstate,
+)
+from trainer.save_backends.base import SaveBackend
+from trainer.state import TrainingState
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+
+
+class CheckpointManager:
+    """Saves, lists, restores and prunes the checkpoints in ``directory``.
+
+    ``backend``: a registered name (``"savedmodel"``, ``"h5"``, ``"weights"``) or a backend
+    instance, wrappers included. ``policy``: names and retention (its trigger fields are the
+    callback's business). Async writing (``policy.async_save``; None = the backend's default)
+    wraps the backend in ``AsyncBackend``. ``metadata`` goes into every checkpoint; ``board``
+    (a ``RunBoard``) gets a card and a link per checkpoint.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        backend: str | SaveBackend | WrappingBackend = "savedmodel",
+        policy: CheckpointPolicy | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        board: RunBoard | None = None,
+    ):
+        self.directory = Path(directory)
+        self.policy = policy or CheckpointPolicy()
+        backend = get_backend(backend) if isinstance(backend, str) else backend
+        async_save = self.policy.async_save
+        if async_save is None:
+            async_save = getattr(innermost(backend), "async_by_default", False)
+        if async_save and not isinstance(backend, AsyncBackend):
+            backend = AsyncBackend(backend)
+        self.backend = backend
+        self.metadata = dict(metadata or {})
+        self.board = board
+        self.records: list[dict[str, Any]] = []  # retention: one per kept checkpoint
+        self.saved: list[Path] = []  # written by this manager, in order
+        self.failed: list[Path] = []  # saves that failed under on_save_error=continue
+        self._last_saved_step: int | None = None
+        # "Saved checkpoint" lines wait here for the training thread (report_saved): a
+        # background write that logged itself would land in the middle of a progress bar.
+        self._done: list[tuple[Path, int, float]] = []
+        self._done_lock = threading.Lock()
+        for stale in clean_stale_temporaries(self.directory):
+            log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
+
+    # ------------------------------------------------------------------ queries
+    def all(self) -> list[Path]:
+        """Every complete checkpoint in the directory, oldest (lowest step) first."""
+        return [path for _, path in _complete(self.directory)]
+
+    def latest(self) -> Path | None:
+        """The complete checkpoint with the highest step, or None."""
+        found = _complete(self.directory)
+        return found[-1][1] if found else None
+
+    # --------------------------------------------------------------------- save
+    def save(
+        self,
+        model: keras.Model,
+        state: TrainingState | None = None,
+        *,
+        metrics: dict[str, Any] | None = None,
+        wait: bool = False,
+    ) -> Path | None:
+        """Save ``model`` with ``state`` (default: step = the optimizer's iterations); None if
+        this step is saved already. Async: returns once the snapshot is taken."""
+        state = state if state is not None else self._implicit_state(model)
+        if self._last_saved_step == state.global_step:
+            return None
+        self._last_saved_step = state.global_step
+        self.backend_wait()  # one write in flight; its retention applied; raises its failure
+        metrics = {k: float(v) for k, v in (metrics or {}).items()}
+        name = format_name(
+            self.policy.name, step=state.global_step, epoch=state.epoch, metrics=metrics
+        )
+        path = Path(self.backend.checkpoint_path(self.directory / name))
+        record = {
+            "name": path.name,
+            "step": state.global_step,
+            "epoch": state.epoch,
+            "epoch_end": state.step_in_epoch == 0,
+            "monitor": metrics.get(self.policy.monitor),
+        }
+        self.records = [*(r for r in self.records if r["name"] != path.name), record]
+        saved_state = copy.deepcopy(state)
+        saved_state.checkpoints = copy.deepcopy(self.records)
+        metadata = copy.deepcopy(self.metadata)
+        if self.board is not None:
+            tag = card_tag("checkpoint", path.name)
+            metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
+        if isinstance(self.backend, AsyncBackend):
+            self.backend.submit(model, lambda snap: self._write(snap, path, saved_state, metadata))
+            if wait:
+                self.backend_wait()
+        else:
+            self._write(model, path, saved_state, metadata)
+        return path
+
+    def _implicit_state(self, model: keras.Model) -> TrainingState:
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and optimizer.built:
+            step = int(keras.ops.convert_to_numpy(optimizer.iterations))
+        else:
+            step = max((r["step"] for r in self.records), default=-1) + 1
+        return TrainingState(global_step=step)
+
+    def _write(self, model, path: Path, state: TrainingState, metadata: dict[str, Any]) -> None:
+        writer = self.backend.inner if isinstance(self.backend, AsyncBackend) else self.backend
+        start = time.perf_counter()
+        try:
+            writer.save(model, path, state=state, metadata=metadata)
+        except Exception as error:
+            self.records = [r for r in self.records if r["name"] != path.name]
+            self._failed(path, error)
+            return
+        seconds = time.perf_counter() - start
+        self.saved.append(path)
+        if self.board is not None:
+            real = innermost(self.backend)
+            self.board.checkpoint_card(
+                state.global_step,
+                path,
+                backend=real.name,
+                format_version=real.format_version,
+                size_bytes=path_size(path),
+                save_seconds=seconds,
+                metrics=state.metrics,
+            )
+        point_latest(self.directory, path)
+        self._apply_retention()
+        with self._done_lock:
+            self._done.append((path, state.global_step, seconds))
+
+    def report_saved(self) -> None:
+        """Log the saves completed since the last call; call it from the training thread
+        where a line may start (the callback does so at epoch ends)."""
+        with self._done_lock:
+            done, self._done = self._done, []
+        for path, step, seconds in done:
+            log.info("Saved checkpoint %s (step %d) in %.2fs", path, step, seconds)
+
+    def _failed(self, path: Path, error: Exception) -> None:
+        failure = error
+        if not isinstance(error, SaveError):
+            failure = SaveError(
+                f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
+                f"{self.directory} are intact; free space or fix permissions and resume from "
+                f"the latest one. Received error type {type(error).__name__}"
+            )
+        if self.policy.on_save_error == "continue":
+            self.failed.append(path)
+            log.error("%s Training continues (checkpoint.on_save_error=continue).", failure)
+            return
+        if failure is error:
+            raise error
+        raise failure from error
+
+    def _apply_retention(self) -> None:
+        keep = retained(self.records, self.policy)
+        for record in self.records:
+            if record["name"] not in keep:
+                remove_path(self.directory / record["name"])
+        self.records = [r for r in self.records if r["name"] in keep]
+
+    # ------------------------------------------------------------------ restore
+    def restore(
+        self, model: keras.Model | None = None, path: str | os.PathLike | None = None
+    ) -> Checkpoint:
+        """Load ``path`` (default: the newest complete checkpoint): into ``model`` (every
+        variable, the optimizer's included, and NumPy's global RNG), or as a new model.
+        Retention continues from the checkpoint's records."""
+        self.backend_wait()
+        if path is None:
+            path = self.latest()
+            if path is None:
+                raise NotACheckpointError(
+                    f"There is no complete checkpoint in {self.directory} to restore; save one "
+                    f"first, or point the manager at the directory holding them. "
+                    f"Received: directory={str(self.directory)!r}"
+                )
+        checkpoint = load_checkpoint(path)
+        if model is not None:
+            restore_into(model, checkpoint)
+            checkpoint = Checkpoint(model, checkpoint.state, checkpoint.metadata, checkpoint.path)
+        self.adopt(checkpoint.state)
+        return checkpoint
+
+    def adopt(self, state: TrainingState) -> None:
+        """Continue from a restored ``state``: its retention records; its step is saved."""
+        self.records = copy.deepcopy(state.checkpoints)
+        self._last_saved_step = state.global_step
+
+    # ---------------------------------------------------------------- lifecycle
+    def backend_wait(self) -> None:
+        if isinstance(self.backend, WrappingBackend):
+            self.backend.wait()
+
+    def wait(self) -> None:
+        """Return once every write is on disk; raises a failed background write."""
+        try:
+            self.backend_wait()
+        finally:
+            self.report_saved()
+
+    def close(self) -> None:
+        self.wait()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # the error already propagating wins; this one is logged
+            log.exception("The last checkpoint write failed")
+
+
+def _complete(directory: Path) -> list[tuple[tuple[int, int, str], Path]]:
+    """Complete checkpoints with their sort key (step recorded inside, mtime, name).
+
+    Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
+    (not by file times or the ``latest`` link) stays right after a crash between the
+    rename and the link update, and after the run directory was copied.
+    """
+    found = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name == LATEST or is_temporary(child):
+                continue
+            try:
+                state = detect_backend(child).read_metadata(child).get("state") or {}
+                step = int(state.get("global_step", -1))
+            except (TrainerError, OSError, ValueError, KeyError, TypeError):
+                continue
+            found.append(((step, child.stat().st_mtime_ns, child.name), child))
+    return sorted(found, key=lambda item: item[0])
+
+
+def find_latest(directory: Path) -> Path:
+    """The complete checkpoint in ``directory`` with the highest global step (raises)."""
+    found = _complete(Path(directory))
+    if not found:
+        raise NotACheckpointError(
+            f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
+            f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
+            f"Received directory {str(directory)!r}"
+        )
+    return found[-1][1]
+
+
+def point_latest(directory: Path, checkpoint: Path) -> None:
+    """Atomically repoint ``directory/latest`` (a relative symlink) at ``checkpoint``."""
+    link = directory / LATEST
+    tmp = temporary_sibling(link)
+    os.symlink(checkpoint.name, tmp)
+    os.replace(tmp, link)
+
+
+def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
+    """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
+    seed states, optimizer slots and counters) and NumPy's global RNG; return its state."""
+    modelstate.build_optimizer(model)
+    source, target = all_variables(checkpoint.model), all_variables(model)
+    shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
+    if shapes[0] != shapes[1]:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(*shapes, strict=False)) if a != b),
+            min(len(shapes[0]), len(shapes[1])),
+        )
+        detail = (
+            f"variable #{first} ({target[first].path if first < len(target) else 'none'}) "
+            f"has shape {shapes[1][first] if first < len(target) else None} in the model but "
+            f"{shapes[0][first] if first < len(source) else None} in the checkpoint"
+        )
+        raise ConfigMismatchError(
+            f"Checkpoint {checkpoint.path} does not fit the configured model: {detail} "
+            f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
+            f"was trained with, or start a fresh run."
+        )
+    for src, dst in zip(source, target, strict=True):
+        dst.assign(src)
+    set_numpy_rng(checkpoint.state.numpy_rng)
+    return checkpoint.state
+
+
+def numpy_rng_record() -> list[Any]:
+    """NumPy's global RNG state as JSON values (``set_numpy_rng`` puts it back)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def set_numpy_rng(record: list[Any] | None) -> None:
+    if record:
+        np.random.set_state((record[0], np.asarray(record[1], dtype=np.uint32), *record[2:]))

@@ -1,0 +1,138 @@
+"""What a checkpoint is called, when one is due and which ones are kept (``conf/checkpoint``).
+
+Plain data and pure functions: the manager applies them, the callback decides when to save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+from collections.abc import Iterable
+from typing import Any
+
+from trainer.errors import ConfigError
+
+
+@dataclasses.dataclass
+class CheckpointPolicy:
+    """When to save and what to keep (``conf/checkpoint``)."""
+
+    every_n_epochs: int | None = 1
+    every_n_steps: int | None = None
+    on_train_end: bool = True
+    on_interrupt: bool = True
+    keep_last: int | None = 3
+    keep_best: int = 1
+    monitor: str = "val_loss"
+    mode: str = "min"
+    keep_every_n_epochs: int | None = None
+    name: str = "step-{step:08d}"
+    async_save: bool | None = None  # None: the backend's own default
+    on_save_error: str = "raise"  # "continue": log a failed save and keep training
+
+    def __post_init__(self):
+        if self.on_save_error not in ("raise", "continue"):
+            raise ConfigError(
+                f"checkpoint.on_save_error must be 'raise' (stop training) or 'continue' "
+                f"(log it and keep training). Received: {self.on_save_error!r}"
+            )
+        if self.mode not in ("min", "max"):
+            raise ConfigError(
+                f"checkpoint.mode must be 'min' or 'max' (how checkpoint.monitor improves). "
+                f"Received: {self.mode!r}"
+            )
+        for field in ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs"):
+            value = getattr(self, field)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"checkpoint.{field} must be a positive integer or null. Received: {value!r}"
+                )
+        name_fields(self.name)  # a malformed pattern fails here
+
+    def check_name(self, metrics: Iterable[str], *, validation: bool) -> None:
+        """Refuse, before training, a ``name`` pattern that some save could not fill.
+
+        ``metrics`` are the names the model logs at every batch (``loss``, ``accuracy``);
+        ``val_*`` ones exist only at epoch ends, and only with validation data. Step and
+        interrupt saves can fall mid-epoch, before validation.
+        """
+        known = set(metrics)
+        fields = name_fields(self.name)
+        unknown = [
+            f for f in fields if f not in NAME_FIELDS and f not in known and f[4:] not in known
+        ]
+        validated = [f for f in fields if f.startswith("val_") and f[4:] in known]
+        problem = None
+        if unknown:
+            problem = (
+                f"uses {{{unknown[0]}}}, which no save knows (placeholders: step, epoch, "
+                f"{', '.join(sorted(known))} and their val_ versions)"
+            )
+        elif validated and not validation:
+            problem = f"uses {{{validated[0]}}}, but the run has no validation data"
+        elif validated and (self.every_n_steps or self.on_interrupt):
+            problem = (
+                f"uses {{{validated[0]}}}, which step and interrupt saves (taken mid-epoch, before "
+                f"validation) do not have; set checkpoint.policy.every_n_steps=null and "
+                f"checkpoint.policy.on_interrupt=false, or name them by a training metric"
+            )
+        if problem:
+            raise ConfigError(
+                f"checkpoint.policy.name {problem}. Use {{step}}, {{epoch}} or a logged metric. "
+                f"Received: {self.name!r}"
+            )
+
+
+NAME_FIELDS = ("step", "epoch")
+
+
+def name_fields(pattern: str) -> list[str]:
+    """The placeholders of a name pattern; a malformed one is a ``ConfigError``."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+        pattern.format(**{f: 0 if f in NAME_FIELDS else 0.0 for f in fields if f.isidentifier()})
+    except (ValueError, IndexError, KeyError, TypeError) as error:
+        fields = None
+        reason = str(error)
+    if fields is None or not all(f.isidentifier() for f in fields):
+        raise ConfigError(
+            f"checkpoint.policy.name must be a format pattern with named placeholders such as "
+            f"'step-{{step:08d}}' or 'epoch-{{epoch:03d}}-{{loss:.3f}}'"
+            f"{f' ({reason})' if fields is None else ''}. Received: {pattern!r}"
+        )
+    return fields
+
+
+def format_name(pattern: str, *, step: int, epoch: int, metrics: dict[str, float]) -> str:
+    """The name of one checkpoint; a placeholder this save lacks is a ``ConfigError``."""
+    try:
+        return pattern.format(step=step, epoch=epoch, **metrics)
+    except KeyError as error:
+        raise ConfigError(
+            f"checkpoint.policy.name uses {{{error.args[0]}}}, which this save (step {step}) "
+            f"does not log. Use {{step}}, {{epoch}} or one of its metrics: "
+            f"{', '.join(sorted(metrics)) or 'none'}. Received: {pattern!r}"
+        ) from None
+
+
+def retained(records: list[dict[str, Any]], policy: CheckpointPolicy) -> set[str]:
+    """Names to keep: the newest always, the last N, the best K, every Mth epoch end."""
+    if not records:
+        return set()
+    by_step = sorted(records, key=lambda r: r["step"])
+    keep = {by_step[-1]["name"]}
+    if policy.keep_last is None:
+        keep.update(r["name"] for r in records)
+    else:
+        keep.update(r["name"] for r in by_step[-policy.keep_last :])
+    scored = [r for r in records if r.get("monitor") is not None]
+    if policy.keep_best and scored:
+        best = sorted(scored, key=lambda r: r["monitor"], reverse=policy.mode == "max")
+        keep.update(r["name"] for r in best[: policy.keep_best])
+    if policy.keep_every_n_epochs:
+        keep.update(
+            r["name"]
+            for r in records
+            if r["epoch_end"] and r["epoch"] and r["epoch"] % policy.keep_every_n_epochs == 0
+        )
+    return keep

@@ -1,0 +1,100 @@
+"""Snapshots for background writes: a shadow model holding a copy of every variable.
+
+Async saving copies every variable synchronously into a *shadow model* (same architecture,
+built once) and lets a background thread write the shadow through the backend while training
+goes on. That works for every backend unchanged (they only ever see a quiet model) and costs
+one memory copy per save.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from trainer._compat.keras import get_input_signature
+from trainer.errors import SaveError
+from trainer.save_backends import layerstate, modelstate
+
+
+def all_variables(model: keras.Model) -> list:
+    """Every variable whose value a checkpoint holds: weights, RNG seeds, optimizer, metrics."""
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_variables = list(optimizer.variables) if optimizer is not None else []
+    return [*model.variables, *optimizer_variables]
+
+
+def refresh_snapshot(model: keras.Model, shadow: keras.Model) -> None:
+    """Copy into ``shadow`` everything a backend would save from ``model``: every variable
+    (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
+    (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
+    the background write of the shadow holds what a synchronous save would."""
+    for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
+        target.assign(source)
+    layerstate.copy_own_state(model, shadow)
+
+
+def clone_for_snapshot(model: keras.Model) -> keras.Model:
+    """A second model of the same architecture and compile state, with its own variables."""
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    _call_once_like(model, clone)
+    for each in (model, clone):
+        modelstate.build_optimizer(each)
+    mine, theirs = all_variables(model), all_variables(clone)
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise SaveError(
+            f"Async saving needs a copy of model {model.name!r} rebuilt from its config, but "
+            f"the copy's variables differ from the original's. Set checkpoint.async_save=false. "
+            f"Received {len(mine)} variables vs {len(theirs)} in the copy"
+        )
+    return clone
+
+
+def _call_once_like(model: keras.Model, clone: keras.Model) -> None:
+    """A subclassed model knows its input signature (which the SavedModel backend traces
+    with) only once called: call the fresh clone once on zeros shaped and typed like the
+    live model's inputs. Graph models (Functional, Sequential) know theirs already."""
+    try:
+        get_input_signature(clone)
+        return
+    except ValueError:
+        pass
+    try:
+        signature = get_input_signature(model)
+    except ValueError:
+        return  # the live model was never called either: the backend says so when saving
+
+    def zeros(spec):
+        return np.zeros([1 if d is None else d for d in spec.shape], dtype=spec.dtype)
+
+    clone(*keras.tree.map_structure(zeros, signature))
+
+
+class AsyncWriter:
+    """One background write at a time; its failure is raised at the next call, never lost."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                job()
+            except BaseException as error:  # re-raised in the training thread
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name="trainer-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
