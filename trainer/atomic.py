@@ -53,7 +53,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def remove_atomically(path: Path) -> Path | None:
+    """Delete a published ``path`` so that no half-deleted copy ever keeps its real name:
+    rename it to a hidden temporary sibling first (one atomic step), then remove that. A
+    crash in between leaves only a temporary, which ``clean_stale_temporaries`` removes.
+    Returns the temporary it was moved to (already removed), or None if it did not exist."""
+    trash = temporary_sibling(path)
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return None
+    remove_path(trash)
+    return trash
+
+
 def remove_path(path: Path) -> None:
+    """Remove a file, link or directory tree in place (for temporaries, never for a
+    published name: see ``remove_atomically``)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
