@@ -110,14 +110,37 @@ def _replace(tmp: Path, final: Path) -> None:
 
 
 def clean_stale_temporaries(directory: Path) -> list[Path]:
-    """Remove temporaries left by a crashed writer; returns what was removed."""
+    """Remove temporaries left by a crashed writer; returns what was removed.
+
+    A temporary whose writer (the PID in its name) is another live process is kept: that
+    writer is still working on it. This process's own are stale by definition here (its
+    callers clean before they write).
+    """
     removed = []
     if directory.is_dir():
         for child in directory.iterdir():
-            if is_temporary(child):
+            if is_temporary(child) and not _written_by_another_live_process(child):
                 remove_path(child)
                 removed.append(child)
     return removed
+
+
+def _written_by_another_live_process(path: Path) -> bool:
+    owner = path.name.rsplit(TMP_MARKER, 1)[-1].split("-", 1)[0]
+    if not owner.isdigit() or int(owner) in (0, os.getpid()):
+        return False
+    return process_alive(int(owner))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` runs on this host (signal 0 checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to another user
+        return True
+    return True
 
 
 _FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}

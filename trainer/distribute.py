@@ -39,6 +39,7 @@ from trainer._compat import keras as keras_compat
 from trainer.atomic import remove_path
 from trainer.checkpointing.wrappers import WrappingBackend
 from trainer.errors import TrainerError
+from trainer.locks import DirectoryLock
 from trainer.save_backends.base import SaveBackend
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Distribution:
     task_id: int = 0
     scale_lr: bool = False
     scratch: Path | None = None
+    lock: DirectoryLock | None = None  # the chief's hold on the run directory
 
     @property
     def num_replicas(self) -> int:
@@ -108,8 +110,12 @@ class Distribution:
     # ------------------------------------------------------------- where we write
     def output_dir(self, run_dir: Path) -> Path:
         """Where this process writes checkpoints, events and exports: the run directory on
-        the chief, a private scratch directory (removed by ``cleanup``) on other workers."""
+        the chief, a private scratch directory (removed by ``cleanup``) on other workers.
+        The chief locks the run directory until ``cleanup``: a second training of the same
+        directory is refused before it writes anything."""
         if self.is_chief:
+            if self.lock is None:
+                self.lock = DirectoryLock(run_dir).acquire()
             return run_dir
         if self.scratch is None:
             prefix = f".worker-{self.task_id}.tmp-"
@@ -124,6 +130,9 @@ class Distribution:
         return backend if self.is_chief else ScratchBackend(backend)
 
     def cleanup(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None

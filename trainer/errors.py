@@ -80,6 +80,10 @@ class LayerStateError(TrainerError, ValueError):
     ``load_assets`` raised: the layer's code failed, not the checkpoint."""
 
 
+class DirectoryInUseError(TrainerError):
+    """Another live process writes the run (or checkpoint) directory."""
+
+
 class SaveError(TrainerError):
     """Writing a checkpoint failed; the previous checkpoints are intact."""
 

@@ -24,11 +24,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.atomic import clean_stale_temporaries, is_temporary, remove_path, temporary_sibling
+from trainer.atomic import clean_stale_temporaries, temporary_sibling
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
 from trainer.checkpointing.snapshot import all_variables
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
+from trainer.locks import remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
     detect_backend,
@@ -199,11 +200,15 @@ class CheckpointManager:
         raise failure from error
 
     def _apply_retention(self) -> None:
+        """Delete what the policy no longer keeps, atomically; a checkpoint a reader is
+        loading right now stays (with its record) until a later pass."""
         keep = retained(self.records, self.policy)
-        for record in self.records:
-            if record["name"] not in keep:
-                remove_path(self.directory / record["name"])
-        self.records = [r for r in self.records if r["name"] in keep]
+        gone = {
+            r["name"]
+            for r in self.records
+            if r["name"] not in keep and remove_unless_read(self.directory / r["name"])
+        }
+        self.records = [r for r in self.records if r["name"] not in gone]
 
     # ------------------------------------------------------------------ restore
     def restore(
@@ -247,6 +252,7 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        self._apply_retention()  # what a reader's lease kept during the last pass
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -271,7 +277,7 @@ def _complete(directory: Path) -> list[tuple[tuple[int, int, str], Path]]:
     found = []
     if directory.is_dir():
         for child in directory.iterdir():
-            if child.name == LATEST or is_temporary(child):
+            if child.name == LATEST or child.name.startswith("."):  # temporaries, leases
                 continue
             try:
                 state = detect_backend(child).read_metadata(child).get("state") or {}

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainer import integrity
 from trainer.errors import NotACheckpointError, TrainerError, UnknownBackendError
+from trainer.locks import read_lease
 from trainer.save_backends import hints
 from trainer.save_backends.base import Checkpoint, SaveBackend, check_exists, set_format_detector
 
@@ -107,22 +108,28 @@ def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
     """Detect the format of ``path`` and load it with the matching backend.
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
-    resolved once, and if the checkpoint it named was replaced or removed by retention
-    during the read, the read starts over from where the link points now. The returned
+    resolved once and the checkpoint it names is leased for the read, so retention leaves
+    it alone (``trainer.locks``); if it was replaced, or removed before the lease was
+    taken, the read starts over from where the link points now. The returned
     ``Checkpoint.path`` is the checkpoint actually read.
     """
     path = Path(path)
     for attempt in range(_ATTEMPTS):
         target = _resolve(path)
-        before = _identity(target)
-        try:
-            checkpoint = detect_backend(target)().load(target, **kwargs)
-        except (TrainerError, OSError):
-            if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
-                log.info("%s changed while it was read; reading it again", path)
-                continue  # the writer replaced what we were reading: read the new one
-            raise
-        now = _identity(target)
+        # The lease keeps retention from deleting it; taken before the identity check, so
+        # a deletion that started first shows as "moved" (see trainer.locks).
+        with read_lease(target):
+            before = _identity(target)
+            try:
+                if before is None:
+                    check_exists(target)  # removed between the link and the lease
+                checkpoint = detect_backend(target)().load(target, **kwargs)
+            except (TrainerError, OSError):
+                if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
+                    log.info("%s changed while it was read; reading it again", path)
+                    continue  # the writer replaced what we were reading: read the new one
+                raise
+            now = _identity(target)
         if now is None or now == before:  # gone after a complete read is fine; not swapped
             return checkpoint
         log.info("%s was replaced while it was read; reading it again", path)
