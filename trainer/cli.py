@@ -115,8 +115,14 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         help="TF Serving warmup requests from N validation examples of the run's data",
     )
     export.add_argument(
-        "--no-card", action="store_true", help="do not add an export card to the run's log"
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="write the export's card and graph into a TensorBoard log in DIR (default: no "
+        "log is written; the checkpoint's own run is only ever read)",
     )
+    # Accepted for old scripts: writing no card is now the default.
+    export.add_argument("--no-card", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
