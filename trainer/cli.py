@@ -74,8 +74,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     )
     verify = command(
         "verify",
-        "check every file of a checkpoint against its manifest, then load it",
-        ("path", CHECKPOINT_HELP),
+        "check every file of a checkpoint or serving export against its manifest, then "
+        "load it (an export: load and answer serving_default, count its warmup requests)",
+        ("path", CHECKPOINT_HELP + ", or a serving export's version directory"),
     )
     verify.add_argument(
         "--files-only", action="store_true", help="check the files only; do not rebuild the model"

@@ -150,7 +150,7 @@ def _check_serving(path: Path, meta: dict[str, Any]) -> list[str]:
         if not missing and SERVING_KEY in offered:
             serve = loaded.signatures[SERVING_KEY]
             inputs = {
-                name: tf.zeros([d or 1 for d in spec.shape], spec.dtype)
+                name: _blank([d or 1 for d in spec.shape], spec.dtype)
                 for name, spec in serve.structured_input_signature[1].items()
             }
             serve(**inputs)
@@ -165,6 +165,12 @@ def _check_serving(path: Path, meta: dict[str, Any]) -> list[str]:
             f"names. Export it again. Received signatures: {offered}"
         )
     return offered
+
+
+def _blank(shape: list[int], dtype: tf.DType) -> tf.Tensor:
+    if dtype == tf.string:
+        return tf.fill(shape, "")
+    return tf.zeros(shape, dtype)
 
 
 def format_report(report: dict[str, Any]) -> str:
