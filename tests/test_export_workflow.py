@@ -10,8 +10,10 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import keras
@@ -192,6 +194,43 @@ def test_stale_export_temporaries_are_cleaned_but_live_ones_kept(run, tmp_path):
     assert path.name == "2"
     assert not any(directory.exists() for directory in stale)
     assert sorted(os.listdir(root)) == sorted(["1", "2", live.name])
+
+
+EXPORT_FOREVER = """
+import sys, keras
+from trainer.export import export_serving
+inputs = keras.Input((4,))
+model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+model.compile("sgd", "mse")
+while True:
+    export_serving(model, sys.argv[1], keep=2, format="savedmodel")
+"""
+
+
+def test_an_export_killed_mid_write_is_cleaned_by_the_next_one(run, tmp_path):
+    """SIGKILL a real exporter while its temporary exists; the next export removes what
+    it left, and every version left verifies."""
+    root = tmp_path / "export"
+    child = subprocess.Popen(
+        [sys.executable, "-c", EXPORT_FOREVER, str(root)], env=subprocess_env(), cwd=ROOT
+    )
+    try:
+        for _ in range(6000):  # until a temporary is seen (at most about 10 minutes)
+            names = os.listdir(root) if root.is_dir() else []
+            if any(name.startswith(".") for name in names) or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        child.kill()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    left = [name for name in os.listdir(root) if name.startswith(".")]
+    assert all(ONE_TEMPORARY.match(name) for name in left), left
+    path = export_serving(run["model"], root, keep=2, format="savedmodel")
+    assert all(name.isdigit() for name in os.listdir(root)), os.listdir(root)
+    for version in versions(root):
+        verify_checkpoint(root / str(version), load=version == int(path.name))
 
 
 @contextlib.contextmanager
