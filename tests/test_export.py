@@ -140,13 +140,14 @@ def test_export_from_any_backend_links_back_to_the_run(run, tmp_path, index):
     assert meta["source"]["backend"] == saved["backend"]
     assert meta["state"]["global_step"] == saved["step"]
     assert meta["state"]["epoch"] == saved["epoch"]
-    link = meta["tensorboard"]
-    assert link["step"] == saved["step"] and link["tag"] == "exports/1"
+    assert "tensorboard" not in meta  # the source run is only read: no card unless asked
+    link = meta["checkpoint_tensorboard"]  # the checkpoint's own link, kept
+    assert link["step"] == saved["step"] and link["tag"] == f"checkpoints/{saved['path'].name}"
     assert link["run_name"] == "run0/tb" and link["log_dir"] == "tb"
-    resolved = resolve_link(path, meta)
+    resolved = resolve_link(meta["source"]["checkpoint"], link)
     assert resolved.event_file.is_file()
     assert resolved.event_file.parent == run["run_dir"] / "tb"
-    assert "exports/1" in event_steps(resolved.event_file)[saved["step"]]
+    assert link["tag"] in event_steps(resolved.event_file)[saved["step"]]
 
 
 def test_cli_export_runs_and_inspect(run, tmp_path, capsys):
@@ -154,7 +155,9 @@ def test_cli_export_runs_and_inspect(run, tmp_path, capsys):
     h5 = run["checkpoints"][0]["path"]
     export_root = run["run_dir"] / "export"
     warmup = 2
-    assert main(["export", str(h5), str(export_root), "--warmup", str(warmup), "--json"]) == 0
+    tb = str(run["run_dir"] / "tb")  # the card goes into the run's log only when asked
+    argv = ["export", str(h5), str(export_root), "--warmup", str(warmup), "--tensorboard", tb]
+    assert main([*argv, "--json"]) == 0
     exported = json.loads(capsys.readouterr().out)
     version_dir = export_root / str(exported["version"])
     assert exported["warmup_requests"] == warmup

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -75,6 +76,37 @@ def remove_path(path: Path) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def clean_dead_temporaries(directory: Path) -> list[Path]:
+    """Remove the temporaries in ``directory`` whose writer is gone (killed mid-write or
+    mid-removal); a temporary whose writer is alive on this host is a write in progress
+    and is kept. Returns what was removed."""
+    removed = []
+    if Path(directory).is_dir():
+        for child in Path(directory).iterdir():
+            if is_temporary(child) and not any(map(_alive, _owners(child))):
+                remove_path(child)
+                removed.append(child)
+    return removed
+
+
+def _owners(path: Path) -> list[int]:
+    """The PIDs a temporary's name records (``.NAME.tmp-PID-ID``; every one, so the
+    doubled names of older versions count too)."""
+    return [int(pid) for pid in re.findall(r"\.tmp-([0-9]+)-", path.name)]
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 @contextlib.contextmanager

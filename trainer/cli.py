@@ -74,8 +74,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     )
     verify = command(
         "verify",
-        "check every file of a checkpoint against its manifest, then load it",
-        ("path", CHECKPOINT_HELP),
+        "check every file of a checkpoint or serving export against its manifest, then "
+        "load it (an export: load and answer serving_default, count its warmup requests)",
+        ("path", CHECKPOINT_HELP + ", or a serving export's version directory"),
     )
     verify.add_argument(
         "--files-only", action="store_true", help="check the files only; do not rebuild the model"
@@ -115,8 +116,14 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         help="TF Serving warmup requests from N validation examples of the run's data",
     )
     export.add_argument(
-        "--no-card", action="store_true", help="do not add an export card to the run's log"
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="write the export's card and graph into a TensorBoard log in DIR (default: no "
+        "log is written; the checkpoint's own run is only ever read)",
     )
+    # Accepted for old scripts: writing no card is now the default.
+    export.add_argument("--no-card", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(argv: list[str] | None = None, prog: str = "trainer") -> int:

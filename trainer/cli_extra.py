@@ -25,7 +25,7 @@ def run_export(args: argparse.Namespace) -> int:
         keep=args.keep,
         warmup=args.warmup,
         format=args.format,
-        card=not args.no_card,
+        tensorboard=args.tensorboard,
     )
     meta = read_export_metadata(path)
     report = {

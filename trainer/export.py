@@ -6,8 +6,10 @@ directories), so a server never loads half a model. Versions increase; older one
 removed (renamed away first, then deleted) beyond ``keep``.
 
 Each version holds ``assets.extra/trainer_export.json`` (what was exported, from where,
-its signatures and its TensorBoard link) and, optionally, TF Serving warmup requests in
-``assets.extra/tf_serving_warmup_requests``.
+its signatures and its TensorBoard link), optionally TF Serving warmup requests in
+``assets.extra/tf_serving_warmup_requests``, and, written last before the rename,
+``assets.extra/trainer_manifest.json``: size and SHA-256 of every other file of the
+version, so ``python -m trainer verify`` checks an export whole.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,18 +28,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.atomic import fsync_tree, temporary_sibling
+from trainer import integrity
+from trainer.atomic import (
+    clean_dead_temporaries,
+    fsync_tree,
+    remove_atomically,
+    remove_path,
+    temporary_sibling,
+    write_error,
+)
 from trainer.errors import ExportError, NotACheckpointError, SaveError, TrainerError
 from trainer.save_backends.base import check_model_ready
 from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
 from trainer.serving import serving_function as make_serving_function
-from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size, resolve_link
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
 from trainer.version import __version__
-from trainer.warmup import EXTRA_DIR, write_warmup
+from trainer.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, write_warmup
 
 log = logging.getLogger(__name__)
 
-EXPORT_FILE = "trainer_export.json"
 FORMAT = "trainer-export"
 FORMAT_VERSION = 1  # of the export layout and its metadata
 FORMATS = ("auto", "keras", "savedmodel")
@@ -104,6 +112,7 @@ def export_serving(
     _check_export_arguments(model, format, keep)
     root = Path(export_root).absolute()
     root.mkdir(parents=True, exist_ok=True)
+    clean_dead_temporaries(root)  # left by killed exports or prunes
     start = time.perf_counter()
     version = max(versions(root), default=0) + 1
     tmp = temporary_sibling(root / str(version))
@@ -112,8 +121,11 @@ def export_serving(
         used = _write_saved_model(model, tmp, format, meta)
         meta.update(_export_metadata(model, tmp, used, warmup))
         final = _publish(tmp, root, version, board, step, meta)
+    except (OSError, tf.errors.OpError) as error:  # disk full, permissions, I/O
+        remove_path(tmp)
+        raise write_error(root / str(version), error) from error
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_path(tmp)
         raise
     seconds = time.perf_counter() - start
     if board is not None and step is not None:
@@ -173,6 +185,7 @@ def _record_on_board(
     board.checkpoint_card(
         step,
         final,
+        tag=export_tag(board, final),
         backend=used,
         format_version=FORMAT_VERSION,
         size_bytes=path_size(final),
@@ -189,7 +202,9 @@ def _write_saved_model(model: keras.Model, tmp: Path, format: str, meta: dict[st
             from trainer.state import TrainingState
 
             state = TrainingState.from_dict(meta.get("state") or {})
-            backend.save(model, tmp, state=state, metadata={"export": True})
+            # Straight into our temporary: backend.save would take a temporary of its own
+            # next to it (a doubled hidden name) and seal before our files are added.
+            backend.write_into(model, tmp, state=state, metadata={"export": True})
             return "savedmodel"
     serve = make_serving_function(model)
     serve.get_concrete_function()  # ExportArchive takes a tf.function only once traced
@@ -218,15 +233,16 @@ def _savedmodel_backend(*, required: bool):
 def _publish(
     tmp: Path, root: Path, version: int, board: RunBoard | None, step: int | None, meta: dict
 ) -> Path:
-    """Write the metadata, flush, and rename to the first free version number."""
+    """Write the metadata, seal, flush, and rename to the first free version number."""
     for attempt in range(100):
         final = root / str(version + attempt)
         if board is not None and step is not None:
-            meta[LINK_KEY] = board.link(step, final, tag=card_tag("export", final.name))
+            meta[LINK_KEY] = board.link(step, final, tag=export_tag(board, final))
         meta["version"] = version + attempt
         path = export_metadata_path(tmp)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        seal_export(tmp, meta["exported_with"])
         fsync_tree(tmp)
         if final.exists():  # another exporter took this number meanwhile
             continue
@@ -240,20 +256,35 @@ def _publish(
     raise SaveError(f"No free version number under {root} after 100 tries. Received {version}")
 
 
+def seal_export(directory: Path, exported_with: str) -> dict[str, Any]:
+    """The manifest of every file of the export, after all of them (the backend's metadata,
+    the warmup requests, ``trainer_export.json``) are written: what ``verify`` checks."""
+    info: dict[str, Any] = {"kind": "export", "exported_with": exported_with}
+    if exported_with == "savedmodel":  # also a checkpoint its backend loads
+        backend = _savedmodel_backend(required=True)
+        info.update(backend=backend.name, format_version=backend.format_version)
+    return integrity.write_manifest(directory, EXPORT_MANIFEST, **info)
+
+
+def export_tag(board: RunBoard, final: Path) -> str:
+    """The card tag of the export at ``final``: its path (relative to the board's run when
+    inside it), so exports to different roots never share a tag in one log."""
+    final = Path(final).absolute()
+    name = os.path.relpath(final, board.run_dir)
+    if name.startswith(".."):
+        name = final.as_posix().lstrip("/")
+    return card_tag("export", name)
+
+
 def prune(export_root: str | os.PathLike, keep: int) -> list[Path]:
-    """Remove all but the ``keep`` newest versions; each is renamed away before deletion so
-    a server never sees a half-deleted version."""
+    """Remove all but the ``keep`` newest versions; each is renamed to a hidden temporary
+    before deletion, so a server never sees a half-deleted version under a real name."""
     root = Path(export_root)
     removed = []
     for version in versions(root)[:-keep]:
         path = root / str(version)
-        trash = temporary_sibling(path)
-        try:
-            os.rename(path, trash)
-        except OSError:
-            continue  # removed concurrently
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(path)
+        if remove_atomically(path) is not None:  # None: removed concurrently
+            removed.append(path)
     return removed
 
 
@@ -265,14 +296,16 @@ def export_from_checkpoint(
     keep: int = DEFAULT_KEEP,
     warmup: Any = None,
     format: str = "auto",
-    card: bool = True,
+    tensorboard: str | os.PathLike | None = None,
 ) -> Path:
     """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
 
     ``warmup``: examples, or a count N of validation examples taken from the data set of
-    the checkpoint's run config. The export carries the checkpoint's state and config; if
-    the checkpoint's TensorBoard link resolves and ``card`` is true, an export card is added
-    to that run's log at the checkpoint's step and the export links to it.
+    the checkpoint's run config. The export carries the checkpoint's state, config and
+    TensorBoard link (``checkpoint_tensorboard``). The checkpoint's run is only read, never
+    written (it may be read-only, or another user's). ``tensorboard``: a log directory
+    for the export's card and graph at the checkpoint's step, which the export then links
+    to; None (the default) writes no TensorBoard log.
     """
     from trainer.save_backends import load_checkpoint
 
@@ -292,21 +325,12 @@ def export_from_checkpoint(
     }
     if "config" in meta:
         extra["config"] = meta["config"]
+    link = meta.get(LINK_KEY)
+    if isinstance(link, Mapping):
+        extra["checkpoint_tensorboard"] = dict(link)
     board = None
-    if card and isinstance(meta.get(LINK_KEY), Mapping):
-        try:
-            resolved = resolve_link(checkpoint_path, meta)
-        except TrainerError as error:
-            log.warning("Not writing an export card: %s", error)
-        else:
-            board = RunBoard(
-                resolved.log_dir,
-                run_dir=resolved.run_dir,
-                run_name=resolved.run_name or None,
-                config_hash=meta[LINK_KEY].get("config_hash"),
-            )
-    if board is None and isinstance(meta.get(LINK_KEY), Mapping):
-        extra["checkpoint_tensorboard"] = meta[LINK_KEY]
+    if tensorboard is not None:  # opened first: an unwritable log fails before any export
+        board = _open_board(Path(tensorboard), link if isinstance(link, Mapping) else {})
     try:
         return export_serving(
             checkpoint.model,
@@ -321,6 +345,20 @@ def export_from_checkpoint(
     finally:
         if board is not None:
             board.close()
+
+
+def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
+    """The RunBoard for an export's card in ``log_dir``, or an ``ExportError`` saying why
+    that directory cannot take one."""
+    try:
+        return RunBoard(log_dir, config_hash=link.get("config_hash"))
+    except (OSError, tf.errors.OpError, TrainerError) as error:
+        raise ExportError(
+            f"Cannot write the export's TensorBoard card into {log_dir}: the directory "
+            f"cannot be created or written. Name a writable directory, or leave out the "
+            f"TensorBoard option to export without a card. Received {type(error).__name__}: "
+            f"{str(error)[:300]}"
+        ) from None
 
 
 def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any) -> np.ndarray:

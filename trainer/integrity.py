@@ -282,6 +282,8 @@ def diagnose(path: Path) -> None:
         return
     relative, manifest = found
     verify_directory(path, relative, digests=False)
+    if manifest.get("kind") == "export" and not manifest.get("backend"):
+        return  # an inference-only serving export, intact: not a checkpoint at all
     raise CorruptCheckpointError(
         f"{path} has a trainer manifest (backend {manifest.get('backend')!r}) and all its "
         f"files are intact, but backend {manifest.get('backend')!r} does not recognise it; "

@@ -177,13 +177,15 @@ class RunBoard:
         config_hash: str | None = None,
         *,
         kind: str = "checkpoint",
+        tag: str | None = None,
     ) -> str:
         """Markdown card at ``step`` plus ``<kind>/save_seconds`` and ``<kind>/size_bytes``
-        scalars; returns the card's tag. Flushed, so a link to ``step`` resolves now."""
+        scalars; returns the card's tag (default ``card_tag(kind, path.name)``). Flushed,
+        so a link to ``step`` resolves now."""
         path = Path(path)
         base = Path(run_dir).absolute() if run_dir else self.run_dir
         size_bytes = path_size(path) if size_bytes is None and path.exists() else size_bytes
-        tag = card_tag(kind, path.name)
+        tag = tag or card_tag(kind, path.name)
         text = card_markdown(
             kind=kind,
             path=_relative(path, base),

@@ -15,10 +15,15 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.errors import ExportError
+from trainer.integrity import MANIFEST_FILE
 from trainer.serving import SERVING_KEY
 
 EXTRA_DIR = "assets.extra"
 WARMUP_FILE = "tf_serving_warmup_requests"
+# The other files trainer puts next to the requests in an export (``trainer.export``):
+# what was exported, and the manifest of every file of the export, written last.
+EXPORT_FILE = "trainer_export.json"
+EXPORT_MANIFEST = f"{EXTRA_DIR}/{MANIFEST_FILE}"
 
 
 def write_warmup(
@@ -63,3 +68,12 @@ def write_warmup(
             )
             writer.write(record.SerializeToString())
     return count
+
+
+def count_warmup(version_dir: Path) -> int:
+    """How many requests the export's warmup file holds (0 without one); reading it whole
+    proves it is a readable TFRecord file, which TF Serving needs to load the version."""
+    path = Path(version_dir) / EXTRA_DIR / WARMUP_FILE
+    if not path.is_file():
+        return 0
+    return sum(1 for _ in tf.data.TFRecordDataset(str(path)))

@@ -93,6 +93,27 @@ class SaveBackend(abc.ABC):
             raise write_error(path, error) from error
         return path
 
+    def write_into(
+        self,
+        model: keras.Model,
+        directory: str | os.PathLike,
+        *,
+        state: TrainingState | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Write into a new ``directory`` that the caller publishes itself (serving exports
+        add files, seal and rename their own temporary: a second one would double its
+        name). Not sealed: the caller calls ``seal`` when the directory is complete."""
+        if not self.is_directory:
+            raise SaveError(f"{self.name!r} writes files, not directories. Received {directory}")
+        check_model_ready(model)
+        readiness.refuse_reapplied_overrides(model)
+        state = state if state is not None else TrainingState()
+        Path(directory).mkdir()
+        self._write(
+            model, Path(directory), state, self.build_metadata(model, state, metadata or {})
+        )
+
     def load(
         self,
         path: str | os.PathLike,
