@@ -78,37 +78,6 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
-def clean_dead_temporaries(directory: Path) -> list[Path]:
-    """Remove the temporaries in ``directory`` whose writer is gone (killed mid-write or
-    mid-removal); a temporary whose writer is alive on this host is a write in progress
-    and is kept. Returns what was removed."""
-    removed = []
-    if Path(directory).is_dir():
-        for child in Path(directory).iterdir():
-            if is_temporary(child) and not any(map(_alive, _owners(child))):
-                remove_path(child)
-                removed.append(child)
-    return removed
-
-
-def _owners(path: Path) -> list[int]:
-    """The PIDs a temporary's name records (``.NAME.tmp-PID-ID``; every one, so the
-    doubled names of older versions count too)."""
-    return [int(pid) for pid in re.findall(r"\.tmp-([0-9]+)-", path.name)]
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def atomic_write(final: Path, *, directory: bool) -> Iterator[Path]:
     """Yield a temporary path to write into; publish it as ``final`` only on success.
@@ -158,10 +127,9 @@ def clean_stale_temporaries(directory: Path) -> list[Path]:
 
 
 def _written_by_another_live_process(path: Path) -> bool:
-    owner = path.name.rsplit(TMP_MARKER, 1)[-1].split("-", 1)[0]
-    if not owner.isdigit() or int(owner) in (0, os.getpid()):
-        return False
-    return process_alive(int(owner))
+    """Every PID the name records counts (``.NAME.tmp-PID-ID``; older versions doubled it)."""
+    owners = {int(pid) for pid in re.findall(r"\.tmp-([0-9]+)-", path.name)} - {0, os.getpid()}
+    return any(map(process_alive, owners))
 
 
 def process_alive(pid: int) -> bool:

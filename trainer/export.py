@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from trainer import integrity
 from trainer.atomic import (
-    clean_dead_temporaries,
+    clean_stale_temporaries,
     fsync_tree,
     remove_atomically,
     remove_path,
@@ -112,7 +112,7 @@ def export_serving(
     _check_export_arguments(model, format, keep)
     root = Path(export_root).absolute()
     root.mkdir(parents=True, exist_ok=True)
-    clean_dead_temporaries(root)  # left by killed exports or prunes
+    clean_stale_temporaries(root)  # left by killed exports or prunes
     start = time.perf_counter()
     version = max(versions(root), default=0) + 1
     tmp = temporary_sibling(root / str(version))
