@@ -94,6 +94,8 @@ def compose(overrides: list[str]):
     from hydra import compose as _compose
     from hydra import initialize_config_dir
 
+    import trainer.config  # noqa: F401  (the schemas conf/ extends)
+
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         return _compose("config", overrides=overrides)
 

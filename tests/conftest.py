@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+import trainer.config  # noqa: F401  (registers the config schemas conf/ extends)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 # Test-only modules that runs select from config (fault injection: ``faults.SignalAtStep``

@@ -108,6 +108,7 @@ def backends(out: Path) -> list[dict]:
 def train_run(out: Path, backend: str, on_save_error: str, limit: int) -> dict:
     from hydra import compose, initialize_config_dir
 
+    import trainer.config  # noqa: F401  (the schemas conf/ extends)
     from trainer.errors import SaveError
     from trainer.save_backends import load_checkpoint
     from trainer.training import train

@@ -20,6 +20,7 @@ import numpy as np
 from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 
+import trainer.config  # noqa: F401  (the schemas conf/ extends)
 from trainer import distribute, train
 from trainer.save_backends import load_checkpoint
 

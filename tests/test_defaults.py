@@ -1,16 +1,20 @@
-"""One value per default (issue 15, item 7 in spirit): what the code does when a key is left
-out equals what conf/ writes, and a checkpoint name pattern that some save could not fill is
-refused before training starts."""
+"""One value per default (issue 15 item 7): the config groups whose defaults live in code
+extend Hydra structured configs (trainer.config) and write no value of their own; composing
+checks types and keys; a checkpoint name pattern that some save could not fill is refused
+before training starts."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 from conftest import CONF_DIR
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+import trainer.config
 from trainer import export, train
 from trainer.checkpointing import CheckpointPolicy
 from trainer.errors import ConfigError
@@ -22,26 +26,55 @@ def yaml(path: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(CONF_DIR / path), resolve=True)
 
 
-def test_checkpoint_policy_defaults_are_the_yaml_ones():
-    policy = yaml("checkpoint/default.yaml")["policy"]
-    code = {f.name: f.default for f in dataclasses.fields(CheckpointPolicy)}
-    assert policy == code
+SCHEMA_GROUPS = [
+    "checkpoint/default",
+    "export/default",
+    "trainer/default",
+    "wrap/none",
+    "wrap/prune",
+    "strategy/default",
+    "strategy/mirrored",
+    "strategy/multiworker",
+]
 
 
-def test_pruning_defaults_are_the_yaml_ones():
-    options = {k: v for k, v in yaml("wrap/prune.yaml").items() if k != "kind"}
-    defaults = pruning.CONFIG_DEFAULTS
-    assert options.keys() == defaults.keys()
-    for key, value in options.items():
-        assert value == (list(defaults[key]) if isinstance(value, list) else defaults[key]), key
+@pytest.mark.parametrize("option", SCHEMA_GROUPS)
+def test_group_yaml_extends_its_schema_and_writes_no_value_of_its_own(option):
+    group, name = option.split("/")
+    schema = "schema" if group in ("checkpoint", "export", "trainer") else f"schema_{name}"
+    assert yaml(f"{option}.yaml") == {"defaults": [schema, "_self_"]}
+    assert schema in trainer.config.SCHEMAS[group]
+
+
+def test_composed_defaults_are_the_code_ones(compose_cfg):
+    cfg = compose_cfg("wrap=prune", tiny=False)
+    policy = {f.name: f.default for f in dataclasses.fields(CheckpointPolicy)}
+    assert OmegaConf.to_container(cfg.checkpoint.policy) == policy
+    wrap = OmegaConf.to_container(cfg.wrap)
+    assert wrap.pop("kind") == "prune"
+    code = pruning.CONFIG_DEFAULTS
+    assert wrap == {k: list(v) if isinstance(v, tuple) else v for k, v in code.items()}
     schedule = inspect.signature(pruning.PruneLowMagnitude).parameters["frequency"].default
-    assert schedule == options["frequency"] == pruning.PolynomialSparsity(0.5).frequency
-
-
-def test_export_keep_is_written_once():
-    assert yaml("export/default.yaml")["keep"] == export.DEFAULT_KEEP
+    assert schedule == wrap["frequency"] == pruning.PolynomialSparsity(0.5).frequency
+    assert cfg.export.keep == export.DEFAULT_KEEP
     for function in (export.export_serving, export.export_from_checkpoint):
         assert inspect.signature(function).parameters["keep"].default == export.DEFAULT_KEEP
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("trainer.epochs=abc", r"trainer.epochs"),
+        ("checkpoint.policy.keep_lst=2", r"keep_lst"),
+        ("export.keep=1.5", r"export.keep"),
+        ("wrap=prune wrap.power=fast", r"wrap.power"),
+        ("strategy=mirrored strategy.logical_cpus=two", r"strategy.logical_cpus"),
+    ],
+)
+def test_a_wrong_type_or_unknown_key_fails_when_composing(compose_cfg, override, match):
+    with pytest.raises(ConfigCompositionException) as raised:
+        compose_cfg(*override.split())
+    assert re.search(match, str(raised.value) + str(raised.value.__cause__)), raised.value
 
 
 @pytest.mark.parametrize(

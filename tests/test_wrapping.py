@@ -17,6 +17,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import CONF_DIR
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from trainer import wrapping
@@ -33,7 +35,6 @@ from trainer.wrapping.pruning import (
 
 # Test blocks build lazily on first call, as many user layers do; Keras warns on reload.
 pytestmark = pytest.mark.filterwarnings("ignore:`build\\(\\)` was called on layer")
-CONF = os.path.join(os.path.dirname(__file__), os.pardir, "conf", "wrap")
 L = keras.layers
 
 
@@ -505,7 +506,9 @@ def test_wrapped_model_needs_the_wrapper_classes_or_custom_objects():
 
 # ------------------------------------------------------------------------- config group
 def load_yaml(name):
-    return OmegaConf.load(os.path.join(CONF, f"{name}.yaml"))
+    """The ``wrap`` group as ``wrap=<name>`` composes it (its YAML extends a schema)."""
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return compose("config", overrides=[f"wrap={name}"]).wrap
 
 
 def test_wrap_none_changes_nothing():

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 FORMAT = "trainer-export"
 FORMAT_VERSION = 1  # of the export layout and its metadata
 FORMATS = ("auto", "keras", "savedmodel")
-DEFAULT_KEEP = 5  # newest versions kept; conf/export/default.yaml says the same
+DEFAULT_KEEP = 5  # newest versions kept; also the default of export.keep (trainer.config)
 _VERSION = re.compile(r"^[0-9]+$")
 
 

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
+import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
 from trainer import distribute, resume, user_callbacks
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
