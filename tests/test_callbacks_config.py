@@ -57,3 +57,14 @@ def test_an_entry_that_is_not_a_callback_is_refused(compose_cfg):
     cfg = compose_cfg("model=mlp", "save=h5", "+callbacks.bad={_target_: builtins.dict}")
     with pytest.raises(ConfigError, match=r"callbacks\.bad must build a keras\.callbacks"):
         train(cfg)
+
+
+def test_a_rate_setting_callback_with_a_schedule_is_refused_before_the_first_step(
+    compose_cfg, tmp_path
+):
+    """Keras would raise a raw TypeError at the first plateau, epochs into the run."""
+    cfg = compose_cfg("model=mlp", "save=h5", "callbacks=[reduce_lr_on_plateau]")
+    assert cfg.schedule._target_.endswith("CosineDecay")  # the default schedule
+    with pytest.raises(ConfigError, match=r"callbacks\.reduce_lr_on_plateau .* schedule=none"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained or saved

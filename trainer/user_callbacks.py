@@ -72,6 +72,7 @@ class ConfigCallbacks(keras.callbacks.CallbackList):
         self.saved = dict(saved or {})
 
     def on_train_begin(self, logs=None):
+        check_rate_setters(self.named, self.model)
         super().on_train_begin(logs)
         for name, callback in self.named.items():
             if name in self.saved:
@@ -93,6 +94,29 @@ class ConfigCallbacks(keras.callbacks.CallbackList):
             if state is not None:
                 out[name] = state
         return out
+
+
+RATE_SETTERS = (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateScheduler)
+
+
+def check_rate_setters(named: dict[str, keras.callbacks.Callback], model: keras.Model) -> None:
+    """A callback that sets the learning rate cannot work with a learning-rate schedule,
+    which owns the rate: Keras would raise a TypeError at the first plateau, epochs into the
+    run. Refuse it before the first step instead."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    rate = optimizer.get_config().get("learning_rate")
+    if not isinstance(rate, dict):  # a number: settable
+        return
+    for name, callback in named.items():
+        if isinstance(callback, RATE_SETTERS):
+            raise ConfigError(
+                f"callbacks.{name} ({type(callback).__name__}) sets the learning rate, but the "
+                f"optimizer's rate comes from a schedule ({rate.get('class_name')}), which "
+                f"cannot be set. Use schedule=none with it, or leave the callback out. "
+                f"Received: callbacks.{name} with a {rate.get('class_name')} schedule"
+            )
 
 
 class CSVLogger(keras.callbacks.CSVLogger):
