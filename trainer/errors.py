@@ -101,6 +101,11 @@ class SavePermissionError(SaveIOError):
     """The save was not allowed to write (EACCES, EPERM, EROFS)."""
 
 
+class TensorBoardWriteError(SaveError):
+    """A TensorBoard write of a run (scalars, a card, hparams, the graph) failed under
+    ``checkpoint.policy.on_save_error=raise``; the checkpoints are not affected."""
+
+
 class TensorBoardLinkError(TrainerError):
     """A checkpoint's or export's TensorBoard link does not lead to an event file holding
     its step (the run directory moved, or the event file was deleted)."""
