@@ -24,6 +24,11 @@ class UnknownBackendError(TrainerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class BackendUnavailableError(UnknownBackendError, ImportError):
+    """A registered save backend (by name or entry point) whose class cannot be imported or
+    is not a ``SaveBackend``; also an ``ImportError``, as the failed import is."""
+
+
 class NotACheckpointError(TrainerError):
     """The path does not exist or holds nothing any backend recognises."""
 
