@@ -22,6 +22,7 @@ from tensorboard.compat.proto import event_pb2
 from trainer.checkpointing import Checkpoint
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
+from trainer.summary_writes import SummaryWrites, open_writer
 
 __all__ = ["Checkpoint", "RunProgbar", "RunProgress", "ScalarLogger"]
 
@@ -159,13 +160,20 @@ class ScalarLogger(keras.callbacks.Callback):
     """Per-step and per-epoch scalars on one global-step axis, continued on resume:
     ``batch/<metric>`` for the loss and every compiled metric (Keras's running means over
     the epoch so far) and ``batch/learning_rate`` (the rate that step used), then
-    ``epoch/<metric>`` with the validation metrics."""
+    ``epoch/<metric>`` with the validation metrics.
 
-    def __init__(self, log_dir: Path, state: TrainingState):
+    ``on_write_error`` is the run's ``checkpoint.policy.on_save_error``: a failed write
+    (a full disk) stops training with ``TensorBoardWriteError`` (``raise``) or is logged
+    once and skipped (``continue``), see ``trainer.summary_writes``."""
+
+    def __init__(self, log_dir: Path, state: TrainingState, *, on_write_error: str = "raise"):
         super().__init__()
         self.state = state
-        mark_session_start(Path(log_dir), state.global_step)
-        self.writer = tf.summary.create_file_writer(str(log_dir))
+        self.writes = SummaryWrites(log_dir, on_write_error)
+        with self.writes.writing("the session start"):
+            mark_session_start(Path(log_dir), state.global_step)
+        writer = open_writer(self.writes, Path(log_dir))
+        self.writer = writer or tf.summary.create_noop_writer()
         self._step_rate: float | None = None
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -173,23 +181,27 @@ class ScalarLogger(keras.callbacks.Callback):
         self._step_rate = current_learning_rate(self.model.optimizer)
 
     def on_train_batch_end(self, batch, logs=None):
-        with self.writer.as_default(step=self.state.global_step):
+        step = self.state.global_step
+        with self.writes.writing("batch scalars"), self.writer.as_default(step=step):
             for key, value in (logs or {}).items():
                 tf.summary.scalar(f"batch/{key}", float(value))
             if self._step_rate is not None:
                 tf.summary.scalar("batch/learning_rate", self._step_rate)
 
     def on_epoch_end(self, epoch, logs=None):
-        with self.writer.as_default(step=self.state.global_step):
+        learning_rate = current_learning_rate(self.model.optimizer)
+        step = self.state.global_step
+        with self.writes.writing("epoch scalars"), self.writer.as_default(step=step):
             for key, value in (logs or {}).items():
                 tf.summary.scalar(f"epoch/{key}", float(value))
-            learning_rate = current_learning_rate(self.model.optimizer)
             if learning_rate is not None:
                 tf.summary.scalar("epoch/learning_rate", learning_rate)
-        self.writer.flush()
+            self.writer.flush()
 
     def close(self):
-        self.writer.close()
+        with self.writes.writing("closing the event file"):
+            self.writer.close()
+        self.writes.report()
 
 
 def current_learning_rate(optimizer) -> float | None:

@@ -24,6 +24,11 @@ class UnknownBackendError(TrainerError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class BackendUnavailableError(UnknownBackendError, ImportError):
+    """A registered save backend (by name or entry point) whose class cannot be imported or
+    is not a ``SaveBackend``; also an ``ImportError``, as the failed import is."""
+
+
 class NotACheckpointError(TrainerError):
     """The path does not exist or holds nothing any backend recognises."""
 
@@ -99,6 +104,11 @@ class DiskFullError(SaveIOError):
 
 class SavePermissionError(SaveIOError):
     """The save was not allowed to write (EACCES, EPERM, EROFS)."""
+
+
+class TensorBoardWriteError(SaveError):
+    """A TensorBoard write of a run (scalars, a card, hparams, the graph) failed under
+    ``checkpoint.policy.on_save_error=raise``; the checkpoints are not affected."""
 
 
 class TensorBoardLinkError(TrainerError):

@@ -28,6 +28,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.errors import TensorBoardLinkError
 from trainer.serving import serving_function
+from trainer.summary_writes import SummaryWrites, open_writer
 
 LINK_KEY = "tensorboard"  # where the link lives in checkpoint / export metadata
 HPARAM_TYPES = (bool, int, float, str)
@@ -99,7 +100,10 @@ class RunBoard:
 
     ``run_dir`` is the Hydra run directory (default: the log dir's parent); ``run_name``
     is what TensorBoard shows when started on the run directory's parent (for a Hydra
-    multirun: ``<job>/tb``).
+    multirun: ``<job>/tb``). ``on_write_error`` is the run's
+    ``checkpoint.policy.on_save_error``: a failed write raises ``TensorBoardWriteError``
+    (``raise``) or is logged once per kind and skipped (``continue``; see
+    ``trainer.summary_writes``).
     """
 
     def __init__(
@@ -109,22 +113,26 @@ class RunBoard:
         run_dir: str | os.PathLike | None = None,
         run_name: str | None = None,
         config_hash: str | None = None,
+        on_write_error: str = "raise",
     ):
         self.log_dir = Path(log_dir).absolute()
         self.run_dir = Path(run_dir).absolute() if run_dir else self.log_dir.parent
         self.run_name = run_name or os.path.relpath(self.log_dir, self.run_dir.parent)
         self.config_hash = config_hash
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.writes = SummaryWrites(self.log_dir, on_write_error)
+        with self.writes.writing("the log directory"):
+            self.log_dir.mkdir(parents=True, exist_ok=True)
         suffix = f".{uuid.uuid4().hex[:12]}.v2"
-        self.writer = tf.summary.create_file_writer(str(self.log_dir), filename_suffix=suffix)
-        self.writer.flush()
+        writer = open_writer(self.writes, self.log_dir, filename_suffix=suffix)
+        self.writer = writer or tf.summary.create_noop_writer()
+        self.flush()
         files = sorted(self.log_dir.glob(f"*{suffix}"))
-        if len(files) != 1:
+        self.event_file: Path | None = files[0] if len(files) == 1 else None
+        if self.event_file is None and self.writes.on_error == "raise":
             raise TensorBoardLinkError(
                 f"Could not find the event file just created in {self.log_dir} (suffix "
                 f"{suffix!r}); is the directory writable? Received files: {files}"
             )
-        self.event_file = files[0]
 
     # ------------------------------------------------------------------ writing
     def write_hparams(
@@ -140,11 +148,11 @@ class RunBoard:
         arbitrarily; without, it infers hparams and metrics from every run's session.
         """
         values = flatten_config(dict(flat_config))
-        with self.writer.as_default(step=step):
+        with self.writes.writing("hparams"), self.writer.as_default(step=step):
             hp.hparams(values, start_time_secs=int(time.time()))
             for name, value in final_metrics.items():
                 tf.summary.scalar(f"final/{name}", float(value))
-        self.writer.flush()
+            self.writer.flush()
 
     def write_graph(self, source: Any, *, step: int = 0) -> None:
         """Put a serving graph in the Graphs tab. ``source`` is a Keras model (its serving
@@ -160,9 +168,9 @@ class RunBoard:
                     fn = serving_function(fn)
                 fn = fn.get_concrete_function()
             graph_def = fn.graph.as_graph_def()
-        with self.writer.as_default(step=step):
+        with self.writes.writing("the graph"), self.writer.as_default(step=step):
             tf.summary.graph(graph_def)
-        self.writer.flush()
+            self.writer.flush()
 
     def checkpoint_card(
         self,
@@ -197,13 +205,13 @@ class RunBoard:
             metrics=metrics or {},
             config_hash=config_hash or self.config_hash,
         )
-        with self.writer.as_default(step=step):
+        with self.writes.writing(f"{kind} cards"), self.writer.as_default(step=step):
             tf.summary.text(tag, text)
             if save_seconds is not None:
                 tf.summary.scalar(f"{kind}/save_seconds", float(save_seconds))
             if size_bytes is not None:
                 tf.summary.scalar(f"{kind}/size_bytes", float(size_bytes))
-        self.writer.flush()
+            self.writer.flush()
         return tag
 
     def link(
@@ -216,9 +224,10 @@ class RunBoard:
             "log_dir": _relative(self.log_dir, self.run_dir),
             "run_name": self.run_name,
             "step": int(step),
-            "event_file": self.event_file.name,
             "run_dir_absolute": str(self.run_dir),
         }
+        if self.event_file is not None:  # None: it could not be created (on_error=continue)
+            link["event_file"] = self.event_file.name
         if artifact is not None:
             link["run_dir"] = os.path.relpath(self.run_dir, Path(artifact).absolute().parent)
         if tag is not None:
@@ -256,10 +265,13 @@ class RunBoard:
         return saved
 
     def flush(self) -> None:
-        self.writer.flush()
+        with self.writes.writing("the event file"):
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        with self.writes.writing("closing the event file"):
+            self.writer.close()
+        self.writes.report()
 
     def __enter__(self) -> RunBoard:
         return self

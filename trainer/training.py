@@ -68,12 +68,15 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     config_record = OmegaConf.to_container(cfg, resolve=True)
     out_dir = dist.output_dir(run_dir)
     progress = RunProgress(state, steps)
-    scalars = ScalarLogger(out_dir / cfg.trainer.tensorboard_dir, state)
+    scalars = ScalarLogger(
+        out_dir / cfg.trainer.tensorboard_dir, state, on_write_error=policy.on_save_error
+    )
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
     board = RunBoard(
         out_dir / cfg.trainer.tensorboard_dir,
         run_dir=out_dir,
         config_hash=config_hash(config_record),
+        on_write_error=policy.on_save_error,
     )
     if state.global_step == 0:
         board.write_graph(model)

@@ -196,6 +196,7 @@ class SaveBackend(abc.ABC):
         meta = {
             "format": "trainer-checkpoint",
             "backend": self.name,
+            "backend_class": class_path(type(self)),
             "format_version": self.format_version,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "trainer_version": __version__,
@@ -252,7 +253,11 @@ class SaveBackend(abc.ABC):
         """Write the manifest of a finished directory checkpoint (before its rename)."""
         if self.is_directory and self.manifest_file:
             integrity.write_manifest(
-                tmp, self.manifest_file, backend=self.name, format_version=self.format_version
+                tmp,
+                self.manifest_file,
+                backend=self.name,
+                backend_class=class_path(type(self)),  # named in errors, never imported
+                format_version=self.format_version,
             )
 
     def check_integrity(
@@ -317,6 +322,11 @@ DAMAGED_DATA_ERRORS: tuple[type[BaseException], ...] = (
     tf.errors.OpError,
     DecodeError,
 )
+
+
+def class_path(cls: type) -> str:
+    """``"module:Qualified.Name"``: how ``register_backend`` and entry points name a class."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def set_format_detector(detector: Callable[[Path], type[SaveBackend]]) -> None:
