@@ -159,6 +159,12 @@ class CheckpointManager:
             return
         seconds = time.perf_counter() - start
         self.saved.append(path)
+        # The checkpoint is complete: point at it and prune first, so that a TensorBoard
+        # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
+        point_latest(self.directory, path)
+        self._apply_retention()
+        with self._done_lock:
+            self._done.append((path, state.global_step, seconds))
         if self.board is not None:
             real = innermost(self.backend)
             self.board.checkpoint_card(
@@ -170,10 +176,6 @@ class CheckpointManager:
                 save_seconds=seconds,
                 metrics=state.metrics,
             )
-        point_latest(self.directory, path)
-        self._apply_retention()
-        with self._done_lock:
-            self._done.append((path, state.global_step, seconds))
 
     def report_saved(self) -> None:
         """Log the saves completed since the last call; call it from the training thread
