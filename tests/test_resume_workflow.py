@@ -26,6 +26,7 @@ from trainer.save_backends import load_checkpoint
 TINY = [
     "model=mlp",
     "data=synthetic",
+    "save=weights",  # the quickest backend to write; the backends have tests of their own
     "trainer.epochs=2",
     "trainer.batch_size=16",
     "trainer.steps_per_epoch=3",
