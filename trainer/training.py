@@ -95,6 +95,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
             finally:
                 parts.board.close()
         except run_end.RunInterrupted as interrupt:
+            parts.scalars.close()  # both close again harmlessly if already closed
+            parts.board.close()
             report_end_interrupted(cfg, parts, interrupt)
             return dict(parts.state.metrics)
 
