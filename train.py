@@ -1,4 +1,7 @@
-"""Entry point: `python train.py [group=option ...] [key=value ...]` (see conf/)."""
+"""Entry point: `python train.py [group=option ...] [key=value ...]` (see conf/).
+
+A deliberate error prints one `error: ...` line and exits 2 (HYDRA_FULL_ERROR=1 for the
+traceback); see trainer/entry.py."""
 
 from trainer.console import quiet_tensorflow
 
@@ -8,14 +11,13 @@ quiet_tensorflow()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from trainer.training import train  # noqa: E402
+from trainer import entry  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float:
-    metrics = train(cfg)
-    return next(iter(metrics.values()))  # the objective a Hydra sweeper would optimise
+def main(cfg: DictConfig) -> float | None:
+    return entry.job(cfg)  # the objective a Hydra sweeper would optimise
 
 
 if __name__ == "__main__":
-    main()
+    entry.run(main)

@@ -181,7 +181,9 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-2000:]
-    assert "resume with: python train.py resume=latest" in output
+    # The hint repeats the run's own overrides (tests/test_resume_workflow.py runs it).
+    assert "resume with: python train.py model=mlp data=synthetic" in output
+    assert f"resume=latest resume_dir={run}" in output
     state = load_checkpoint(run / "checkpoints" / "latest").state
     assert 0 < state.epoch < 200
 

@@ -10,23 +10,42 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.checkpointing import LATEST, find_latest, restore_into
-from trainer.errors import ConfigMismatchError
+from trainer.errors import ConfigMismatchError, NotACheckpointError
+from trainer.export import is_export
 from trainer.save_backends import detect_backend
+from trainer.state import TrainingState
 
-__all__ = ["check_compatible", "find_latest", "resolve_resume", "restore_into", "run_dir_of"]
+__all__ = [
+    "check_compatible",
+    "find_latest",
+    "resolve_resume",
+    "restore_into",
+    "resume_hint",
+    "run_dir_of",
+]
 
 log = logging.getLogger(__name__)
 
 # Config sections that define the model's variables; anything else (epochs, checkpoint
 # policy, verbosity...) may change between the original run and the resumed one.
-ARCHITECTURE_KEYS = ("model", "data", "optimizer", "schedule", "seed", "wrap")
-
+ARCHITECTURE_KEYS = ("model", "optimizer", "schedule", "wrap")
+# Keys that decide which examples each step trains on. Changing one does not change what
+# the variables mean, but the resumed run no longer matches an uninterrupted one: refused
+# unless ``resume_allow_inexact=true``. The ``trainer.*`` ones only matter in the middle of
+# an epoch (the resumed epoch skips the batches already trained, counted in batches).
+EXACTNESS_KEYS = ("data", "seed")
+MID_EPOCH_KEYS = ("trainer.batch_size", "trainer.steps_per_epoch")
+AUTO = "auto"
+# Overrides that choose what to resume; the printed resume command sets them itself.
+RESUME_KEYS = ("resume", "resume_dir")
 
 # Where a run keeps its checkpoints unless `checkpoint.directory` says otherwise.
 CHECKPOINT_DIR = "checkpoints"
@@ -35,18 +54,51 @@ CHECKPOINT_DIR = "checkpoints"
 def resolve_resume(
     resume: str | None, resume_dir: str | None, run_dir: Path, dirname: str = CHECKPOINT_DIR
 ) -> Path | None:
-    """The checkpoint named by ``resume`` (``latest``, a checkpoint or a run directory), or
-    None for a fresh run. ``dirname`` is the run's checkpoint sub-directory."""
+    """The checkpoint named by ``resume``, or None for a fresh run. ``dirname`` is the
+    run's checkpoint sub-directory. ``latest``: the newest complete checkpoint of
+    ``resume_dir`` (else of ``run_dir``), an error if there is none; ``auto``: the same, or
+    None (a fresh run) if there is none, so a preempted job can re-run one command; else a
+    checkpoint or a run directory. A serving export is refused: it is not a checkpoint of
+    the run and resuming from it would start a new run directory."""
     if not resume:
         return None
-    if str(resume) == LATEST:
-        directory = Path(resume_dir) if resume_dir else run_dir
-        return find_latest(checkpoint_dir_of(directory, dirname))
+    if str(resume) in (LATEST, AUTO):
+        directory = Path(resume_dir).expanduser() if resume_dir else run_dir
+        refuse_export(directory, f"resume_dir={resume_dir}", dirname)
+        try:
+            return find_latest(checkpoint_dir_of(directory, dirname))
+        except NotACheckpointError:
+            if str(resume) == LATEST:
+                raise
+        log.info(
+            "resume=auto: no complete checkpoint in %s yet; starting a fresh run",
+            checkpoint_dir_of(directory, dirname),
+        )
+        return None
     path = Path(resume).expanduser()
+    refuse_export(path, f"resume={resume}", dirname)
     if path.is_dir() and (path / dirname).is_dir():  # a run directory
         return find_latest(path / dirname)
     detect_backend(path)  # raises a clear error if it is not a checkpoint
     return path
+
+
+def refuse_export(path: Path, received: str, dirname: str = CHECKPOINT_DIR) -> None:
+    """Raise if ``path`` is a serving export (``<run>/export/<version>``): training
+    continues from the run's checkpoints, which hold the full training state."""
+    if not path.is_dir() or not is_export(path):
+        return
+    run = path.resolve().parent.parent
+    instead = (
+        f"resume=latest resume_dir={run}"
+        if (run / dirname).is_dir()
+        else "resume=/path/to/run/checkpoints/<checkpoint>"
+    )
+    raise NotACheckpointError(
+        f"{path} is a serving export, not a training checkpoint: training resumes from the "
+        f"run's checkpoints (weights, optimizer, data position), not from what it exported. "
+        f"Resume with {instead}. Received: {received}"
+    )
 
 
 def checkpoint_dir_of(directory: Path, dirname: str = CHECKPOINT_DIR) -> Path:
@@ -62,16 +114,19 @@ def run_dir_of(checkpoint: Path, dirname: str = CHECKPOINT_DIR) -> Path | None:
     return None
 
 
-def check_compatible(cfg: DictConfig, metadata: dict[str, Any], where: Path) -> None:
-    """Refuse to resume when the config changes what the checkpoint's variables mean."""
+def check_compatible(
+    cfg: DictConfig,
+    metadata: dict[str, Any],
+    where: Path,
+    state: TrainingState | None = None,
+) -> None:
+    """Refuse to resume when the config changes what the checkpoint's variables mean, or
+    (unless ``resume_allow_inexact``) which examples the remaining steps train on."""
     stored = metadata.get("config")
     if not isinstance(stored, dict):
         return  # saved outside `train`: only the variable shapes can be compared
     current = OmegaConf.to_container(cfg, resolve=True)
-    differences = []
-    for key in ARCHITECTURE_KEYS:
-        if key in stored:  # a section added by a later trainer version is not a change
-            differences += _diff(stored[key], current.get(key), key)
+    differences = _differences(stored, current, ARCHITECTURE_KEYS)
     if differences:
         shown = "; ".join(differences[:8])
         raise ConfigMismatchError(
@@ -79,6 +134,51 @@ def check_compatible(cfg: DictConfig, metadata: dict[str, Any], where: Path) -> 
             f"checkpoint's settings (see its metadata: python -m trainer inspect {where}) or "
             f"start a fresh run. Only settings such as trainer.epochs may change on resume."
         )
+    mid_epoch = state is not None and state.step_in_epoch > 0
+    keys = EXACTNESS_KEYS + (MID_EPOCH_KEYS if mid_epoch else ())
+    inexact = _differences(stored, current, keys)
+    if not inexact:
+        return
+    shown = "; ".join(inexact[:8])
+    where_in_run = (
+        f"in the middle of epoch {state.epoch + 1} (after {state.step_in_epoch} of its batches)"
+        if mid_epoch
+        else f"at step {state.global_step if state else '?'}"
+    )
+    if cfg.get("resume_allow_inexact"):
+        log.warning(
+            "Resuming %s from %s with changed settings (%s): resume_allow_inexact=true, so "
+            "the run continues but no longer matches an uninterrupted one",
+            where_in_run,
+            where,
+            shown,
+        )
+        return
+    raise ConfigMismatchError(
+        f"Resuming {where_in_run} from {where} with changed settings would train on other "
+        f"examples than the interrupted run: {shown}. Resume with the checkpoint's values, "
+        f"or pass resume_allow_inexact=true to continue knowing the result no longer matches "
+        f"an uninterrupted run. Received: {', '.join(_keys(inexact))}"
+    )
+
+
+def _differences(stored: dict[str, Any], current: dict[str, Any], keys) -> list[str]:
+    differences: list[str] = []
+    for key in keys:
+        head, _, tail = key.partition(".")
+        old, new = stored.get(head), current.get(head)
+        if head not in stored:  # a section added by a later trainer version is not a change
+            continue
+        if tail:
+            if not isinstance(old, dict) or tail not in old:
+                continue
+            old, new = old.get(tail), (new or {}).get(tail)
+        differences += _diff(old, new, key)
+    return differences
+
+
+def _keys(differences: list[str]) -> list[str]:
+    return [d.split(" ", 1)[0] for d in differences]
 
 
 def _diff(old: Any, new: Any, prefix: str) -> list[str]:
@@ -90,8 +190,34 @@ def _diff(old: Any, new: Any, prefix: str) -> list[str]:
     return [] if old == new else [f"{prefix} is {old!r} in the checkpoint but {new!r} now"]
 
 
-def resume_hint(path: Path, dirname: str = CHECKPOINT_DIR) -> str:
+def resume_hint(
+    path: Path, dirname: str = CHECKPOINT_DIR, overrides: list[str] | tuple[str, ...] = ()
+) -> str:
+    """The command that resumes from ``path``: the run's own ``overrides`` (so the config
+    matches the checkpoint's) with the resume keys set to it."""
+    kept = [o for o in overrides if _override_key(o) not in RESUME_KEYS]
     run = run_dir_of(path, dirname)
-    if run is not None:
-        return f"python train.py resume=latest resume_dir={os.fspath(run)}"
-    return f"python train.py resume={os.fspath(path)}"
+    target = (
+        ["resume=latest", f"resume_dir={os.fspath(run)}"]
+        if run is not None
+        else [f"resume={os.fspath(path)}"]
+    )
+    return shlex.join(["python", "train.py", *kept, *target])
+
+
+def _override_key(override: str) -> str:
+    """``model=mlp`` -> ``model``; ``+a.b=1`` / ``~a`` / ``++a=1`` -> ``a.b`` / ``a``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def run_overrides(run_dir: Path | None = None) -> list[str]:
+    """The command-line overrides of this session (Hydra's task overrides), else those
+    Hydra recorded in ``run_dir/.hydra/overrides.yaml``; [] outside Hydra."""
+    if HydraConfig.initialized():
+        return [str(o) for o in HydraConfig.get().overrides.task]
+    recorded = Path(run_dir or ".") / ".hydra" / "overrides.yaml"
+    try:
+        loaded = OmegaConf.load(recorded)
+    except Exception:  # missing or not YAML: the hint then names no overrides
+        return []
+    return [str(o) for o in loaded] if isinstance(loaded, ListConfig) else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -13,21 +14,23 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
-from trainer import distribute, resume, user_callbacks
+from trainer import distribute, resume, run_end, user_callbacks
+from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
-from trainer.export import export_for_run
+from trainer.errors import ConfigError
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
-from trainer.tensorboard import RunBoard, config_hash, flatten_config
-from trainer.wrapping import apply_wrap, unwrap_model
+from trainer.tensorboard import RunBoard, config_hash
+from trainer.wrapping import apply_wrap
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Train the configured model and return the final validation (or training) metrics."""
+    """Train the configured model and return the final validation (or training) metrics;
+    after an interrupt, the last completed epoch's (empty in the first epoch)."""
     dist = distribute.setup(cfg.get("strategy"))  # before any other TensorFlow op
     try:
         return run(cfg, dist)
@@ -35,9 +38,73 @@ def train(cfg: DictConfig) -> dict[str, float]:
         dist.cleanup()  # a non-chief worker's scratch outputs
 
 
+@dataclasses.dataclass
+class RunParts:
+    """Everything ``build_run`` sets up for one session of a run."""
+
+    run_dir: Path
+    out_dir: Path
+    data: DataSplits
+    val: tf.data.Dataset | None
+    steps: int
+    model: keras.Model
+    state: TrainingState
+    progress: RunProgress
+    scalars: ScalarLogger
+    board: RunBoard
+    manager: CheckpointManager
+    callbacks: list[keras.callbacks.Callback]
+    config_record: dict[str, Any]
+    finished_before: bool  # the resumed checkpoint had every epoch trained already
+
+
 def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     """``train`` under ``dist``: only the chief writes into the run directory, the other
-    workers write the same things into their scratch directory (``dist.output_dir``)."""
+    workers write the same things into their scratch directory (``dist.output_dir``).
+    SIGTERM/SIGINT end it cleanly at any point: during ``fit`` after the current batch
+    (with an interrupt checkpoint), before or after it at once."""
+    with run_end.signals_raise():
+        try:
+            parts = build_run(cfg, dist)
+        except run_end.RunInterrupted as interrupt:
+            log.warning(
+                "Received %s before training started; nothing was trained in this session. "
+                "Re-run the same command to start (with resume=auto: to continue) the run.",
+                interrupt.signal_name,
+            )
+            return {}
+        try:
+            fit_session(cfg, dist, parts)
+            report(cfg, parts.run_dir, parts.manager, parts.progress)
+            if parts.progress.interrupted:
+                parts.board.close()
+                return dict(parts.state.metrics)
+            if parts.progress.requested_signal is not None:  # after the last step's save
+                raise run_end.RunInterrupted(parts.progress.requested_signal)
+            try:
+                return run_end.finish_run(
+                    cfg,
+                    parts.model,
+                    parts.val,
+                    parts.data,
+                    parts.state,
+                    parts.out_dir,
+                    parts.board,
+                    parts.config_record,
+                    resumed_finished=parts.finished_before,
+                )
+            finally:
+                parts.board.close()
+        except run_end.RunInterrupted as interrupt:
+            parts.scalars.close()  # both close again harmlessly if already closed
+            parts.board.close()
+            report_end_interrupted(cfg, parts, interrupt)
+            return dict(parts.state.metrics)
+
+
+def build_run(cfg: DictConfig, dist: distribute.Distribution) -> RunParts:
+    """Resolve the run directory and the checkpoint to resume from, then build the data,
+    model, state, TensorBoard writers, checkpoint manager and callbacks of this session."""
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
@@ -83,60 +150,41 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     manager, callbacks = wire_callbacks(
         cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
     )
-
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
+    finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
+    return RunParts(
+        run_dir, out_dir, data, val, steps, model, state, progress, scalars, board, manager,
+        callbacks, config_record, finished_before=resume_from is not None and finished,
+    )  # fmt: skip
+
+
+def fit_session(cfg: DictConfig, dist: distribute.Distribution, parts: RunParts) -> None:
+    """This session's ``fit`` (nothing when every epoch is trained already), under the
+    loop's signal handling, then every checkpoint write on disk."""
+    model, manager = parts.model, parts.manager
     log.info(
         "Training %s (%d parameters) on %d examples, %d steps/epoch, %d epochs; backend %s; %s",
         model.name,
         model.count_params(),
-        len(data.x_train),
-        steps,
+        len(parts.data.x_train),
+        parts.steps,
         cfg.trainer.epochs,
         manager.backend,
         dist.describe(cfg.trainer.batch_size),
     )
     try:
-        with progress.stop_on_signals():
-            fit_run(model, data, val, cfg, state, steps, callbacks)
+        with parts.progress.stop_on_signals():
+            fit_run(model, parts.data, parts.val, cfg, parts.state, parts.steps, parts.callbacks)
             manager.wait()
     except BaseException:
-        scalars.close()
-        board.close()
+        parts.scalars.close()
+        parts.board.close()
         try:
             manager.wait()
         except Exception:  # logged in full; the error already propagating must win
             log.exception("The last checkpoint write failed")
         raise
-    scalars.close()
-
-    report(cfg, run_dir, manager, progress)
-    if progress.interrupted:
-        board.close()
-        return dict(state.metrics)
-    return evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record)
-
-
-def evaluate_and_export(cfg, model, val, data, state, out_dir, board, config_record):
-    """After a run that finished: final metrics, hparams, the serving export."""
-    try:
-        metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
-        log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-        board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
-        export_cfg = cfg.get("export")
-        exported = export_for_run(
-            unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
-            out_dir,
-            export_cfg,
-            board=board,
-            state=state,
-            validation_x=data.x_val,
-            config=config_record,
-        )
-        if exported is not None:
-            log.info("Export:        %s", exported)
-        return metrics
-    finally:
-        board.close()
+    parts.scalars.close()
 
 
 def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
@@ -174,7 +222,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
 def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
     """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
     loaded = load_checkpoint(path)
-    resume.check_compatible(cfg, loaded.metadata, path)
+    resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
     with dist.scope():  # may build the optimizer: its variables are distributed too
         state = resume.restore_into(model, loaded)
     log.info(
@@ -191,7 +239,7 @@ def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress)
     """Where everything went; after an interrupt, the command that resumes."""
     state = progress.state
     log.info("Run directory: %s", run_dir)
-    kept = [p.name for p in manager.saved if p.exists()]  # retention removed the rest
+    kept = [p.name for p in manager.all()]  # on disk now: retention removed the rest
     if kept:
         log.info("Checkpoints:   %s: %s (latest)", manager.directory, ", ".join(kept))
     else:
@@ -203,16 +251,44 @@ def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress)
             "Interrupted at epoch %d, step %d. %s",
             state.epoch,
             state.global_step,
-            f"Saved {where}; resume with: {resume.resume_hint(where, cfg.checkpoint.directory)}"
+            f"Saved {where}; resume with: {hint(cfg, run_dir, where)}"
             if where
             else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
         )
+
+
+def report_end_interrupted(cfg: DictConfig, parts: RunParts, interrupt: BaseException) -> None:
+    """A signal outside ``fit``'s batches (between the last step and the end of the serving
+    export): what is done, and the command that finishes the rest."""
+    latest = parts.manager.latest()
+    state = parts.state
+    log.warning(
+        "Received %s at epoch %d, step %d, outside the training loop; stopped before the "
+        "end-of-run steps (final metrics, hparams, serving export) completed. %s",
+        getattr(interrupt, "signal_name", interrupt),
+        state.epoch,
+        state.global_step,
+        f"The newest checkpoint is {latest}; re-run with: {hint(cfg, parts.run_dir, latest)}"
+        if latest is not None
+        else "No checkpoint was saved in this run.",
+    )
+
+
+def hint(cfg: DictConfig, run_dir: Path, checkpoint: Path) -> str:
+    """The command that resumes from ``checkpoint`` with this session's own overrides."""
+    return resume.resume_hint(checkpoint, cfg.checkpoint.directory, resume.run_overrides(run_dir))
 
 
 def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
     """One ``fit`` from where ``state`` stands to the last epoch, over every epoch's seeded
     order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
     if state.epoch >= cfg.trainer.epochs:
+        log.info(
+            "Already trained %d of %d epochs: nothing left to train; finishing the run's "
+            "end-of-run steps (raise trainer.epochs to train further)",
+            state.epoch,
+            cfg.trainer.epochs,
+        )
         return
     if state.stopped_early:
         log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
@@ -248,7 +324,16 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
         path = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
     else:
         path = Path(os.getcwd())
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = temporary_sibling(path / "write-check")
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"The run directory {path} cannot be written: {error.strerror or error}. Pass a "
+            f"writable run_dir=... (or hydra.run.dir=...). Received: {os.fspath(path)!r}"
+        ) from None
     return path
 
 
@@ -295,15 +380,3 @@ def build_optimizer(
         options, initial_learning_rate=float(optimizer_cfg.learning_rate)
     )
     return hydra.utils.instantiate(optimizer_cfg, learning_rate=schedule)
-
-
-def final_metrics(
-    model: keras.Model, val: tf.data.Dataset | None, data: DataSplits, batch_size: int
-) -> dict[str, float]:
-    if val is not None:
-        results = model.evaluate(val, verbose=0, return_dict=True)
-        return {f"val_{k}": float(v) for k, v in results.items()}
-    results = model.evaluate(
-        eval_dataset(data.x_train, data.y_train, batch_size), verbose=0, return_dict=True
-    )
-    return {k: float(v) for k, v in results.items()}
