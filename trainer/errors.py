@@ -80,6 +80,11 @@ class ModelNotReadyError(TrainerError, ValueError):
     """The model cannot be saved as it is (never built, or holds unserializable objects)."""
 
 
+class RevivedCallError(TrainerError, ValueError):
+    """A layer revived from traced functions was called with arguments none of its traces
+    takes (a ``ValueError``, as the raw TensorFlow error it replaces)."""
+
+
 class LayerStateError(TrainerError, ValueError):
     """A layer's own ``save_own_variables`` / ``load_own_variables`` / ``save_assets`` /
     ``load_assets`` raised: the layer's code failed, not the checkpoint."""

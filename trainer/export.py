@@ -110,6 +110,8 @@ def export_serving(
     ``auto`` (``savedmodel`` when its module imports, else ``keras``).
     """
     _check_export_arguments(model, format, keep)
+    if warmup is not None:
+        _check_warmup_inputs(model)
     root = Path(export_root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(root)  # left by killed exports or prunes
@@ -145,6 +147,24 @@ def _check_export_arguments(model: keras.Model, format: str, keep: int) -> None:
         )
     if keep < 1:
         raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+
+
+def _check_warmup_inputs(model: keras.Model) -> None:
+    """Warmup requests are cut one example per request from dense arrays; the signature
+    of a model taking ragged or sparse tensors takes their components (values, row splits,
+    indices), which cannot be cut per example that way."""
+    composite = [
+        t.name
+        for t in getattr(model, "inputs", None) or []
+        if getattr(t, "ragged", False) or getattr(t, "sparse", False)
+    ]
+    if composite:
+        raise ExportError(
+            f"Model {model.name!r} takes ragged or sparse inputs {composite}: its "
+            f"serving_default signature takes their components, from which warmup requests "
+            f"cannot be cut one example each. Export it without warmup examples. "
+            f"Received warmup for inputs {composite}"
+        )
 
 
 def _export_metadata(model: keras.Model, tmp: Path, used: str, warmup: Any) -> dict[str, Any]:

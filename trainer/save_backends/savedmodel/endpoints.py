@@ -31,7 +31,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends.savedmodel import input_signature
+from trainer.save_backends.savedmodel import composites, input_signature
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NOT_INPUTS = ("training", "mask")
@@ -72,7 +72,8 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
         if name is not None and isinstance(arg, tf.TensorSpec) and len(signature) > 1:
             arg = tf.TensorSpec(arg.shape, arg.dtype, name=name)
         args.append(arg)
-    return input_signature.declared_dtypes(model, tuple(args))
+    args = input_signature.composite_inputs(model, tuple(args))
+    return input_signature.declared_dtypes(model, args)
 
 
 def _revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
@@ -152,20 +153,35 @@ def _subclassed_positional(
 
 
 # ----------------------------------------------------------------------------- naming
-def flat_named_specs(structure: Any) -> list[tf.TensorSpec]:
-    """Flattened input specs with unique names, which become the signature's input keys."""
+def flat_named_specs(structure: Any, hints: list[str] | None = None) -> list[Any]:
+    """Flattened input specs with unique names, which become the signature's input keys
+    (dict keys, else the specs' names, else ``hints``: the model's Input names). A ragged
+    or sparse spec has no name of its own: it is kept as it is, and ``input_names`` says
+    what it is called."""
+    return [
+        tf.TensorSpec(s.shape, s.dtype, name=n) if isinstance(s, tf.TensorSpec) else s
+        for s, n in zip(tf.nest.flatten(structure), input_names(structure, hints), strict=True)
+    ]
+
+
+def input_names(structure: Any, hints: list[str] | None = None) -> list[str]:
+    """The unique signature name of every flattened input of ``structure``."""
+    flat = tf.nest.flatten(structure)
     if isinstance(structure, dict):
         paths = [str(k) for k in sorted(structure)]
     else:
-        paths = [None] * len(tf.nest.flatten(structure))
-    flat = tf.nest.flatten(structure)
+        paths = [None] * len(flat)
+    if hints is None or len(hints) != len(flat):
+        hints = [None] * len(flat)
     names: list[str] = []
-    for i, (spec, key) in enumerate(zip(flat, paths, strict=True)):
-        name = _safe_name(key or spec.name, f"input_{i}")
+    for i, (spec, key, hint) in enumerate(zip(flat, paths, hints, strict=True)):
+        # hints name composites only: dense inputs keep the keys they always had
+        hint = hint if composites.is_composite(spec) else None
+        name = _safe_name(key or getattr(spec, "name", None) or hint, f"input_{i}")
         while name in names:
             name = f"{name}_{i}"
         names.append(name)
-    return [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
+    return names
 
 
 def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
@@ -181,14 +197,27 @@ def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
 
 
 # -------------------------------------------------------------------------- functions
-def named_args(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[tf.TensorSpec]]:
-    """The positional specs renamed as the signature's input keys, and those keys' specs
-    flattened. A single argument is named as before several were supported (dict keys,
-    Input names, else ``input_<i>``), so existing signatures keep their keys."""
+def named_args(
+    args: tuple[Any, ...], model: keras.Model | None = None
+) -> tuple[tuple[Any, ...], list[tf.TensorSpec], list[dict[str, Any]]]:
+    """The positional specs renamed as the signature's input keys, the signature's inputs
+    (dense: a ragged or sparse input is given as its components, see ``composites``) and
+    the metadata of those composite inputs. A single argument is named as before several
+    were supported (dict keys, Input names, else ``input_<i>``), so existing signatures
+    keep their keys."""
     structure = args[0] if len(args) == 1 else args
-    specs = flat_named_specs(structure)
-    named = tf.nest.pack_sequence_as(structure, specs)
-    return ((named,) if len(args) == 1 else tuple(named)), specs
+    hints = None
+    if model is not None and (
+        isinstance(model, keras.Sequential) or keras_compat.is_functional(model)
+    ):
+        hints = [getattr(t, "name", None) for t in getattr(model, "inputs", None) or []]
+    names = input_names(structure, hints)
+    flat = flat_named_specs(structure, hints)
+    named = tf.nest.pack_sequence_as(structure, flat)
+    specs = [c for s, n in zip(flat, names, strict=True) for c in composites.components(s, n)]
+    described = [composites.describe(s, n) for s, n in zip(flat, names, strict=True)]
+    named_args_ = (named,) if len(args) == 1 else tuple(named)
+    return named_args_, specs, [d for d in described if d is not None]
 
 
 def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
@@ -205,17 +234,24 @@ def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
     return tf.function(serve, input_signature=list(args))
 
 
-def make_serving_default(model: keras.Model, serve: Any, args: tuple[Any, ...]) -> Any:
+def make_serving_default(
+    model: keras.Model, serve: Any, args: tuple[Any, ...], specs: list[tf.TensorSpec]
+) -> Any:
     """``serving_default(*args)``: ``serve`` with its outputs named (a flat dict), which is
     what a SavedModel signature needs. ``serve``'s captured variables become inputs of
     the signature's function: they are captured first under valid argument names
-    (``captured_<i>``), not TensorFlow's numeric ids, which the save would rename."""
+    (``captured_<i>``), not TensorFlow's numeric ids, which the save would rename. A model
+    taking ragged or sparse inputs gets them as their dense components (``specs``), which
+    the function reassembles: a signature takes dense tensors only."""
     ref = weakref.ref(model)
+    composite = any(composites.is_composite(s) for s in tf.nest.flatten(args))
 
     def serving_default(*inputs):
+        if composite:
+            inputs = composites.unflatten(args, list(inputs))
         captured = serve.get_concrete_function(*inputs).captured_inputs
         for i, value in enumerate(captured):
             tf_compat.capture_named(value, f"captured_{i}")
         return output_dict(ref(), serve(*inputs))
 
-    return tf.function(serving_default, input_signature=list(args))
+    return tf.function(serving_default, input_signature=specs if composite else list(args))

@@ -87,3 +87,39 @@ def widened_integers(structure: Any) -> Any | None:
     if all(a.dtype == b.dtype for a, b in zip(flat, wide, strict=True)):
         return None
     return tf.nest.pack_sequence_as(structure, wide)
+
+
+def composite_inputs(model: keras.Model, structure: Any) -> Any:
+    """The structure with a ``tf.RaggedTensorSpec`` / ``tf.SparseTensorSpec`` for every
+    ``keras.Input(ragged=True)`` / ``keras.Input(sparse=True)`` of a Functional or
+    Sequential model. Keras' export signature is dense only: traced with it, a layer that
+    takes ragged rows or sparse features is handed a dense tensor (and fails, or is
+    revived taking dense tensors only)."""
+    if not (keras_compat.is_functional(model) or isinstance(model, keras.Sequential)):
+        return structure
+    flat = tf.nest.flatten(structure)
+    inputs = list(getattr(model, "inputs", None) or [])
+    if len(inputs) != len(flat) or not any(_is_composite(x) for x in inputs):
+        return structure
+    typed = [
+        _composite_spec(spec, tensor) if _is_composite(tensor) else spec
+        for spec, tensor in zip(flat, inputs, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(structure, typed)
+
+
+def _is_composite(tensor: Any) -> bool:
+    return bool(getattr(tensor, "sparse", False) or getattr(tensor, "ragged", False))
+
+
+def _composite_spec(spec: tf.TensorSpec, tensor: Any) -> tf.TypeSpec:
+    if getattr(tensor, "sparse", False):
+        return tf.SparseTensorSpec(spec.shape, spec.dtype)
+    # Ragged dimensions follow the batch dimension; unless the Input says how many, every
+    # leading dimension of unknown size is one (as tf.ragged.constant makes them).
+    rank = getattr(tensor, "ragged_rank", None)
+    if rank is None:
+        dims = spec.shape.as_list()[1:]
+        rank = max(1, next((i for i, d in enumerate(dims) if d is not None), len(dims)))
+    splits = getattr(tensor, "row_splits_dtype", None) or "int64"
+    return tf.RaggedTensorSpec(spec.shape, spec.dtype, ragged_rank=rank, row_splits_dtype=splits)

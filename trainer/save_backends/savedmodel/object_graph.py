@@ -100,9 +100,9 @@ def trace_model(model: keras.Model) -> TracedModel:
             )
         # serve calls the model's traced function, serving_default calls serve: the
         # model's ops are stored once, under the root layer's call_infer.
-        named, specs = endpoints.named_args(args)
+        named, specs, composite = endpoints.named_args(args, model)
         serve = endpoints.make_serve(model, named)
-        serving_default = endpoints.make_serving_default(model, serve, named)
+        serving_default = endpoints.make_serving_default(model, serve, named, specs)
         serving = serving_default.get_concrete_function()
     for li, layer in enumerate(layers):
         tracked = keras_compat.tracked_sublayers(layer)
@@ -126,7 +126,7 @@ def trace_model(model: keras.Model) -> TracedModel:
             {"index": i, "path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)}
             for i, v in enumerate(opt_vars)
         ],
-        signature=_signature(specs, serving, args),
+        signature=_signature(specs, serving, args, composite),
         fingerprint=structure_fingerprint(model),
     )
 
@@ -170,7 +170,10 @@ def _record_call_specs(
         raise ModelNotReadyError(
             f"Model {model.name!r} could not be traced for serving: {type(err).__name__}: "
             f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
-            f"was built with. Received {type(model).__name__}"
+            f"was built with. If it takes ragged or sparse tensors, build it as a Functional "
+            f"model on keras.Input(ragged=True) or keras.Input(sparse=True): a subclassed "
+            f"model records only the shapes of its inputs, not their kind. "
+            f"Received {type(model).__name__}"
         ) from err
     return concrete
 
@@ -239,11 +242,20 @@ def _trace_compute_mask(layer: keras.layers.Layer, node: Node, specs: dict[str, 
     return {"compute_mask": "compute_mask"}
 
 
-def _signature(specs: list[tf.TensorSpec], serving: Any, args: tuple[Any, ...]) -> dict[str, Any]:
+def _signature(
+    specs: list[tf.TensorSpec],
+    serving: Any,
+    args: tuple[Any, ...],
+    composite: list[dict[str, Any]],
+) -> dict[str, Any]:
     """The serving signature as recorded in the metadata; ``structure`` is the single
-    argument's structure, or the list of the positional arguments' (``positional_args``)."""
+    argument's structure, or the list of the positional arguments' (``positional_args``);
+    ``composite_inputs`` (only if any) which ragged or sparse input each group of the
+    signature's inputs makes up."""
     structure = args[0] if len(args) == 1 else list(args)
+    extra = {"composite_inputs": composite} if composite else {}
     return {
+        **extra,
         "inputs": [
             {"name": s.name, "shape": s.shape.as_list(), "dtype": s.dtype.name} for s in specs
         ],

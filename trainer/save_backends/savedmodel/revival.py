@@ -187,6 +187,10 @@ class Reviver:
         def to_keras(spec: Any) -> Any:
             if isinstance(spec, tf.TensorSpec):
                 return keras.KerasTensor(spec.shape, spec.dtype.name)
+            if isinstance(spec, tf.SparseTensorSpec):
+                return keras.KerasTensor(spec.shape, spec.dtype.name, sparse=True)
+            if isinstance(spec, tf.RaggedTensorSpec):
+                return keras.KerasTensor(spec.shape, spec.dtype.name, ragged=True)
             return spec
 
         layer(

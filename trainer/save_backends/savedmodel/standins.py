@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
+from trainer.errors import RevivedCallError
 from trainer.save_backends.savedmodel import masks
 
 
@@ -111,10 +112,25 @@ class _RevivedMixin:
             kwargs.setdefault(key, value)
         if self._trainer_takes_masks:
             kwargs = masks.with_masks(args, kwargs)
-        outputs, losses = masks.received(function(tuple(args), kwargs))
+        try:
+            result = function(tuple(args), kwargs)
+        except (TypeError, ValueError) as err:  # no traced function takes these arguments
+            raise _unmatched_call(self, function, args, kwargs, err) from err
+        outputs, losses = masks.received(result)
         for loss in losses:
             self.add_loss(loss)
         return outputs
+
+    def compute_output_spec(self, *args, **kwargs):
+        """Keras' TensorFlow backend infers output specs by calling ``call`` on dense
+        placeholders, even for a ragged ``KerasTensor``; the traces of a layer taking
+        ragged rows take no dense tensor, so its outputs are read from the trace taking
+        the same kinds of tensors instead (the original layer declared its output shape
+        itself, which a stand-in cannot)."""
+        flat = [x for x in tf.nest.flatten(args) if isinstance(x, keras.KerasTensor)]
+        if not any(x.ragged for x in flat):
+            return super().compute_output_spec(*args, **kwargs)
+        return _traced_output_spec(self._trainer_call_infer, flat)
 
     def compute_mask(self, inputs, previous_mask=None):
         """The original layer's traced ``compute_mask``; without one, Keras' default."""
@@ -128,6 +144,65 @@ class _RevivedMixin:
     def get_config(self) -> dict[str, Any]:
         config = (self._trainer_original.get("keras_config") or {}).get("config") or {}
         return {**config, "name": self.name, "trainable": self.trainable}
+
+
+def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exception) -> Exception:
+    """The error for a call no traced function of a revived layer matches: a layer
+    traced on ragged rows called with a dense tensor, a sparse one with another rank. A
+    traced function only takes the kinds of tensors (dense, ragged, sparse), ranks and
+    dtypes it was traced with."""
+    traced = [repr(c.structured_input_signature[0][0]) for c in _concretes(function)]
+    given = tf.nest.map_structure(
+        lambda v: tf.type_spec_from_value(v) if tf.is_tensor(v) else v, (tuple(args), kwargs)
+    )
+    return RevivedCallError(
+        f"Layer {layer.name!r} ({type(layer).__name__}) was revived from its traced functions "
+        f"(its class was not available at load time), and none of them takes these "
+        f"arguments: it was traced with the inputs {'; '.join(traced)[:1000]}. Call it with "
+        f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
+        f"same rank and dtype), or make its class importable to load it from its config. "
+        f"Received: {repr(given[0])[:500]} ({type(err).__name__})"
+    )
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, tf.RaggedTensorSpec | tf.RaggedTensor):
+        return "ragged"
+    if isinstance(value, tf.SparseTensorSpec | tf.SparseTensor):
+        return "sparse"
+    if isinstance(value, keras.KerasTensor):
+        return "ragged" if value.ragged else "sparse" if value.sparse else "dense"
+    return "dense"
+
+
+def _traced_output_spec(function: Any, inputs: list[keras.KerasTensor]) -> Any:
+    """The outputs (as ``KerasTensor``s) of the trace whose tensor inputs are of the
+    kinds of ``inputs``; without one, the call is refused as ``_trainer_call`` would."""
+    wanted = [_kind(x) for x in inputs]
+    for concrete in _concretes(function):
+        traced = [x for x in tf.nest.flatten(concrete.structured_input_signature[0][0])]
+        tensors = [x for x in traced if isinstance(x, tf.TypeSpec)]
+        if [_kind(x) for x in tensors] == wanted:
+            outputs = concrete.structured_outputs[0]
+            break
+    else:
+        given = [f"{k} {x.shape} {x.dtype}" for k, x in zip(wanted, inputs, strict=True)]
+        raise RevivedCallError(
+            f"A layer revived from its traced functions has no trace taking {wanted} tensors "
+            f"(its class was not available at load time). Call it with the kinds of tensors "
+            f"the original layer was called with, or make its class importable. Received: "
+            f"{given}"
+        )
+
+    def symbolic(value: Any) -> Any:
+        if value is None or not hasattr(value, "shape"):
+            return value
+        kind = _kind(value)
+        return keras.KerasTensor(
+            value.shape, value.dtype, ragged=kind == "ragged", sparse=kind == "sparse"
+        )
+
+    return tf.nest.map_structure(symbolic, outputs)
 
 
 def _symbolic_mask(function: Any, previous_mask: Any) -> Any:

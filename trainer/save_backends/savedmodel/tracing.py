@@ -76,6 +76,11 @@ def training_matters(layer: keras.layers.Layer) -> bool:
 
 # ----------------------------------------------------------------------- call recording
 def _to_spec(value: Any) -> Any:
+    """The spec a layer's call functions are traced with for one argument: a ragged or
+    sparse tensor keeps its kind (``tf.RaggedTensorSpec`` / ``tf.SparseTensorSpec``),
+    so the revived layer takes the same tensors as the original, not dense ones."""
+    if isinstance(value, tf.RaggedTensor | tf.SparseTensor):
+        return tf.type_spec_from_value(value)
     if isinstance(value, tf.Tensor | tf.Variable) or keras.ops.is_tensor(value):
         return tf.TensorSpec(value.shape, value.dtype)
     return value
