@@ -63,6 +63,6 @@ def subprocess_env() -> dict[str, str]:
     plugins (``PLUGINS_DIR``) importable."""
     env = dict(os.environ)
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    paths = [str(ROOT), str(PLUGINS_DIR), env.get("PYTHONPATH")]
+    paths = [str(ROOT / "src"), str(ROOT), str(PLUGINS_DIR), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     return env

@@ -300,3 +300,19 @@ def test_per_step_scalars_for_every_metric_and_the_learning_rate(compose_cfg, tm
             assert series(f"batch/{metric}")[step] == pytest.approx(
                 series(f"epoch/{metric}")[step], rel=1e-6
             )
+
+
+def test_python_next_to_a_clone_named_trainer_imports_the_package(tmp_path):
+    """Issue 19 item 6: with the package in src/, an installed (or editable) trainer wins
+    over a directory named ``trainer`` in the working directory (here the clone itself),
+    which Python would otherwise import as an empty namespace package."""
+    (tmp_path / "trainer").symlink_to(ROOT, target_is_directory=True)
+    env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}  # as installed
+    code = "import trainer; print(trainer.__file__); print(trainer.__version__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    where, version = result.stdout.split()
+    assert Path(where).name == "__init__.py" and Path(where).parent.parent.name == "src"
+    assert version == __import__("trainer").__version__
