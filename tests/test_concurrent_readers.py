@@ -23,7 +23,7 @@ def train_command(run_dir, backend):
     ]  # fmt: skip
 
 
-LOADS, NEW_EVERY = 200, 10  # 200 verified loads; a new checkpoint before every 10th
+LOADS, NEW_EVERY = 120, 6  # 120 verified loads; a new checkpoint before every 6th
 HANG_GUARD = 1200  # seconds: only stops a run that hangs, never judges speed
 
 

@@ -192,11 +192,13 @@ def list_checkpoints_safe(directory):
     return list_checkpoints(directory) if directory.is_dir() else []
 
 
-KILLS_PER_RUN = 10  # two runs (seeds): 20 SIGKILLs, shared between the two xdist workers
+# One run of 10 SIGKILLs aimed at saves (slowed down to widen the window); the kills at any
+# moment of a whole run, every backend, are in tests/test_crash_anywhere.py.
+KILLS_PER_RUN = 10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [7, 8])
+@pytest.mark.parametrize("seed", [7])
 def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
     """SIGKILLs at varied moments, many while a checkpoint is being written (each write
     sleeps 0.3 s before its rename); each restart resumes from the newest complete one."""
