@@ -105,6 +105,25 @@ def backends(out: Path) -> list[dict]:
     return records
 
 
+def full_disk_run(out: Path, on_save_error: str, limit: int) -> list[str]:
+    """Overrides of a small run whose files may not grow past ``limit`` bytes from step 5
+    (also used by tensorboard_fault_child.py)."""
+    return [
+        "model=mlp",
+        "model.hidden=[256,256]",
+        "data=synthetic",
+        "trainer.epochs=3",
+        "trainer.steps_per_epoch=4",
+        "trainer.batch_size=16",
+        "trainer.verbose=0",
+        "export.enabled=false",
+        "checkpoint.policy.keep_last=null",
+        f"checkpoint.policy.on_save_error={on_save_error}",
+        f"run_dir={out}",
+        f"+callbacks.fsize={{_target_: disk_fault_child.LimitFileSize, step: 5, limit: {limit}}}",
+    ]
+
+
 def train_run(out: Path, backend: str, on_save_error: str, limit: int) -> dict:
     from hydra import compose, initialize_config_dir
 
@@ -114,20 +133,9 @@ def train_run(out: Path, backend: str, on_save_error: str, limit: int) -> dict:
     from trainer.training import train
 
     overrides = [
-        "model=mlp",
-        "model.hidden=[256,256]",
-        "data=synthetic",
-        "trainer.epochs=3",
-        "trainer.steps_per_epoch=4",
-        "trainer.batch_size=16",
-        "trainer.verbose=0",
-        "export.enabled=false",
         f"save={backend}",
         "checkpoint.policy.every_n_steps=1",
-        "checkpoint.policy.keep_last=null",
-        f"checkpoint.policy.on_save_error={on_save_error}",
-        f"run_dir={out}",
-        f"+callbacks.fsize={{_target_: disk_fault_child.LimitFileSize, step: 5, limit: {limit}}}",
+        *full_disk_run(out, on_save_error, limit),
     ]
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=overrides)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from disk_fault_child import ROOT, limit_file_size, listing
+from disk_fault_child import ROOT, full_disk_run, limit_file_size, listing
 
 
 class Collect(logging.Handler):
@@ -37,21 +37,10 @@ def main(out: Path, limit: int, on_save_error: str, every_n_steps: str) -> dict:
     from trainer.training import train
 
     overrides = [
-        "model=mlp",
-        "model.hidden=[256,256]",
-        "data=synthetic",
-        "trainer.epochs=3",
-        "trainer.steps_per_epoch=4",
-        "trainer.batch_size=16",
-        "trainer.verbose=0",
-        "export.enabled=false",
         "save=weights",
         "checkpoint.policy.async_save=false",
         f"checkpoint.policy.every_n_steps={every_n_steps}",
-        "checkpoint.policy.keep_last=null",
-        f"checkpoint.policy.on_save_error={on_save_error}",
-        f"run_dir={out}",
-        f"+callbacks.fsize={{_target_: disk_fault_child.LimitFileSize, step: 5, limit: {limit}}}",
+        *full_disk_run(out, on_save_error, limit),
     ]
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=overrides)
