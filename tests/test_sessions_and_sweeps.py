@@ -96,3 +96,60 @@ def test_the_printed_command_continues_the_sweep(stopped_sweep, tmp_path):
         assert (state.epoch, state.step_in_epoch, state.global_step) == (2, 0, 6)
         assert len(state.history) == 2
     assert f"Resuming from {sweep / '0' / 'checkpoints'}" in resumed.output
+
+
+# ------------------------------------------------------- item 15: sessions of a run
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """A run interrupted in its first epoch, resumed by its printed command into a Hydra
+    output directory of its own (as every plain ``python train.py`` invocation gets)."""
+    outputs = tmp_path_factory.mktemp("sessions") / "outputs"
+    run, later = outputs / "first", outputs / "second"
+    first = train_py(*TINY, SIGTERM_AT_STEP_1, f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.output[-3000:]
+    command = command_after(first.output, "resume with: ")
+    second = train_py(*command[2:], f"hydra.run.dir={later}")
+    assert second.returncode == 0, second.output[-3000:]
+    return outputs, run, later
+
+
+@pytest.mark.slow
+def test_a_resumed_session_logs_into_the_runs_own_log(resumed_run):
+    """Item 15: before, the run's train.log ended with the first session's interrupt."""
+    _, run, later = resumed_run
+    log = (run / "train.log").read_text()
+    assert "Interrupted at epoch 0, step 2" in log  # the first session
+    assert f"Resuming from {run / 'checkpoints'}" in log  # the second one, appended
+    assert "Final metrics:" in log
+    assert f"Session 2 of run {run}" in log
+    assert "Final metrics:" in (later / "train.log").read_text()  # Hydra's own copy stays
+
+
+@pytest.mark.slow
+def test_each_session_keeps_its_hydra_config_in_the_run(resumed_run):
+    import yaml
+
+    _, run, later = resumed_run
+    sessions = run / ".hydra" / "sessions"
+    assert sorted(p.name for p in sessions.iterdir()) == ["1", "2"]
+    first = yaml.safe_load((sessions / "1" / "overrides.yaml").read_text())
+    second = yaml.safe_load((sessions / "2" / "overrides.yaml").read_text())
+    assert "resume=latest" not in first and "resume=latest" in second
+    info = yaml.safe_load((sessions / "2" / "session.yaml").read_text())
+    assert info["hydra_output_dir"] == str(later)
+    assert info["resumed_from"].startswith(str(run / "checkpoints"))
+    assert (sessions / "2" / "config.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_runs_lists_one_run_with_its_sessions(resumed_run):
+    """Before, ``runs`` listed the resume session's directory as a second, empty run."""
+    from trainer.runs import format_runs, list_runs
+
+    outputs, run, later = resumed_run
+    listing = list_runs(outputs)
+    assert [r["run_dir"] for r in listing["runs"]] == [str(run)]
+    assert [s["session"] for s in listing["runs"][0]["sessions"]] == [1, 2]
+    assert [(s["dir"], s["run_dir"]) for s in listing["session_dirs"]] == [(str(later), str(run))]
+    text = format_runs(listing)
+    assert text.startswith("1 run(s)") and "2 sessions" in text

@@ -14,7 +14,7 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
-from trainer import distribute, resume, run_end, user_callbacks
+from trainer import distribute, resume, run_end, sessions, user_callbacks
 from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
@@ -65,7 +65,10 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     (with an interrupt checkpoint), before or after it at once."""
     with run_end.signals_raise():
         try:
-            parts = build_run(cfg, dist)
+            run_dir, resume_from = locate_run(cfg)
+            # This session's log and Hydra config go to the run it continues (sessions.py).
+            with sessions.session(dist.output_dir(run_dir), resume_from):
+                return run_session(cfg, dist, run_dir, resume_from)
         except run_end.RunInterrupted as interrupt:
             log.warning(
                 "Received %s before training started; nothing was trained in this session. "
@@ -73,38 +76,43 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
                 interrupt.signal_name,
             )
             return {}
-        try:
-            fit_session(cfg, dist, parts)
-            report(cfg, parts.run_dir, parts.manager, parts.progress)
-            if parts.progress.interrupted:
-                parts.board.close()
-                return dict(parts.state.metrics)
-            if parts.progress.requested_signal is not None:  # after the last step's save
-                raise run_end.RunInterrupted(parts.progress.requested_signal)
-            try:
-                return run_end.finish_run(
-                    cfg,
-                    parts.model,
-                    parts.val,
-                    parts.data,
-                    parts.state,
-                    parts.out_dir,
-                    parts.board,
-                    parts.config_record,
-                    resumed_finished=parts.finished_before,
-                )
-            finally:
-                parts.board.close()
-        except run_end.RunInterrupted as interrupt:
-            parts.scalars.close()  # both close again harmlessly if already closed
+
+
+def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str, float]:
+    """Build, fit and finish one session (under ``run``'s ``signals_raise``): a signal
+    after the build ends it cleanly."""
+    parts = build_run(cfg, dist, run_dir, resume_from)
+    try:
+        fit_session(cfg, dist, parts)
+        report(cfg, parts.run_dir, parts.manager, parts.progress)
+        if parts.progress.interrupted:
             parts.board.close()
-            report_end_interrupted(cfg, parts, interrupt)
             return dict(parts.state.metrics)
+        if parts.progress.requested_signal is not None:  # after the last step's save
+            raise run_end.RunInterrupted(parts.progress.requested_signal)
+        try:
+            return run_end.finish_run(
+                cfg,
+                parts.model,
+                parts.val,
+                parts.data,
+                parts.state,
+                parts.out_dir,
+                parts.board,
+                parts.config_record,
+                resumed_finished=parts.finished_before,
+            )
+        finally:
+            parts.board.close()
+    except run_end.RunInterrupted as interrupt:
+        parts.scalars.close()  # both close again harmlessly if already closed
+        parts.board.close()
+        report_end_interrupted(cfg, parts, interrupt)
+        return dict(parts.state.metrics)
 
 
-def build_run(cfg: DictConfig, dist: distribute.Distribution) -> RunParts:
-    """Resolve the run directory and the checkpoint to resume from, then build the data,
-    model, state, TensorBoard writers, checkpoint manager and callbacks of this session."""
+def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
+    """The run directory of this session and the checkpoint it resumes from (or None)."""
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
@@ -114,6 +122,14 @@ def build_run(cfg: DictConfig, dist: distribute.Distribution) -> RunParts:
         # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
         # TensorBoard curves carry on in one place.
         run_dir = resume.run_dir_of(resume_from, checkpoint_dirname) or run_dir
+    return run_dir, resume_from
+
+
+def build_run(
+    cfg: DictConfig, dist: distribute.Distribution, run_dir: Path, resume_from: Path | None
+) -> RunParts:
+    """Build the data, model, state, TensorBoard writers, checkpoint manager and callbacks
+    of this session of the run in ``run_dir``, resumed from ``resume_from`` if set."""
     keras.utils.set_random_seed(int(cfg.seed))
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
