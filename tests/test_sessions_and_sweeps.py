@@ -153,3 +153,67 @@ def test_runs_lists_one_run_with_its_sessions(resumed_run):
     assert [(s["dir"], s["run_dir"]) for s in listing["session_dirs"]] == [(str(later), str(run))]
     text = format_runs(listing)
     assert text.startswith("1 run(s)") and "2 sessions" in text
+
+
+# ------------------------------------- item 11: resuming a backend chosen by _target_
+EXAMPLE_DIR = ROOT / "tests" / "example_backend"
+NPZ = "save._target_=mybackend.NpzBackend"  # importable, never registered
+
+
+@pytest.fixture(scope="module")
+def npz_run(tmp_path_factory):
+    """A run with the example backend selected by ``save._target_`` (not registered),
+    interrupted in its first epoch, then resumed with its printed ``resume=latest``."""
+    run = tmp_path_factory.mktemp("npz") / "run"
+    env = subprocess_env()
+    env["PYTHONPATH"] = f"{EXAMPLE_DIR}:{env['PYTHONPATH']}"
+    first = train_py(*TINY, NPZ, SIGTERM_AT_STEP_1, f"hydra.run.dir={run}", env=env)
+    assert first.returncode == 0, first.output[-3000:]
+    interrupt = sorted((run / "checkpoints").glob("*.npz"))
+    command = command_after(first.output, "resume with: ")
+    assert "resume=latest" in command
+    second = train_py(*command[2:], f"hydra.run.dir={run.parent / 'second'}", env=env)
+    return run, interrupt, second
+
+
+@pytest.mark.slow
+def test_resume_latest_reads_the_configured_unregistered_backend(npz_run):
+    """Before: "resume=latest found no complete checkpoint" (exit 2)."""
+    import mybackend  # via the module fixture's sys.path (below)
+
+    run, interrupt, second = npz_run
+    assert [p.name for p in interrupt] == ["step-00000002.npz"]
+    assert second.returncode == 0, second.output[-3000:]
+    assert f"Resuming from {interrupt[0]} at epoch 0, step 2" in second.output
+    state = mybackend.NpzBackend().load(run / "checkpoints" / "latest").state
+    assert (state.epoch, state.step_in_epoch, state.global_step) == (2, 0, 6)
+
+
+@pytest.mark.slow
+def test_resume_from_a_file_of_the_configured_backend(npz_run, compose_cfg, tmp_path):
+    """``resume=<file>``: before, "not a checkpoint in any registered format"."""
+    import shutil
+
+    from trainer import train
+
+    run, interrupt, _ = npz_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy, symlinks=True)
+    cfg = compose_cfg(
+        "model=mlp", "save=weights", NPZ, f"resume={copy / 'checkpoints' / interrupt[0].name}"
+    )
+    metrics = train(cfg)
+    assert metrics
+    import mybackend
+
+    state = mybackend.NpzBackend().load(copy / "checkpoints" / "latest").state
+    assert (state.epoch, state.global_step) == (2, 6)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _example_backend_importable():
+    """``mybackend`` importable here as a user's module would be (never registered)."""
+    sys.path.insert(0, str(EXAMPLE_DIR))
+    yield
+    sys.path.remove(str(EXAMPLE_DIR))
+    sys.modules.pop("mybackend", None)

@@ -116,7 +116,11 @@ def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
-        cfg.get("resume"), cfg.get("resume_dir"), run_dir, checkpoint_dirname
+        cfg.get("resume"),
+        cfg.get("resume_dir"),
+        run_dir,
+        checkpoint_dirname,
+        configured_backend(cfg) if cfg.get("resume") else None,
     )
     if resume_from is not None:
         # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
@@ -237,7 +241,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
 
 def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
     """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
-    loaded = load_checkpoint(path)
+    loaded = load_checkpoint(path, configured=configured_backend(cfg))
     resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
     with dist.scope():  # may build the optimizer: its variables are distributed too
         state = resume.restore_into(model, loaded)
@@ -249,6 +253,12 @@ def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingSt
         state.step_in_epoch,
     )
     return state
+
+
+def configured_backend(cfg: DictConfig) -> type:
+    """The class of the run's configured save backend: resuming reads the run's own
+    checkpoints with it when it is not registered (``save._target_``)."""
+    return type(hydra.utils.instantiate(cfg.save))
 
 
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
