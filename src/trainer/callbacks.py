@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
 
+from trainer import interrupts
 from trainer.checkpointing import Checkpoint
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
@@ -103,6 +104,7 @@ class RunProgress(keras.callbacks.Callback):
 
         def request(signum, _frame):
             self.requested_signal = signum
+            interrupts.record(signum)  # a multirun stops its sweep after this job
             log.warning("Received %s: stopping after this batch", signal.Signals(signum).name)
             signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 import trainer.config  # noqa: F401  (the schemas conf/ extends: registered before Hydra composes)
+from trainer import sweeps
 from trainer.errors import TrainerError
 
 EXIT_ERROR = 2  # the same code as the ``trainer`` CLI's ``error:`` lines
@@ -34,9 +35,13 @@ def job(cfg: DictConfig) -> float | None:
     """The body of train.py's ``@hydra.main`` function: train, return the objective."""
     from trainer.training import train
 
+    if sweeps.skip_job():  # a multirun stopped by a signal: no further job trains
+        return None
     try:
         with _users_full_error():
-            return objective(train(cfg))
+            metrics = train(cfg)
+        sweeps.after_job()
+        return objective(metrics)
     except Exception as error:
         # Here rather than in ``run`` only: Hydra reports a failed job with a line of its
         # own ("Error executing job with overrides: ...") before re-raising its error.
@@ -57,7 +62,8 @@ def run(main: Callable[[], Any]) -> None:
     # Hydra then re-raises errors instead of printing its own report, so they reach us.
     os.environ[FULL_ERROR] = "1"
     try:
-        main()
+        with sweeps.watch():  # a signal during a multirun stops the sweep
+            main()
     except Exception as error:  # raised while Hydra composed the config
         refuse(error)
         raise

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from trainer.checkpointing import LATEST, find_latest, restore_into
 from trainer.errors import ConfigMismatchError, NotACheckpointError
 from trainer.export import is_export
-from trainer.save_backends import detect_backend
+from trainer.save_backends import SaveBackend, detect_backend
 from trainer.state import TrainingState
 
 __all__ = [
@@ -52,21 +52,26 @@ CHECKPOINT_DIR = "checkpoints"
 
 
 def resolve_resume(
-    resume: str | None, resume_dir: str | None, run_dir: Path, dirname: str = CHECKPOINT_DIR
+    resume: str | None,
+    resume_dir: str | None,
+    run_dir: Path,
+    dirname: str = CHECKPOINT_DIR,
+    configured: type[SaveBackend] | None = None,
 ) -> Path | None:
     """The checkpoint named by ``resume``, or None for a fresh run. ``dirname`` is the
     run's checkpoint sub-directory. ``latest``: the newest complete checkpoint of
     ``resume_dir`` (else of ``run_dir``), an error if there is none; ``auto``: the same, or
     None (a fresh run) if there is none, so a preempted job can re-run one command; else a
     checkpoint or a run directory. A serving export is refused: it is not a checkpoint of
-    the run and resuming from it would start a new run directory."""
+    the run and resuming from it would start a new run directory. ``configured``: the
+    run's own backend class, which reads its checkpoints even when it is not registered."""
     if not resume:
         return None
     if str(resume) in (LATEST, AUTO):
         directory = Path(resume_dir).expanduser() if resume_dir else run_dir
         refuse_export(directory, f"resume_dir={resume_dir}", dirname)
         try:
-            return find_latest(checkpoint_dir_of(directory, dirname))
+            return find_latest(checkpoint_dir_of(directory, dirname), configured)
         except NotACheckpointError:
             if str(resume) == LATEST:
                 raise
@@ -78,8 +83,8 @@ def resolve_resume(
     path = Path(resume).expanduser()
     refuse_export(path, f"resume={resume}", dirname)
     if path.is_dir() and (path / dirname).is_dir():  # a run directory
-        return find_latest(path / dirname)
-    detect_backend(path)  # raises a clear error if it is not a checkpoint
+        return find_latest(path / dirname, configured)
+    detect_backend(path, configured=configured)  # raises a clear error if it is not a checkpoint
     return path
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer import interrupts
 from trainer.data import DataSplits, eval_dataset
 from trainer.errors import TrainerError
 from trainer.export import export_for_run, read_export_metadata, versions
@@ -56,6 +57,7 @@ def signals_raise() -> Iterator[None]:
     def interrupt(signum, _frame):
         for sig in SIGNALS:  # a second signal while unwinding must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
+        interrupts.record(signum)  # a multirun stops its sweep after this job
         raise RunInterrupted(signum)
 
     previous = {sig: signal.signal(sig, interrupt) for sig in SIGNALS}

@@ -24,6 +24,10 @@ DIR_KEYS = {
     "tensorboard": (("trainer", "tensorboard_dir"), ("tensorboard", "directory")),
 }
 DEFAULT_DIRS = {"checkpoints": "checkpoints", "export": "export", "tensorboard": "tb"}
+# Written by trainer.sessions: a copy of each session's Hydra config inside the run, and a
+# marker in the Hydra output directory of a session that continued another run.
+SESSIONS_DIR = ".hydra/sessions"
+SESSION_MARKER = ".hydra/session_of.yaml"
 
 
 def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
@@ -120,9 +124,51 @@ def run_dirs(output_dir: Path) -> list[Path]:
         for sub in [output_dir / name, *output_dir.rglob(f"*/{name}")]:
             if sub.is_dir() and not any(p.name == ".hydra" for p in sub.parents):
                 found.add(sub.parent)
-    # A run inside another run's artifacts (export of export) is not a run of its own.
-    runs = sorted(found)
+    # A run inside another run's artifacts (export of export) is not a run of its own; nor
+    # is the Hydra output directory of a session that resumed another run.
+    runs = sorted(r for r in found if session_of(r) is None)
     return [r for r in runs if not any(o != r and o in r.parents for o in runs)]
+
+
+def session_of(directory: Path) -> dict[str, Any] | None:
+    """The marker of a Hydra output directory that only holds a session of another run
+    (its config and log; everything else went to the run), else None."""
+    marker = directory / SESSION_MARKER
+    if not marker.is_file() or any((directory / d).is_dir() for d in DEFAULT_DIRS.values()):
+        return None
+    loaded = _load_yaml(marker)
+    return loaded if isinstance(loaded, dict) and loaded.get("run_dir") else None
+
+
+def session_dirs(output_dir: Path) -> list[dict[str, Any]]:
+    """Every session output directory under ``output_dir``, with the run it belongs to."""
+    found = []
+    for marker in sorted(output_dir.rglob(SESSION_MARKER)):
+        directory = marker.parent.parent
+        info = session_of(directory)
+        if info is not None:
+            found.append({"dir": str(directory), **info})
+    return found
+
+
+def sessions(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's sessions recorded by trainer.sessions, oldest first."""
+    root = run_dir / SESSIONS_DIR
+    numbered = sorted((int(p.name), p) for p in root.glob("*") if p.name.isdigit())
+    out = []
+    for _, path in numbered:
+        info = _load_yaml(path / "session.yaml")
+        out.append(info if isinstance(info, dict) else {"session": int(path.name)})
+    return out
+
+
+def _load_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None  # a damaged record must not hide the run
 
 
 def run_config(run_dir: Path) -> dict[str, Any] | None:
@@ -178,6 +224,7 @@ def describe_run(run_dir: Path, output_dir: Path) -> dict[str, Any]:
         },
         "checkpoints": checkpoints,
         "exports": exports,
+        "sessions": sessions(run_dir),
     }
 
 
@@ -193,6 +240,7 @@ def list_runs(output_dir: str | os.PathLike) -> dict[str, Any]:
         "output_dir": str(output_dir),
         "tensorboard_command": f"tensorboard --logdir {output_dir}",
         "runs": runs,
+        "session_dirs": session_dirs(output_dir),
     }
 
 
@@ -202,11 +250,19 @@ def format_runs(listing: dict[str, Any]) -> str:
         tb = run["tensorboard"]["run"] or "no TensorBoard log"
         name = run["name"] if run["name"] != "." else f"{Path(run['run_dir']).name} (.)"
         lines.append(f"\nrun {name}  (TensorBoard run: {tb})")
+        if len(run.get("sessions") or []) > 1:
+            lines.append(f"  {len(run['sessions'])} sessions (see .hydra/sessions/)")
         artifacts = run["checkpoints"] + run["exports"]
         if not artifacts:
             lines.append("  no checkpoints or exports")
         for item in artifacts:
             lines.append("  " + _format_artifact(item))
+    for entry in listing.get("session_dirs") or []:
+        where = _relative_or_absolute(Path(entry["dir"]), Path(listing["output_dir"]))
+        lines.append(
+            f"\nsession {where}: session {entry.get('session', '?')} of run {entry['run_dir']} "
+            f"(its config and log; the rest is in the run)"
+        )
     lines.append(f"\nOpen the curves with: {listing['tensorboard_command']}")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
-from trainer import distribute, resume, run_end, user_callbacks
+from trainer import distribute, resume, run_end, sessions, user_callbacks
 from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
@@ -65,7 +65,10 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     (with an interrupt checkpoint), before or after it at once."""
     with run_end.signals_raise():
         try:
-            parts = build_run(cfg, dist)
+            run_dir, resume_from = locate_run(cfg)
+            # This session's log and Hydra config go to the run it continues (sessions.py).
+            with sessions.session(dist.output_dir(run_dir), resume_from):
+                return run_session(cfg, dist, run_dir, resume_from)
         except run_end.RunInterrupted as interrupt:
             log.warning(
                 "Received %s before training started; nothing was trained in this session. "
@@ -73,47 +76,64 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
                 interrupt.signal_name,
             )
             return {}
-        try:
-            fit_session(cfg, dist, parts)
-            report(cfg, parts.run_dir, parts.manager, parts.progress)
-            if parts.progress.interrupted:
-                parts.board.close()
-                return dict(parts.state.metrics)
-            if parts.progress.requested_signal is not None:  # after the last step's save
-                raise run_end.RunInterrupted(parts.progress.requested_signal)
-            try:
-                return run_end.finish_run(
-                    cfg,
-                    parts.model,
-                    parts.val,
-                    parts.data,
-                    parts.state,
-                    parts.out_dir,
-                    parts.board,
-                    parts.config_record,
-                    resumed_finished=parts.finished_before,
-                )
-            finally:
-                parts.board.close()
-        except run_end.RunInterrupted as interrupt:
-            parts.scalars.close()  # both close again harmlessly if already closed
+
+
+def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str, float]:
+    """Build, fit and finish one session (under ``run``'s ``signals_raise``): a signal
+    after the build ends it cleanly."""
+    parts = build_run(cfg, dist, run_dir, resume_from)
+    try:
+        fit_session(cfg, dist, parts)
+        report(cfg, parts.run_dir, parts.manager, parts.progress)
+        if parts.progress.interrupted:
             parts.board.close()
-            report_end_interrupted(cfg, parts, interrupt)
             return dict(parts.state.metrics)
+        if parts.progress.requested_signal is not None:  # after the last step's save
+            raise run_end.RunInterrupted(parts.progress.requested_signal)
+        try:
+            return run_end.finish_run(
+                cfg,
+                parts.model,
+                parts.val,
+                parts.data,
+                parts.state,
+                parts.out_dir,
+                parts.board,
+                parts.config_record,
+                resumed_finished=parts.finished_before,
+            )
+        finally:
+            parts.board.close()
+    except run_end.RunInterrupted as interrupt:
+        parts.scalars.close()  # both close again harmlessly if already closed
+        parts.board.close()
+        report_end_interrupted(cfg, parts, interrupt)
+        return dict(parts.state.metrics)
 
 
-def build_run(cfg: DictConfig, dist: distribute.Distribution) -> RunParts:
-    """Resolve the run directory and the checkpoint to resume from, then build the data,
-    model, state, TensorBoard writers, checkpoint manager and callbacks of this session."""
+def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
+    """The run directory of this session and the checkpoint it resumes from (or None)."""
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
-        cfg.get("resume"), cfg.get("resume_dir"), run_dir, checkpoint_dirname
+        cfg.get("resume"),
+        cfg.get("resume_dir"),
+        run_dir,
+        checkpoint_dirname,
+        configured_backend(cfg) if cfg.get("resume") else None,
     )
     if resume_from is not None:
         # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
         # TensorBoard curves carry on in one place.
         run_dir = resume.run_dir_of(resume_from, checkpoint_dirname) or run_dir
+    return run_dir, resume_from
+
+
+def build_run(
+    cfg: DictConfig, dist: distribute.Distribution, run_dir: Path, resume_from: Path | None
+) -> RunParts:
+    """Build the data, model, state, TensorBoard writers, checkpoint manager and callbacks
+    of this session of the run in ``run_dir``, resumed from ``resume_from`` if set."""
     keras.utils.set_random_seed(int(cfg.seed))
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -221,7 +241,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
 
 def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
     """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
-    loaded = load_checkpoint(path)
+    loaded = load_checkpoint(path, configured=configured_backend(cfg))
     resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
     with dist.scope():  # may build the optimizer: its variables are distributed too
         state = resume.restore_into(model, loaded)
@@ -233,6 +253,12 @@ def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingSt
         state.step_in_epoch,
     )
     return state
+
+
+def configured_backend(cfg: DictConfig) -> type:
+    """The class of the run's configured save backend: resuming reads the run's own
+    checkpoints with it when it is not registered (``save._target_``)."""
+    return type(hydra.utils.instantiate(cfg.save))
 
 
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:

@@ -90,12 +90,17 @@ class CheckpointManager:
     # ------------------------------------------------------------------ queries
     def all(self) -> list[Path]:
         """Every complete checkpoint in the directory, oldest (lowest step) first."""
-        return [path for _, path in _complete(self.directory)]
+        return [path for _, path in _complete(self.directory, self._configured())]
 
     def latest(self) -> Path | None:
         """The complete checkpoint with the highest step, or None."""
-        found = _complete(self.directory)
+        found = _complete(self.directory, self._configured())
         return found[-1][1] if found else None
+
+    def _configured(self) -> type[SaveBackend]:
+        """The class of this manager's own backend: it reads what it wrote, registered or
+        not (a backend selected by ``save._target_``)."""
+        return type(innermost(self.backend))
 
     # --------------------------------------------------------------------- save
     def save(
@@ -228,7 +233,7 @@ class CheckpointManager:
                     f"first, or point the manager at the directory holding them. "
                     f"Received: directory={str(self.directory)!r}"
                 )
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, configured=self._configured())
         if model is not None:
             restore_into(model, checkpoint)
             checkpoint = Checkpoint(model, checkpoint.state, checkpoint.metadata, checkpoint.path)
@@ -269,8 +274,11 @@ class CheckpointManager:
             log.exception("The last checkpoint write failed")
 
 
-def _complete(directory: Path) -> list[tuple[tuple[int, int, str], Path]]:
-    """Complete checkpoints with their sort key (step recorded inside, mtime, name).
+def _complete(
+    directory: Path, configured: type[SaveBackend] | None = None
+) -> list[tuple[tuple[int, int, str], Path]]:
+    """Complete checkpoints with their sort key (step recorded inside, mtime, name);
+    ``configured``: also in this (maybe unregistered) backend's format.
 
     Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
     (not by file times or the ``latest`` link) stays right after a crash between the
@@ -282,7 +290,8 @@ def _complete(directory: Path) -> list[tuple[tuple[int, int, str], Path]]:
             if child.name == LATEST or child.name.startswith("."):  # temporaries, leases
                 continue
             try:
-                state = detect_backend(child).read_metadata(child).get("state") or {}
+                cls = detect_backend(child, configured=configured)
+                state = cls.read_metadata(child).get("state") or {}
                 step = int(state.get("global_step", -1))
             except (TrainerError, OSError, ValueError, KeyError, TypeError):
                 continue
@@ -290,9 +299,10 @@ def _complete(directory: Path) -> list[tuple[tuple[int, int, str], Path]]:
     return sorted(found, key=lambda item: item[0])
 
 
-def find_latest(directory: Path) -> Path:
-    """The complete checkpoint in ``directory`` with the highest global step (raises)."""
-    found = _complete(Path(directory))
+def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
+    """The complete checkpoint in ``directory`` with the highest global step (raises);
+    ``configured``: see ``_complete``."""
+    found = _complete(Path(directory), configured)
     if not found:
         raise NotACheckpointError(
             f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "

@@ -4,7 +4,9 @@ Built-in backends are registered by import path; users add theirs with
 ``register_backend``, third-party distributions through the entry-point group
 ``trainer.save_backends`` (``npz = mypkg.backends:NpzBackend``), or bypass the registry with
 a Hydra ``_target_``. A checkpoint written through ``_target_`` is loadable only once its
-backend is registered one of these ways: loading never imports a class a checkpoint names.
+backend is registered one of these ways, or by a caller that names the backend class itself
+(``configured=``: a run resuming with its own config): loading never imports a class a
+checkpoint names.
 """
 
 from __future__ import annotations
@@ -139,8 +141,13 @@ def get_backend(name: str, **options: Any) -> SaveBackend:
     return backend_class(name)(**options)
 
 
-def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
-    """The registered backend whose format ``path`` is in."""
+def detect_backend(
+    path: str | os.PathLike, *, configured: type[SaveBackend] | None = None
+) -> type[SaveBackend]:
+    """The registered backend whose format ``path`` is in; else ``configured`` if it claims
+    it. ``configured``: the backend class a run's own config selected (``save._target_``,
+    code the user chose, so using it runs nothing a file names), which a run resuming its
+    own checkpoints reads with even when it is not registered."""
     path = Path(path)
     check_exists(path)
     _read_entry_points()
@@ -154,6 +161,8 @@ def detect_backend(path: str | os.PathLike) -> type[SaveBackend]:
             continue
         if cls.can_load(path):
             return cls
+    if configured is not None and configured.can_load(path):
+        return configured
     _refuse_unregistered(path)
     integrity.diagnose(path)  # a damaged checkpoint of ours: name the bad file
     skipped = ""
@@ -207,8 +216,11 @@ def _is_checkpoint(path: Path) -> bool:
 set_format_detector(detect_backend)
 
 
-def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
-    """Detect the format of ``path`` and load it with the matching backend.
+def load_checkpoint(
+    path: str | os.PathLike, *, configured: type[SaveBackend] | None = None, **kwargs: Any
+) -> Checkpoint:
+    """Detect the format of ``path`` and load it with the matching backend (``configured``:
+    see ``detect_backend``).
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
     resolved once and the checkpoint it names is leased for the read, so retention leaves
@@ -226,7 +238,8 @@ def load_checkpoint(path: str | os.PathLike, **kwargs: Any) -> Checkpoint:
             try:
                 if before is None:
                     check_exists(target)  # removed between the link and the lease
-                checkpoint = detect_backend(target)().load(target, **kwargs)
+                backend = detect_backend(target, configured=configured)
+                checkpoint = backend().load(target, **kwargs)
             except (TrainerError, OSError):
                 if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
                     log.info("%s changed while it was read; reading it again", path)
