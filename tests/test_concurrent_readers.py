@@ -23,7 +23,7 @@ def train_command(run_dir, backend):
     ]  # fmt: skip
 
 
-LOADS, NEW_EVERY = 120, 6  # 120 verified loads; a new checkpoint before every 6th
+LOADS, NEW_EVERY = 80, 4  # 80 verified loads; a new checkpoint before every 4th
 HANG_GUARD = 1200  # seconds: only stops a run that hangs, never judges speed
 
 

@@ -192,9 +192,9 @@ def list_checkpoints_safe(directory):
     return list_checkpoints(directory) if directory.is_dir() else []
 
 
-# One run of 10 SIGKILLs aimed at saves (slowed down to widen the window); the kills at any
+# One run of 6 SIGKILLs aimed at saves (slowed down to widen the window); the kills at any
 # moment of a whole run, every backend, are in tests/test_crash_anywhere.py.
-KILLS_PER_RUN = 10
+KILLS_PER_RUN = 6
 
 
 @pytest.mark.slow
