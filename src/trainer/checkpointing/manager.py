@@ -29,7 +29,7 @@ from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
 from trainer.checkpointing.snapshot import all_variables
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
-from trainer.locks import remove_unless_read
+from trainer.locks import LATEST, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
     detect_backend,
@@ -42,8 +42,6 @@ from trainer.state import TrainingState
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
 
 log = logging.getLogger(__name__)
-
-LATEST = "latest"
 
 
 class CheckpointManager:
