@@ -11,7 +11,9 @@ variables checkpoint and the metadata next to the cached graph (``trace_cache``)
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,10 +26,18 @@ from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
-from trainer.save_backends.savedmodel import endpoints, layer_state, layout, trace_cache
+from trainer.save_backends.savedmodel import (
+    endpoints,
+    layer_state,
+    layout,
+    stored_variables,
+    trace_cache,
+)
 from trainer.save_backends.savedmodel.records import check_json
-from trainer.save_backends.savedmodel.revival import Reviver
+from trainer.save_backends.savedmodel.revival import NeedsTracedFunctions, Reviver
 from trainer.state import TrainingState
+
+log = logging.getLogger(__name__)
 
 
 class SavedModelBackend(SaveBackend):
@@ -117,35 +127,22 @@ class SavedModelBackend(SaveBackend):
                 # Keras compiles a model rebuilt from a config holding "compile_config";
                 # compiling is ours to do below, and only if asked (compile=False).
                 config.pop("compile_config", None)
-        try:
-            loaded = tf.saved_model.load(str(path))
-        except Exception as err:
-            raise CorruptCheckpointError(
-                f"{path} cannot be loaded as a SavedModel ({type(err).__name__}: {err}). "
-                f"The directory is damaged; load an older checkpoint. Received: {str(path)!r}"
-            ) from err
-        reviver = Reviver(
-            loaded,
-            saved["layers"],
-            saved["variables"],
-            custom_objects=custom_objects,
-            safe_mode=getattr(self, "_safe_mode", True),
-            where=str(path),
-            directory=path,
-        )
+        options = {
+            "custom_objects": custom_objects,
+            "safe_mode": getattr(self, "_safe_mode", True),
+            "where": str(path),
+            "directory": path,
+        }
         metadata = dict(meta)
         # Revive and compile under the model's own global policy: a mixed_float16 model is
         # compiled with a LossScaleOptimizer only if it is built under that policy.
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(_root_policy(saved["layers"][0]) or previous)
         try:
-            model = reviver.revive(0)
-            if not isinstance(model, keras.Model):
-                raise CorruptCheckpointError(f"{path}: the root did not revive as a keras.Model")
-            # Keep the loaded object alive as long as the model: its functions are in use.
-            object.__setattr__(model, "_trainer_loaded", loaded)
+            model, reviver, optimizer_arrays = _revive(path, saved, options)
             endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
+            metadata["traced_functions_loaded"] = reviver.with_functions
             if meta["format_version"] >= 2:
                 layer_state.restore(model, reviver.layers, saved["layers"], path)
             else:
@@ -156,12 +153,52 @@ class SavedModelBackend(SaveBackend):
                 )
                 if dropped:
                     metadata["dropped_metrics"] = dropped
-                arrays = [v.numpy() for v in loaded.optimizer_variables]
-                modelstate.restore_optimizer_arrays(model, arrays, str(path))
+                modelstate.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
         finally:
             keras.config.set_dtype_policy(previous)
         state = checkpoint_state(meta.get("state"), path)
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+
+
+def _revive(
+    path: Path, saved: dict[str, Any], options: dict[str, Any]
+) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]]:
+    """The model, its reviver and a reader of the optimizer's arrays.
+
+    Classes first: when every layer is rebuilt from its class, the values are read from
+    the variables checkpoint and the traced functions are never imported (the cost of a
+    ``.keras`` load: configs plus one file of weights). A layer that needs its traced
+    functions sends the whole load through ``tf.saved_model.load`` instead."""
+    stored_variables.check_saved_model(path, len(saved["layers"]))
+    stored = stored_variables.StoredVariables(path)
+    reviver = Reviver(stored.model, None, saved["layers"], saved["variables"], **options)
+    try:
+        model = _revive_root(reviver, path)
+        reviver.assign_stored(stored.value)
+        return model, reviver, stored.optimizer_arrays
+    except NeedsTracedFunctions as why:
+        log.info("Loading the traced functions of %s: %s", path, why)
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as err:
+        raise CorruptCheckpointError(
+            f"{path} cannot be loaded as a SavedModel ({type(err).__name__}: {err}). "
+            f"The directory is damaged; load an older checkpoint. Received: {str(path)!r}"
+        ) from err
+    reviver = Reviver(
+        loaded.model_variables, loaded.layer_nodes, saved["layers"], saved["variables"], **options
+    )
+    model = _revive_root(reviver, path)
+    # Keep the loaded object alive as long as the model: its functions are in use.
+    object.__setattr__(model, "_trainer_loaded", loaded)
+    return model, reviver, lambda: [v.numpy() for v in loaded.optimizer_variables]
+
+
+def _revive_root(reviver: Reviver, path: Path) -> keras.Model:
+    model = reviver.revive(0)
+    if not isinstance(model, keras.Model):
+        raise CorruptCheckpointError(f"{path}: the root did not revive as a keras.Model")
+    return model
 
 
 def _root_policy(record: dict[str, Any]) -> Any:

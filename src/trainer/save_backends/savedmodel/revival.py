@@ -12,6 +12,12 @@ recursion and shared layers come back once):
 Every Keras variable of the result is then pointed at the loaded ``tf.Variable`` storage
 (by position within the layer), so values need no copy and a parent revived from traced
 functions sees the same storage as a child rebuilt from config.
+
+A reviver without traced functions (``nodes=None``, the storage read from the variables
+checkpoint without ``tf.saved_model.load``) revives layers from their classes only and
+assigns the stored values; it raises :class:`NeedsTracedFunctions` as soon as a layer
+would need a traced function (or one storage shared by two rebuilt variables, which
+assigning cannot express), and the caller then loads the SavedModel in full.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,11 @@ log = logging.getLogger(__name__)
 TOKEN = "__trainer_revived_{}__"
 
 
+class NeedsTracedFunctions(Exception):
+    """A reviver without traced functions met a layer that needs them (internal: the
+    backend catches it and revives from the loaded SavedModel instead)."""
+
+
 class _Prebuilt:
     """Stands in for a class in a config: ``from_config`` returns an existing layer."""
 
@@ -49,7 +61,8 @@ class _Prebuilt:
 class Reviver:
     def __init__(
         self,
-        loaded: Any,
+        storage: Sequence[Any],
+        nodes: Sequence[Any] | None,
         records: list[dict[str, Any]],
         variables: list[dict[str, Any]],
         *,
@@ -59,11 +72,11 @@ class Reviver:
         directory: Any = None,
     ):
         self.directory = Path(directory or where)
-        self.loaded = loaded
         self.records = records
         self.var_records = variables
-        self.storage = list(loaded.model_variables)
-        self.nodes = list(loaded.layer_nodes)
+        self.storage = list(storage)
+        self.with_functions = nodes is not None
+        self.nodes = list(nodes) if nodes is not None else [None] * len(records)
         self.custom_objects = dict(custom_objects)
         self.safe_mode = safe_mode
         self.where = where
@@ -137,11 +150,14 @@ class Reviver:
                     self.how[record["name"]] = "config"
                     return layer
                 reason = "its rebuilt variables do not match the saved ones"
+            except NeedsTracedFunctions:
+                raise
             except Exception as err:  # unknown class, failing from_config, ...
                 reason = f"{type(err).__name__}: {str(err)[:200]}"
                 self.config_errors[record["id"]] = err
                 fault = fault or rebuild_error(err, self.where, f"layer {record['name']!r}")
             log.info("Layer %r not rebuilt from config (%s)", record["name"], reason)
+        self._require_functions(record, "not rebuilt from its config")
         if fault is not None:
             # The class was found but its own code cannot rebuild it: the layer is revived
             # from its traced functions (same outputs and training, not the class's Python
@@ -159,6 +175,7 @@ class Reviver:
                 layer.build_from_config(record["build_config"])
                 built_from_config = True
         if len(layer.variables) != len(record["variables"]):
+            self._require_functions(record, "built by a call on its traced input specs")
             self._call_symbolically(layer, record, rebuild=True)
             return
         if built_from_config:
@@ -168,6 +185,7 @@ class Reviver:
         if record["model_kind"] == "subclassed":
             # A subclassed model takes its input signature (serving, saving it again)
             # from its first call; the saved one had been called, so this one is too.
+            self._require_functions(record, "called on its traced input specs")
             with contextlib.suppress(Exception):
                 self._call_symbolically(layer, record)
 
@@ -304,7 +322,12 @@ class Reviver:
                         found[position] = child
         return found
 
+    def _require_functions(self, record: dict[str, Any], why: str) -> None:
+        if not self.with_functions:
+            raise NeedsTracedFunctions(f"layer {record['name']!r}: {why}")
+
     def _from_functions(self, record: dict[str, Any]) -> keras.layers.Layer:
+        self._require_functions(record, "revived from its traced functions")
         node = self.nodes[record["id"]]
         if "call_infer" not in record["functions"]:
             failure = self.config_errors.get(record["id"])
@@ -379,9 +402,18 @@ class Reviver:
                 )
             return False
         for variable, index in zip(variables, saved, strict=True):
-            keras_compat.set_variable_storage(variable, self.storage[index])
-            self.keras_vars.setdefault(index, variable)
+            bound = self.keras_vars.setdefault(index, variable)
+            if self.with_functions:
+                keras_compat.set_variable_storage(variable, self.storage[index])
+            elif bound is not variable:  # two rebuilt variables, one saved storage
+                self._require_functions(record, "shares a variable with another layer")
         return True
+
+    def assign_stored(self, read: Any) -> None:
+        """Without traced functions: give every bound variable its stored value
+        (``read(storage entry)`` returns the array)."""
+        for index, variable in self.keras_vars.items():
+            variable.assign(read(self.storage[index]))
 
     def _adopt_children(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         """Children rebuilt by the parent's config count as revived (shared identity)."""

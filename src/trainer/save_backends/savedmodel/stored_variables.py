@@ -1,0 +1,109 @@
+"""The variables of a trainer SavedModel, read straight from its ``variables/`` checkpoint.
+
+A load whose every layer is rebuilt from its class calls none of the traced functions, yet
+``tf.saved_model.load`` imports all of them (for a deep model most of the load time). Such
+a load reads the values here instead: the checkpoint's own object graph says under which
+key each entry of the root's ``model_variables`` and ``optimizer_variables`` lists is
+stored, so nothing is guessed from names, and the shapes and dtypes are checked against
+the rebuilt variables before any value is assigned. ``saved_model.pb`` is still parsed
+(milliseconds; the graph is not imported), so a directory that is no SavedModel any more
+is refused as damaged rather than loaded from its other files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
+
+from trainer.errors import CorruptCheckpointError
+
+_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+_VALUE = "VARIABLE_VALUE"
+
+
+def check_saved_model(directory: Path, layers: int) -> None:
+    """Refuse a ``saved_model.pb`` that does not parse or whose object graph does not hold
+    the ``layers`` layer nodes the metadata lists (the error ``tf.saved_model.load`` of
+    the same directory would lead to)."""
+    source = Path(directory) / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel()
+    problem = None
+    try:
+        proto.ParseFromString(source.read_bytes())
+        nodes = proto.meta_graphs[0].object_graph_def.nodes
+        children = {c.local_name: c.node_id for c in nodes[0].children}
+        found = len(nodes[children["layer_nodes"]].children)
+        if found != layers:
+            problem = f"{found} layer nodes, the metadata lists {layers}"
+    except (OSError, DecodeError, IndexError, KeyError) as err:
+        problem = f"{type(err).__name__}: {str(err)[:200]}"
+    if problem is not None:
+        raise CorruptCheckpointError(
+            f"{directory} cannot be loaded as a SavedModel ({problem}). The directory is "
+            f"damaged; load an older checkpoint. Received: {str(source)!r}"
+        )
+
+
+class Stored:
+    """Shape and dtype of one stored variable (what revival checks before binding)."""
+
+    __slots__ = ("dtype", "key", "shape")
+
+    def __init__(self, key: str, shape: list[int], dtype: tf.DType):
+        self.key = key
+        self.shape = tf.TensorShape(shape)
+        self.dtype = dtype
+
+
+class StoredVariables:
+    """The ``model_variables`` and ``optimizer_variables`` of a checkpoint, by position."""
+
+    def __init__(self, directory: Path):
+        prefix = str(Path(directory) / "variables" / "variables")
+        try:
+            self._reader = tf.train.load_checkpoint(prefix)
+            graph = trackable_object_graph_pb2.TrackableObjectGraph()
+            graph.ParseFromString(self._reader.get_tensor(_GRAPH_KEY))
+        except Exception as err:  # missing or damaged index/data files, foreign checkpoint
+            raise CorruptCheckpointError(
+                f"{directory}: the variables checkpoint cannot be read ({type(err).__name__}: "
+                f"{str(err)[:300]}). The directory is damaged; load an older checkpoint. "
+                f"Received: {prefix!r}"
+            ) from err
+        shapes = self._reader.get_variable_to_shape_map()
+        dtypes = self._reader.get_variable_to_dtype_map()
+        self.where = str(directory)
+        self.model = self._list(graph, "model_variables", shapes, dtypes)
+        self.optimizer = self._list(graph, "optimizer_variables", shapes, dtypes)
+
+    def _list(self, graph: Any, name: str, shapes: dict, dtypes: dict) -> list[Stored]:
+        """The entries of the root's list attribute ``name``, in list order."""
+        nodes = graph.nodes
+        children = {c.local_name: c.node_id for c in nodes[0].children}
+        if name not in children:
+            return []  # an empty list is not tracked at all
+        entries = {c.local_name: c.node_id for c in nodes[children[name]].children}
+        found = []
+        for position in range(len(entries)):
+            node_id = entries.get(str(position))
+            keys = [] if node_id is None else nodes[node_id].attributes
+            key = next((a.checkpoint_key for a in keys if a.name == _VALUE), None)
+            if key is None or key not in shapes:
+                raise CorruptCheckpointError(
+                    f"{self.where}: entry {position} of {name!r} has no value in the "
+                    f"variables checkpoint. The directory is damaged; load an older "
+                    f"checkpoint. Received: {sorted(entries)[:10]}"
+                )
+            found.append(Stored(key, shapes[key], dtypes[key]))
+        return found
+
+    def value(self, stored: Stored) -> np.ndarray:
+        return self._reader.get_tensor(stored.key)
+
+    def optimizer_arrays(self) -> list[np.ndarray]:
+        return [self.value(s) for s in self.optimizer]

@@ -1,0 +1,118 @@
+"""Issue 17: a savedmodel load whose every class is known reads the variables checkpoint and
+never imports the traced functions; a load that needs them still does. Either way the
+model must be the saved one: same outputs, same optimizer state, same next training step."""
+
+from __future__ import annotations
+
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from trainer.errors import CorruptCheckpointError
+from trainer.save_backends import get_backend
+
+PACKAGE = "test_fast_load"
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class Block(keras.layers.Layer):
+    """A custom layer with sublayers (what a real model's own blocks look like)."""
+
+    def __init__(self, width, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.inner = keras.layers.Dense(width, activation="relu")
+        self.norm = keras.layers.BatchNormalization()
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.norm.build((*input_shape[:-1], self.width))
+
+    def call(self, x, training=None):
+        return self.norm(self.inner(x), training=training) + x
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
+def _model() -> keras.Model:
+    inputs = keras.Input((6,), name="features")
+    x = Block(6, name="block_a")(inputs)
+    x = keras.layers.Dropout(0.3, seed=1)(x)
+    x = Block(6, name="block_b")(x)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(x))
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def _data(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(8, 6)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Saved once for the module; tests that change the model or the files use copies."""
+    keras.utils.set_random_seed(0)
+    model = _model()
+    model.fit(*_data(0), epochs=2, batch_size=4, verbose=0)
+    return model, get_backend("savedmodel").save(model, tmp_path_factory.mktemp("m") / "ckpt")
+
+
+def _same_next_step(original: keras.Model, loaded: keras.Model) -> None:
+    """One training step from the same state moves both models to the same weights."""
+    x, y = _data(1)
+    for model in (original, loaded):
+        keras.utils.set_random_seed(7)  # same dropout mask in both
+        model.train_on_batch(x, y)
+    for a, b in zip(original.weights, loaded.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+
+
+def test_a_missing_class_loads_the_traced_functions(saved):
+    original, path = saved
+    key = f"{PACKAGE}>Block"
+    objects = keras.saving.get_custom_objects()
+    removed = objects.pop(key)
+    try:
+        checkpoint = get_backend("savedmodel").load(path)
+    finally:
+        objects[key] = removed
+    assert checkpoint.metadata["traced_functions_loaded"] is True
+    assert checkpoint.metadata["revived_from"]["block_a"] == "traced"
+    x, _ = _data(2)
+    np.testing.assert_allclose(
+        checkpoint.model.predict(x, verbose=0), original.predict(x, verbose=0), atol=1e-5
+    )
+
+
+def test_variables_of_another_model_are_refused(saved, tmp_path):
+    """The checkpoint's variables no longer fit the records (here: a smaller model's
+    variables copied over): refused as damaged, never loaded with wrong values."""
+    path = tmp_path / "copy"
+    shutil.copytree(saved[1], path)
+    inputs = keras.Input((6,))
+    other = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    other.compile(optimizer="adam", loss="mse")
+    other_path = get_backend("savedmodel").save(other, tmp_path / "other")
+    for part in (path / "variables").iterdir():
+        part.write_bytes((other_path / "variables" / part.name).read_bytes())
+    with pytest.raises(CorruptCheckpointError):
+        get_backend("savedmodel").load(path)
+
+
+def test_classes_known_load_skips_the_traced_functions_and_is_exact(saved):
+    """Last in the module: its training step changes the shared original."""
+    original, path = saved
+    checkpoint = get_backend("savedmodel").load(path)
+    model = checkpoint.model
+    assert checkpoint.metadata["traced_functions_loaded"] is False
+    assert set(checkpoint.metadata["revived_from"].values()) <= {"config", "graph"}
+    x, _ = _data(2)
+    np.testing.assert_array_equal(model.predict(x, verbose=0), original.predict(x, verbose=0))
+    for a, b in zip(original.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    _same_next_step(original, model)
