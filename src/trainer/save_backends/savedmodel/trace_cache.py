@@ -3,7 +3,8 @@
 The first save of a model traces every layer and runs ``tf.saved_model.save``; the bytes
 of ``saved_model.pb`` and of the assets are kept in memory next to the traced root module.
 A later save of the same, structurally unchanged model writes those bytes back plus a
-fresh variables checkpoint from ``tf.train.Checkpoint(root)``. With the root passed
+fresh variables checkpoint: in one op over the keys and object graph the first save wrote
+(``variables_writer``), else from ``tf.train.Checkpoint(root)``. With the root passed
 positionally, that checkpoint's object graph *is* the SavedModel's (same children, same
 keys ``model_variables/0/.ATTRIBUTES/VARIABLE_VALUE`` ...), which the tests verify by
 loading a fast-saved directory with ``tf.saved_model.load`` and comparing values.
@@ -24,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.save_backends.savedmodel import object_graph
+from trainer.save_backends.savedmodel import object_graph, variables_writer
 
 log = logging.getLogger(__name__)
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -35,6 +36,7 @@ _COPIED = ("saved_model.pb",)
 class Entry:
     traced: object_graph.TracedModel
     files: dict[str, bytes]  # relative path -> content, everything but variables/
+    writer: variables_writer.VariablesWriter | None = None  # None: tf.train.Checkpoint
 
 
 def clear() -> None:
@@ -69,7 +71,8 @@ def write_saved_model(
         if path.is_file() and not relative.startswith("variables/"):
             files[relative] = path.read_bytes()
     _annotate_node_ids(traced, files["saved_model.pb"])
-    _CACHE[model] = Entry(traced=traced, files=files)
+    writer = variables_writer.from_first_save(traced.root, str(directory / "variables/variables"))
+    _CACHE[model] = Entry(traced=traced, files=files, writer=writer)
     return traced, True
 
 
@@ -95,8 +98,11 @@ def _fast_write(entry: Entry, directory: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     (directory / "variables").mkdir(exist_ok=True)
-    checkpoint = tf.train.Checkpoint(entry.traced.root)
-    checkpoint.write(str(directory / "variables" / "variables"))
+    prefix = str(directory / "variables" / "variables")
+    if entry.writer is not None:
+        entry.writer.write(prefix)
+    else:
+        tf.train.Checkpoint(entry.traced.root).write(prefix)
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
         tf_compat.write_fingerprint(str(directory))
     except (OSError, ValueError, TypeError, tf.errors.OpError) as err:  # pragma: no cover
