@@ -162,7 +162,8 @@ def test_the_earlier_sessions_config_stays_readable_as_text(resumed):
     assert "| `trainer.epochs` | `2` | `3` |" in text
     assert "| `resume` | `null` | `latest` |" in text
     (changed,) = [line for line in text.splitlines() if line.startswith("Changed by")]
-    assert {"`resume`", "`resume_dir`", "`trainer.epochs`"} <= set(changed.split(": ", 1)[1].split(", "))
+    names = set(changed.split(": ", 1)[1].split(", "))
+    assert {"`resume`", "`resume_dir`", "`trainer.epochs`"} <= names
     assert "`model.hidden`" not in changed  # what stayed is listed after the changes only
     assert replace_earlier_hparams(run / "tb") == 1  # nothing left to replace
 

@@ -76,8 +76,8 @@ class EventFile:
 
 def replace_earlier_hparams(log_dir: str | os.PathLike) -> int:
     """Keep only the newest ``session_start_info`` (by wall time) of the run in ``log_dir``;
-    each older one becomes a text summary (module docstring). Returns how many the run held (0: none,
-    so the HParams tab lists no session for it)."""
+    each older one becomes a text summary (module docstring). Returns how many the run
+    held (0: none, so the HParams tab lists no session for it)."""
     log_dir = Path(log_dir)
     if not log_dir.is_dir():
         return 0
