@@ -89,7 +89,13 @@ def finish_run(
     if resumed_finished and has_final_metrics(tb_dir, state.global_step):
         log.info("HParams:       already written at step %d", state.global_step)
     else:
-        board.write_hparams(flatten_config(config_record), metrics, step=state.global_step)
+        board.write_final_metrics(metrics, step=state.global_step)
+    # A session that trains wrote its hparams when it started (training.build_run). One
+    # that resumes a finished run keeps the config that trained it (a lower trainer.epochs
+    # would misreport it), only finishing a replacement a crash interrupted; it writes its
+    # own only when the run has none (an older version wrote them at the end).
+    if resumed_finished and not board.replace_earlier_hparams():
+        board.write_session_hparams(flatten_config(config_record))
     export_cfg = cfg.get("export")
     existing = export_of_step(out_dir, export_cfg, state.global_step) if resumed_finished else None
     if existing is not None:

@@ -27,6 +27,7 @@ from tensorboard.plugins.hparams import api as hp
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.errors import TensorBoardLinkError
+from trainer.hparams_sessions import replace_earlier_hparams
 from trainer.serving import serving_function
 from trainer.summary_writes import SummaryWrites, open_writer
 
@@ -142,14 +143,33 @@ class RunBoard:
         *,
         step: int = 0,
     ) -> None:
-        """Session info for the HParams tab plus ``final/<metric>`` scalars at ``step``.
+        """``write_session_hparams`` plus ``write_final_metrics`` at ``step``."""
+        self.write_session_hparams(flat_config)
+        self.write_final_metrics(final_metrics, step=step)
+
+    def write_session_hparams(self, flat_config: Mapping[str, Any]) -> None:
+        """This session's config for the HParams tab; earlier sessions' hparams in the
+        directory become text (``trainer.hparams_sessions``), so the tab shows this one.
 
         No experiment summary is written: with one per run, TensorBoard would pick one
         arbitrarily; without, it infers hparams and metrics from every run's session.
         """
         values = flatten_config(dict(flat_config))
-        with self.writes.writing("hparams"), self.writer.as_default(step=step):
+        with self.writes.writing("hparams"), self.writer.as_default(step=0):
             hp.hparams(values, start_time_secs=int(time.time()))
+            self.writer.flush()
+        self.replace_earlier_hparams()
+
+    def replace_earlier_hparams(self) -> int:
+        """Keep only the newest hparams session in the log directory (also repairs a crash
+        between writing one and replacing the older); returns how many it held."""
+        with self.writes.writing("earlier sessions' hparams"):
+            return replace_earlier_hparams(self.log_dir)
+        return 0
+
+    def write_final_metrics(self, final_metrics: Mapping[str, float], *, step: int) -> None:
+        """``final/<metric>`` scalars at ``step``: the HParams tab's metric columns."""
+        with self.writes.writing("final metrics"), self.writer.as_default(step=step):
             for name, value in final_metrics.items():
                 tf.summary.scalar(f"final/{name}", float(value))
             self.writer.flush()

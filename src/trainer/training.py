@@ -22,7 +22,7 @@ from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.errors import ConfigError
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
-from trainer.tensorboard import RunBoard, config_hash
+from trainer.tensorboard import RunBoard, config_hash, flatten_config
 from trainer.wrapping import apply_wrap
 
 log = logging.getLogger(__name__)
@@ -167,11 +167,13 @@ def build_run(
     )
     if state.global_step == 0:
         board.write_graph(model)
+    finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
+    if not finished:  # this session trains: from now on its config is the run's
+        board.write_session_hparams(flatten_config(config_record))
     manager, callbacks = wire_callbacks(
         cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
     )
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
-    finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
     return RunParts(
         run_dir, out_dir, data, val, steps, model, state, progress, scalars, board, manager,
         callbacks, config_record, finished_before=resume_from is not None and finished,
