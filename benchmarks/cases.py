@@ -169,7 +169,11 @@ def revival_note(checkpoint) -> str:
     counts = collections.Counter(how[name] for name in chosen)
     if not counts:
         return ""
-    return f"{what} revived from " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    note = f"{what} revived from " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    loaded = checkpoint.metadata.get("traced_functions_loaded")
+    if loaded is not None:
+        note += "; traced functions " + ("imported" if loaded else "not imported")
+    return note
 
 
 def backend_rows(size: Size, model: keras.Model, repeats: int, root: Path) -> list[Result]:

@@ -81,18 +81,20 @@ class SavedModelBackend(SaveBackend):
     ) -> None:
         with keras_compat.call_losses_kept(model):  # tracing must not empty model.losses
             traced, full = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
-        metadata = dict(metadata)
-        metadata["savedmodel"] = {
-            "format": layout.FORMAT,
-            "layers": traced.layers,
-            "variables": traced.variables,
-            "optimizer_variables": traced.optimizer_variables,
-            "signature": traced.signature,
-            "structure_fingerprint": traced.fingerprint,
-        }
-        metadata["full_save"] = full
+        if traced.encoded is None:
+            traced.encoded = layout.encode(
+                {
+                    "format": layout.FORMAT,
+                    "layers": traced.layers,
+                    "variables": traced.variables,
+                    "optimizer_variables": traced.optimizer_variables,
+                    "signature": traced.signature,
+                    "structure_fingerprint": traced.fingerprint,
+                }
+            )
+        metadata = {**metadata, "full_save": full}
         layer_state.write(model, tmp)  # before the metadata, which marks completeness
-        layout.write_metadata(tmp, metadata)
+        layout.write_metadata(tmp, metadata, encoded={"savedmodel": traced.encoded})
 
     # ---------------------------------------------------------------------- load
     def load(

@@ -42,10 +42,23 @@ def has_metadata(directory: Path) -> bool:
     return is_saved_model(directory) and metadata_path(directory).is_file()
 
 
-def write_metadata(directory: Path, metadata: dict[str, Any]) -> None:
+def encode(value: Any) -> str:
+    return json.dumps(value, indent=1, sort_keys=True)
+
+
+def write_metadata(
+    directory: Path, metadata: dict[str, Any], encoded: dict[str, str] | None = None
+) -> None:
+    """Write the metadata file (flushed to disk); ``encoded`` holds entries already
+    encoded as JSON (by :func:`encode`), written as they are."""
     path = metadata_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(metadata, indent=1, sort_keys=True)
+    encoded = encoded or {}
+    keys = sorted({*metadata, *encoded})
+    entries = (
+        f"{json.dumps(k)}: {encoded[k] if k in encoded else encode(metadata[k])}" for k in keys
+    )
+    text = "{\n" + ",\n".join(entries) + "\n}"
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

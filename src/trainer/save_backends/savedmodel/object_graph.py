@@ -39,6 +39,9 @@ class TracedModel:
     optimizer_variables: list[dict[str, Any]]
     signature: dict[str, Any]
     fingerprint: str
+    # The metadata's "savedmodel" entry as JSON: the same for every save of this trace,
+    # so encoded once (on a large model, re-encoding it was a tenth of a repeat save).
+    encoded: str | None = None
 
 
 def optimizer_variables(model: keras.Model) -> list[Any]:

@@ -93,6 +93,8 @@ def _match(root: Any, graph: Any) -> dict[str, tf.Variable] | None:
         for child in node.children:
             target = children.get(child.local_name)
             if target is None:
+                if child.node_id in objects:
+                    continue  # a back reference (``tf.train.Checkpoint(root)`` adds "root")
                 if _holds_values(graph, child.node_id, set()):
                     return None
                 continue  # added by the SavedModel save (``signatures``): no values
