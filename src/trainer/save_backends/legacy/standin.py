@@ -1,0 +1,140 @@
+"""Layers revived from a legacy SavedModel's traced functions (class missing, ``Lambda``).
+
+The stand-in keeps the saved name, holds sublayers under the saved attribute names, owns
+Keras variables whose storage is the loaded ``tf.Variable`` the traced functions capture
+(so training one trains the other), and calls the traced
+``call_and_return_conditional_losses`` for the current ``training`` value, re-adding the
+losses it returns. No Python code stored in the directory runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
+from trainer.errors import RevivedCallError, UnsupportedLegacyError
+from trainer.save_backends.legacy.reader import LegacyDir, Node
+from trainer.save_backends.legacy.weights import layer_children, own_legacy_variables
+
+CLASS_NAME = "TrainerLegacyRevived"
+
+
+def loaded_object(loaded: Any, node: Node) -> Any:
+    """The object ``tf.saved_model.load`` made for ``node``, reached by its object path."""
+    found = loaded
+    for part in node.path.split(".")[1:]:
+        found = getattr(found, part)
+    return found
+
+
+def wrap_variable(storage: Any, *, name: str, trainable: bool) -> keras.Variable:
+    """A Keras variable whose storage is the loaded ``tf.Variable`` (no copy)."""
+    variable = keras.Variable(
+        initializer="zeros",
+        shape=tuple(storage.shape),
+        dtype=storage.dtype.name,
+        trainable=trainable,
+        name=name.replace("/", "_"),
+    )
+    keras_compat.set_variable_storage(variable, storage)
+    return variable
+
+
+class _Holder(keras.layers.Layer):
+    """A sublayer of a revived layer: its variables and sublayers, under saved names.
+    Calling it alone is not possible (its call was traced into its parent's)."""
+
+    def call(self, *args, **kwargs):
+        raise RevivedCallError(
+            f"Sublayer {self.name!r} was revived from a legacy SavedModel as part of its "
+            f"parent's traced call and cannot be called on its own. Call the parent layer. "
+            f"Received: a call of {self.name!r}"
+        )
+
+
+def _attach(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any) -> None:
+    """Wrap ``node``'s own variables into ``layer`` and revive its sublayers as holders."""
+    names = {v: k for k, v in legacy.children(node.node_id).items()}
+    for variable_id, trainable in own_legacy_variables(legacy, node):
+        storage = getattr(obj, names[variable_id])
+        variable = wrap_variable(storage, name=names[variable_id], trainable=trainable)
+        keras_compat.track_variable(layer, variable)
+        legacy.placed[variable_id] = variable
+    for attribute, child in layer_children(legacy, node).items():
+        holder = _Holder(name=child.metadata.get("name") or attribute)
+        _attach(legacy, holder, child, getattr(obj, attribute))
+        holder.built = True
+        setattr(layer, attribute.replace("-", "_"), holder)
+
+
+class LegacyRevivedLayer(keras.layers.Layer):
+    """One legacy layer whose Python class is not available (or a ``Lambda``)."""
+
+    def __init__(self, *, legacy, node, loaded, **kwargs):
+        metadata = node.metadata
+        super().__init__(
+            name=metadata.get("name"), trainable=metadata.get("trainable", True), **kwargs
+        )
+        obj = loaded_object(loaded, node)
+        api = getattr(obj, "keras_api", None)
+        function = getattr(api, "call_and_return_conditional_losses", None)
+        if function is None:
+            raise UnsupportedLegacyError(
+                f"Layer {self.name!r} ({metadata.get('class_name')}) of {legacy.path} has no "
+                f"Python class here and was saved without traced functions "
+                f"(save_traces=False), so it cannot be revived. Pass its class in "
+                f"custom_objects. Received: class_name={metadata.get('class_name')!r}"
+            )
+        object.__setattr__(self, "_trainer_function", function)
+        object.__setattr__(self, "_trainer_arity", _arity(function))
+        object.__setattr__(
+            self,
+            "_trainer_original",
+            {
+                "class_name": metadata.get("class_name"),
+                "config": metadata.get("config"),
+            },
+        )
+        object.__setattr__(self, "_trainer_legacy_revived", True)
+        _attach(legacy, self, node, obj)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        arity = self._trainer_arity  # (inputs), (inputs, training), (inputs, mask, training)
+        arguments: tuple = (inputs,)
+        if arity == 2:
+            arguments = (inputs, bool(training))
+        elif arity >= 3:
+            arguments = (inputs, None, bool(training))
+        result = self._trainer_function(*arguments)
+        outputs, losses = result
+        for loss in losses or []:
+            self.add_loss(loss)
+        return outputs
+
+    def get_config(self):
+        return {"name": self.name, "trainable": self.trainable}
+
+
+def _arity(function: Any) -> int:
+    """How many arguments the traced call takes: Keras 2 traced ``inputs``, then ``mask``
+    and ``training`` if the layer's ``call`` declared them."""
+    concrete = tf_compat.concrete_functions(function)
+    if not concrete:
+        return 1
+    return len(concrete[0].structured_input_signature[0])
+
+
+def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
+    """A class Keras' ``from_config`` builds the prepared stand-ins with, by layer name."""
+
+    class _Factory:
+        @classmethod
+        def from_config(cls, config):
+            node = nodes[config["name"]]
+            return LegacyRevivedLayer(legacy=legacy, node=node, loaded=loaded)
+
+    return _Factory
