@@ -62,6 +62,25 @@ def _loss(value: Any) -> Any:
     return value
 
 
+_BY_NAME = ("accuracy", "acc", "crossentropy", "ce")
+
+
+def _metric(value: Any) -> Any:
+    """Keras 2 wraps built-in metric functions as ``MeanMetricWrapper{fn, name}``; Keras 3
+    takes their names (``"accuracy"`` still picks the variant the loss implies)."""
+    if isinstance(value, list):
+        return [_metric(v) for v in value]
+    if isinstance(value, dict) and value.get("class_name") == "MeanMetricWrapper":
+        config = value.get("config") or {}
+        name = config.get("name")
+        return name if name in _BY_NAME else config.get("fn")
+    if isinstance(value, dict) and "class_name" in value:
+        return keras.metrics.get({k: v for k, v in value.items() if k != "shared_object_id"})
+    if isinstance(value, dict):
+        return {k: _metric(v) for k, v in value.items()}
+    return value
+
+
 def compile_from_legacy(
     model: keras.Model, legacy: LegacyDir, training_config: dict[str, Any], objects: dict
 ) -> dict[str, Any]:
@@ -74,8 +93,8 @@ def compile_from_legacy(
             model.compile(
                 optimizer=optimizer,
                 loss=_loss(config.get("loss")),
-                metrics=config.get("metrics"),
-                weighted_metrics=config.get("weighted_metrics"),
+                metrics=_metric(config.get("metrics")),
+                weighted_metrics=_metric(config.get("weighted_metrics")),
                 loss_weights=config.get("loss_weights"),
             )
     except (ValueError, TypeError) as error:

@@ -1,0 +1,195 @@
+"""Issue 18: legacy tf.keras SavedModels (TensorFlow 2.x ``model.save(dir)``) import as
+compiled, trainable Keras 3 models.
+
+The zoo is written by ``tests/legacy_fixtures.py`` with tf_keras in ONE subprocess per
+session (tf_keras and Keras 3 never share a process); each test reads it from there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from trainer.errors import TrainerError, UnsupportedLegacyError
+from trainer.save_backends.registry import get_backend, load_checkpoint
+
+FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
+ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
+
+
+class Block(keras.layers.Layer):
+    """The Keras 3 counterpart of the fixtures' custom layer (same attributes)."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = keras.layers.Dense(units, activation="relu", name="inner")
+        self.norm = keras.layers.BatchNormalization(name="norm")
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(self.units,), initializer="ones")
+
+    def call(self, x, training=None):
+        return self.norm(self.inner(x), training=training) * self.scale
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("legacy_zoo")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _case(case: str) -> tuple[str, dict]:
+    if case == "custom_known":
+        return "custom", {"Block": Block}
+    if case == "custom_missing":
+        return "custom", {}
+    return case, {}
+
+
+def _arrays(folder: Path, prefix: str) -> list[np.ndarray]:
+    return [np.load(f) for f in sorted(folder.glob(f"{prefix}[0-9].npy"))]
+
+
+def _feed(arrays):
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _outputs(model, xs, training=False) -> list[np.ndarray]:
+    out = model(_feed(xs), training=training)
+    return [np.asarray(o) for o in (out if isinstance(out, list | tuple) else [out])]
+
+
+_imported: dict[str, object] = {}
+
+
+def _load(zoo: Path, case: str):
+    """One import per case for the whole module (imports are what is under test, and
+    the suite's time budget is tight)."""
+    if case not in _imported:
+        name, objects = _case(case)
+        _imported[case] = load_checkpoint(zoo / name / "model", custom_objects=objects)
+    return _imported[case]
+
+
+@pytest.mark.parametrize("case", ZOO)
+def test_predictions_equal(zoo, case):
+    name, _ = _case(case)
+    folder = zoo / name
+    checkpoint = _load(zoo, case)
+    assert checkpoint.metadata["imported_from"] == "tf_keras"
+    assert checkpoint.state.global_step == 0
+    xs = _arrays(folder, "x")
+    tolerance = 1e-5 if case in ("cnn", "mobilenet") else 0.0  # conv kernels differ
+    for got, want in zip(_outputs(checkpoint.model, xs), _arrays(folder, "pred"), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+    # Fused (Keras 2) and unfused (Keras 3) batch statistics round differently; through
+    # MobileNetV2's 52 BatchNormalization layers that adds up to ~1e-4 on probabilities.
+    train_tolerance = 1e-3 if case == "mobilenet" else tolerance
+    trained = _arrays(folder, "pred_train")  # none where training=True is random (Dropout)
+    for got, want in zip(
+        _outputs(checkpoint.model, xs, True) if trained else [], trained, strict=False
+    ):
+        np.testing.assert_allclose(got, want, rtol=0, atol=train_tolerance)
+    how = checkpoint.metadata["legacy_layers"]
+    if case in ("custom_missing", "lambda"):
+        assert "traces" in how.values()
+    else:
+        assert set(how.values()) == {"config"}
+
+
+@pytest.mark.parametrize("case", [c for c in ZOO if c != "mobilenet"])
+def test_fit_reduces_loss_and_trains_every_variable(zoo, case):
+    name, _ = _case(case)
+    model = _load(zoo, case).model
+    assert model.compiled
+    xs, ys = _arrays(zoo / name, "x"), _arrays(zoo / name, "y")
+    before = [np.array(v.numpy()) for v in model.trainable_variables]
+    assert before
+    keras.utils.set_random_seed(0)
+    first = model.train_on_batch(_feed(xs), _feed(ys), return_dict=True)["loss"]
+    second = model.train_on_batch(_feed(xs), _feed(ys), return_dict=True)["loss"]
+    assert second < first
+    for old, variable in zip(before, model.trainable_variables, strict=True):
+        assert not np.array_equal(old, variable.numpy()), variable.path
+
+
+@pytest.mark.parametrize("case", ["mlp", "functional", "rnn", "custom_known"])
+def test_optimizer_slots_restored(zoo, case):
+    name, objects = _case(case)
+    checkpoint = load_checkpoint(zoo / name / "model", custom_objects=objects)
+    assert checkpoint.metadata["optimizer_state"] == "restored"
+    assert int(checkpoint.model.optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+@pytest.mark.parametrize("case", ["mlp", "functional", "cnn", "rnn", "custom_known"])
+def test_imported_model_saves_with_every_backend(zoo, tmp_path, case, backend):
+    name, objects = _case(case)
+    model = load_checkpoint(zoo / name / "model", custom_objects=objects).model
+    xs = _arrays(zoo / name, "x")
+    written = get_backend(backend).save(model, tmp_path / f"ckpt_{backend}")
+    back = get_backend(backend).load(written, custom_objects=objects).model
+    for got, want in zip(_outputs(back, xs), _outputs(model, xs), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for a, b in zip(back.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_savedmodel_backend_loads_legacy_directly(zoo):
+    checkpoint = get_backend("savedmodel").load(zoo / "mlp" / "model", compile=False)
+    assert not checkpoint.model.compiled
+    want = _arrays(zoo / "mlp", "pred")[0]
+    np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
+
+
+def test_unsupported_option_names_the_layer(zoo, tmp_path):
+    """An option Keras 3 lacks (BatchNormalization renorm) is refused, naming the layer."""
+    from trainer.save_backends.legacy import metadata_proto
+
+    copy = tmp_path / "cnn"
+    shutil.copytree(zoo / "cnn" / "model", copy)
+    meta = metadata_proto.SavedMetadata.FromString((copy / "keras_metadata.pb").read_bytes())
+    root = meta.nodes[0]
+    root.metadata = root.metadata.replace('"momentum": 0.99', '"momentum": 0.99, "renorm": true')
+    (copy / "keras_metadata.pb").write_bytes(meta.SerializeToString())
+    with pytest.raises(UnsupportedLegacyError, match=r"batch_normalization.*renorm"):
+        load_checkpoint(copy)
+
+
+def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):
+    """In-process (``cli.main``): a subprocess would import TensorFlow again (~10 s)."""
+    from trainer import cli
+
+    dst = tmp_path / "imported"
+    assert cli.main(["import-legacy", str(zoo / "mlp" / "model"), str(dst)]) == 0
+    checkpoint = load_checkpoint(dst)
+    want = _arrays(zoo / "mlp", "pred")[0]
+    np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
+    assert checkpoint.model.compiled
+    capsys.readouterr()
+    assert cli.main(["import-legacy", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    assert cli.main(["inspect", str(zoo / "lambda" / "model")]) == 0
+    shown = capsys.readouterr().out
+    assert "affine (Lambda): from traces" in shown and "dense_7 (Dense): from config" in shown
+
+
+def test_errors_are_trainer_errors():
+    assert issubclass(UnsupportedLegacyError, TrainerError)
