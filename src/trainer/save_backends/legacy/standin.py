@@ -16,6 +16,7 @@ import keras
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError, UnsupportedLegacyError
+from trainer.save_backends.legacy import translate
 from trainer.save_backends.legacy.reader import LegacyDir, Node
 from trainer.save_backends.legacy.weights import layer_children, own_legacy_variables
 
@@ -43,35 +44,27 @@ def wrap_variable(storage: Any, *, name: str, trainable: bool) -> keras.Variable
     return variable
 
 
-class _Holder(keras.layers.Layer):
-    """A sublayer of a revived layer: its variables and sublayers, under saved names.
-    Calling it alone is not possible (its call was traced into its parent's)."""
-
-    def call(self, *args, **kwargs):
-        raise RevivedCallError(
-            f"Sublayer {self.name!r} was revived from a legacy SavedModel as part of its "
-            f"parent's traced call and cannot be called on its own. Call the parent layer. "
-            f"Received: a call of {self.name!r}"
-        )
-
-
-def _attach(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any) -> None:
-    """Wrap ``node``'s own variables into ``layer`` and revive its sublayers as holders."""
+def _attach(
+    legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any, prefix: str = ""
+) -> None:
+    """Wrap the variables of ``node`` and of its sublayers into ``layer``, named by their
+    object path (``inner/kernel``): the traced call uses them all, and a sublayer alone
+    has no traced call that could stand in for it."""
     names = {v: k for k, v in legacy.children(node.node_id).items()}
     for variable_id, trainable in own_legacy_variables(legacy, node):
         storage = getattr(obj, names[variable_id])
-        variable = wrap_variable(storage, name=names[variable_id], trainable=trainable)
+        flag = storage.trainable if trainable is None else trainable
+        path = f"{prefix}{names[variable_id]}"
+        variable = wrap_variable(storage, name=path, trainable=flag)
         keras_compat.track_variable(layer, variable)
         legacy.placed[variable_id] = variable
     for attribute, child in layer_children(legacy, node).items():
-        holder = _Holder(name=child.metadata.get("name") or attribute)
-        _attach(legacy, holder, child, getattr(obj, attribute))
-        holder.built = True
-        setattr(layer, attribute.replace("-", "_"), holder)
+        _attach(legacy, layer, child, getattr(obj, attribute), f"{prefix}{attribute}/")
 
 
 class LegacyRevivedLayer(keras.layers.Layer):
-    """One legacy layer whose Python class is not available (or a ``Lambda``)."""
+    """One legacy layer whose Python class is not available (or a ``Lambda``); a subclass
+    named after the original class is made per class (``standin_class``)."""
 
     def __init__(self, *, legacy, node, loaded, **kwargs):
         metadata = node.metadata
@@ -90,14 +83,9 @@ class LegacyRevivedLayer(keras.layers.Layer):
             )
         object.__setattr__(self, "_trainer_function", function)
         object.__setattr__(self, "_trainer_arity", _arity(function))
-        object.__setattr__(
-            self,
-            "_trainer_original",
-            {
-                "class_name": metadata.get("class_name"),
-                "config": metadata.get("config"),
-            },
-        )
+        entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
+        config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
+        object.__setattr__(self, "_trainer_config", config)
         object.__setattr__(self, "_trainer_legacy_revived", True)
         _attach(legacy, self, node, obj)
         self.built = True
@@ -109,14 +97,35 @@ class LegacyRevivedLayer(keras.layers.Layer):
             arguments = (inputs, bool(training))
         elif arity >= 3:
             arguments = (inputs, None, bool(training))
-        result = self._trainer_function(*arguments)
-        outputs, losses = result
+        try:
+            outputs, losses = self._trainer_function(*arguments)
+        except (TypeError, ValueError) as error:  # no traced function takes these inputs
+            raise RevivedCallError(
+                f"Layer {self.name!r} was revived from the traced functions of a legacy "
+                f"SavedModel, and none of them takes these inputs ({error}). Call it with "
+                f"inputs of the shapes and dtypes it was saved with, or pass its class in "
+                f"custom_objects. Received: {inputs!r}"
+            ) from error
         for loss in losses or []:
             self.add_loss(loss)
         return outputs
 
     def get_config(self):
-        return {"name": self.name, "trainable": self.trainable}
+        """The original layer's config: a process that has its class rebuilds it."""
+        return {**self._trainer_config, "name": self.name, "trainable": self.trainable}
+
+
+_classes: dict[str, type] = {}
+
+
+def standin_class(class_name: str) -> type:
+    """A ``LegacyRevivedLayer`` subclass reporting the original class name, so that a save
+    of the imported model records it (a ``Lambda`` becomes ``LegacyLambda``: its stored
+    code is never to be rebuilt)."""
+    name = "LegacyLambda" if class_name == "Lambda" else class_name
+    if name not in _classes:
+        _classes[name] = type(name, (LegacyRevivedLayer,), {"__module__": __name__})
+    return _classes[name]
 
 
 def _arity(function: Any) -> int:
@@ -135,6 +144,7 @@ def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
         @classmethod
         def from_config(cls, config):
             node = nodes[config["name"]]
-            return LegacyRevivedLayer(legacy=legacy, node=node, loaded=loaded)
+            cls = standin_class(str(node.metadata.get("class_name")))
+            return cls(legacy=legacy, node=node, loaded=loaded)
 
     return _Factory
