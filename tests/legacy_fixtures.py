@@ -25,7 +25,7 @@ class Block(L.Layer):
     def __init__(self, units=4, **kwargs):
         super().__init__(**kwargs)
         self.units = units
-        self.inner = L.Dense(units, activation="relu", name="inner")
+        self.inner = L.Dense(units, activation="relu", name="inner", kernel_regularizer="l2")
         self.norm = L.BatchNormalization(name="norm")
 
     def build(self, input_shape):
@@ -160,6 +160,8 @@ def write(out, name):
         if training and not train_deterministic:
             continue
         preds = model(feed, training=training)
+        if not training:  # the regularization losses a training step adds
+            np.save(os.path.join(folder, "losses.npy"), np.float32(sum(model.losses)))
         for i, p in enumerate(preds if isinstance(preds, list) else [preds]):
             np.save(os.path.join(folder, f"pred{suffix}{i}.npy"), np.asarray(p))
 

@@ -30,7 +30,9 @@ class Block(keras.layers.Layer):
     def __init__(self, units=4, **kwargs):
         super().__init__(**kwargs)
         self.units = units
-        self.inner = keras.layers.Dense(units, activation="relu", name="inner")
+        self.inner = keras.layers.Dense(
+            units, activation="relu", name="inner", kernel_regularizer="l2"
+        )
         self.norm = keras.layers.BatchNormalization(name="norm")
 
     def build(self, input_shape):
@@ -107,6 +109,10 @@ def test_predictions_equal(zoo, case):
         _outputs(checkpoint.model, xs, True) if trained else [], trained, strict=False
     ):
         np.testing.assert_allclose(got, want, rtol=0, atol=train_tolerance)
+    # Regularization losses, replayed from traces for revived layers.
+    np.testing.assert_allclose(
+        float(sum(checkpoint.model.losses)), float(np.load(folder / "losses.npy")), rtol=1e-6
+    )
     how = checkpoint.metadata["legacy_layers"]
     if case in ("custom_missing", "lambda"):
         assert "traces" in how.values()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
@@ -83,6 +84,10 @@ class LegacyRevivedLayer(keras.layers.Layer):
             )
         object.__setattr__(self, "_trainer_function", function)
         object.__setattr__(self, "_trainer_arity", _arity(function))
+        # Argument-free traced weight regularizers (its sublayers' included), re-added on
+        # every call as Keras 2 added them to the loss of every step.
+        regularizers = list(getattr(obj, "regularization_losses", None) or [])
+        object.__setattr__(self, "_trainer_regularizers", regularizers)
         entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
         config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
         object.__setattr__(self, "_trainer_config", config)
@@ -91,6 +96,12 @@ class LegacyRevivedLayer(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs, training=None):
+        if any(keras_compat.keras_mask(x) is not None for x in tf.nest.flatten(inputs)):
+            raise UnsupportedLegacyError(
+                f"Layer {self.name!r} is revived from traced functions, which were traced "
+                f"without the Keras mask its inputs carry; it would ignore the mask. Pass its "
+                f"class in custom_objects. Received: masked inputs for {self.name!r}"
+            )
         arity = self._trainer_arity  # (inputs), (inputs, training), (inputs, mask, training)
         arguments: tuple = (inputs,)
         if arity == 2:
@@ -106,7 +117,7 @@ class LegacyRevivedLayer(keras.layers.Layer):
                 f"inputs of the shapes and dtypes it was saved with, or pass its class in "
                 f"custom_objects. Received: {inputs!r}"
             ) from error
-        for loss in losses or []:
+        for loss in list(losses or []) + [f() for f in self._trainer_regularizers]:
             self.add_loss(loss)
         return outputs
 
