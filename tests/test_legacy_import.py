@@ -206,18 +206,43 @@ def test_savedmodel_backend_loads_legacy_directly(zoo):
     np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
 
 
-def test_unsupported_option_names_the_layer(zoo, tmp_path):
-    """An option Keras 3 lacks (BatchNormalization renorm) is refused, naming the layer."""
+def _edit_root(zoo: Path, case: str, tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of a zoo directory whose root metadata JSON has ``old`` replaced."""
     from trainer.save_backends.legacy import metadata_proto
 
-    copy = tmp_path / "cnn"
-    shutil.copytree(zoo / "cnn" / "model", copy)
+    copy = tmp_path / case
+    shutil.copytree(zoo / case / "model", copy)
     meta = metadata_proto.SavedMetadata.FromString((copy / "keras_metadata.pb").read_bytes())
-    root = meta.nodes[0]
-    root.metadata = root.metadata.replace('"momentum": 0.99', '"momentum": 0.99, "renorm": true')
+    assert old in meta.nodes[0].metadata
+    meta.nodes[0].metadata = meta.nodes[0].metadata.replace(old, new)
     (copy / "keras_metadata.pb").write_bytes(meta.SerializeToString())
-    with pytest.raises(UnsupportedLegacyError, match=r"batch_normalization.*renorm"):
-        load_checkpoint(copy)
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("case", "old", "new", "message"),
+    [
+        # An option Keras 3 lacks is refused, naming the layer.
+        (
+            "cnn",
+            '"momentum": 0.99',
+            '"momentum": 0.99, "renorm": true',
+            "batch_normalization.*renorm",
+        ),
+        # Variables that do not fit the rebuilt layer: never assigned by guessing.
+        (
+            "functional",
+            '"name": "out1", "trainable": true, "dtype": "float32", "units": 2',
+            '"name": "out1", "trainable": true, "dtype": "float32", "units": 3',
+            "out1.*do not match",
+        ),
+        # A subclassed model has no layer graph to rebuild.
+        ("mlp", '"class_name": "Sequential"', '"class_name": "MyModel"', "subclassed.*MyModel"),
+    ],
+)
+def test_unsupported_is_a_trainer_error_naming_the_layer(zoo, tmp_path, case, old, new, message):
+    with pytest.raises(UnsupportedLegacyError, match=message):
+        load_checkpoint(_edit_root(zoo, case, tmp_path, old, new))
 
 
 def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):
