@@ -17,8 +17,13 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.errors import MissingClassError, TrainerError, UnsupportedLegacyError
-from trainer.save_backends.registry import get_backend, load_checkpoint
+from trainer.errors import (
+    MissingClassError,
+    NotACheckpointError,
+    TrainerError,
+    UnsupportedLegacyError,
+)
+from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
 
 FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
 ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
@@ -261,6 +266,11 @@ def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):
     assert cli.main(["inspect", str(zoo / "lambda" / "model")]) == 0
     shown = capsys.readouterr().out
     assert "affine (Lambda): from traces" in shown and "dense_7 (Dense): from config" in shown
+
+
+def test_legacy_dir_has_no_training_state_to_read(zoo):
+    with pytest.raises(NotACheckpointError, match="import-legacy"):
+        read_checkpoint_metadata(zoo / "mlp" / "model")
 
 
 def test_errors_are_trainer_errors():

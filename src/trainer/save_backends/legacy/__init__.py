@@ -38,4 +38,15 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     return _describe(Path(path))
 
 
-__all__ = ["describe", "is_legacy", "load_legacy"]
+def refuse_metadata(path: Path) -> None:
+    """A legacy directory has no trainer metadata (no training state to resume from)."""
+    from trainer.errors import NotACheckpointError
+
+    raise NotACheckpointError(
+        f"{path} is a legacy tf.keras SavedModel: it holds a model but no trainer metadata "
+        f"or training state. Load it with load_checkpoint(path) (a fresh state), or convert "
+        f"it once with `python -m trainer import-legacy {path} DST`. Received: {str(path)!r}"
+    )
+
+
+__all__ = ["describe", "is_legacy", "load_legacy", "refuse_metadata"]

@@ -83,12 +83,25 @@ def _build(config: dict[str, Any], objects: dict[str, Any], where: str) -> keras
     except TrainerError:
         raise
     except Exception as error:  # Keras raises TypeError/ValueError/KeyError on a bad config
+        cause = _trainer_cause(error)
+        if cause is not None:  # ours, wrapped by Keras' deserialization
+            raise cause from error
         raise UnsupportedLegacyError(
             f"Keras 3 cannot rebuild the model of {where} from its translated config "
             f"({type(error).__name__}: {error}). A layer class or option it uses has no "
             f"Keras 3 counterpart; pass the class in custom_objects if it is custom. "
             f"Received: {type(error).__name__}"
         ) from error
+
+
+def _trainer_cause(error: BaseException) -> TrainerError | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, TrainerError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def describe(path: Path, custom_objects: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -84,7 +84,14 @@ class LegacyDir:
                 f"{self.path}: object graph node {node_id} should be a variable but has no "
                 f"saved value; the directory is damaged. Received: node {node_id}"
             )
-        return np.asarray(self.reader.get_tensor(key))
+        try:
+            return np.asarray(self.reader.get_tensor(key))
+        except Exception as error:  # tf.errors.*: a damaged or truncated variables file
+            raise CorruptCheckpointError(
+                f"{self.path}: the value of {key} cannot be read from the variables "
+                f"checkpoint ({type(error).__name__}: {error}); the directory is damaged. "
+                f"Received: {key!r}"
+            ) from error
 
     def listed(self, node_id: int, attribute: str) -> list[int]:
         """The node ids of the list a layer tracks as ``attribute`` (``variables``), in

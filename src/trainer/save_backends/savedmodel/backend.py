@@ -54,6 +54,8 @@ class SavedModelBackend(SaveBackend):
 
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
+        if legacy.is_legacy(Path(path)):
+            legacy.refuse_metadata(Path(path))
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
