@@ -83,7 +83,7 @@ class LegacyRevivedLayer(keras.layers.Layer):
                 f"custom_objects. Received: class_name={metadata.get('class_name')!r}"
             )
         object.__setattr__(self, "_trainer_function", function)
-        object.__setattr__(self, "_trainer_arity", _arity(function))
+        object.__setattr__(self, "_trainer_extra", _extra_arguments(function))
         # Argument-free traced weight regularizers (its sublayers' included), re-added on
         # every call as Keras 2 added them to the loss of every step.
         regularizers = list(getattr(obj, "regularization_losses", None) or [])
@@ -102,12 +102,10 @@ class LegacyRevivedLayer(keras.layers.Layer):
                 f"without the Keras mask its inputs carry; it would ignore the mask. Pass its "
                 f"class in custom_objects. Received: masked inputs for {self.name!r}"
             )
-        arity = self._trainer_arity  # (inputs), (inputs, training), (inputs, mask, training)
-        arguments: tuple = (inputs,)
-        if arity == 2:
-            arguments = (inputs, bool(training))
-        elif arity >= 3:
-            arguments = (inputs, None, bool(training))
+        # After the inputs, as traced: the training flag where a bool was, else the value
+        # the trace fixed (a mask traced as None).
+        extra = [bool(training) if isinstance(v, bool) else v for v in self._trainer_extra]
+        arguments = (inputs, *extra)
         try:
             outputs, losses = self._trainer_function(*arguments)
         except (TypeError, ValueError) as error:  # no traced function takes these inputs
@@ -139,13 +137,14 @@ def standin_class(class_name: str) -> type:
     return _classes[name]
 
 
-def _arity(function: Any) -> int:
-    """How many arguments the traced call takes: Keras 2 traced ``inputs``, then ``mask``
-    and ``training`` if the layer's ``call`` declared them."""
+def _extra_arguments(function: Any) -> tuple:
+    """The positional arguments after ``inputs`` that the traced call was traced with:
+    Keras 2 traced ``mask`` (as None) and ``training`` (as True and as False) when the
+    layer's ``call`` declared them, in the order it declared them."""
     concrete = tf_compat.concrete_functions(function)
     if not concrete:
-        return 1
-    return len(concrete[0].structured_input_signature[0])
+        return ()
+    return tuple(concrete[0].structured_input_signature[0][1:])
 
 
 def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
