@@ -26,6 +26,7 @@ list the runs of an outputs directory. A bad path or an unreadable checkpoint gi
 
 EXAMPLES = {
     "inspect": "{prog} inspect outputs/2026-01-31/12-00-00/checkpoints/latest",
+    "import-legacy": "{prog} import-legacy old_tf2_model/ checkpoints/imported",
     "verify": "{prog} verify outputs/2026-01-31/12-00-00/checkpoints/latest",
     "export": "{prog} export outputs/2026-01-31/12-00-00/checkpoints/latest serving/digits",
     "runs": "{prog} runs outputs",
@@ -88,6 +89,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         ("out_dir", "directory of numbered versions (created if missing)"),
     )
     _add_export_options(export)
+    legacy = command(
+        "import-legacy",
+        "convert a legacy tf.keras SavedModel (TensorFlow 2.x model.save) into a trainer "
+        "checkpoint holding a compiled, trainable Keras 3 model",
+        ("src", "the directory tf.keras' model.save(dir) wrote"),
+        ("dst", "the checkpoint to write (must not exist)"),
+    )
+    legacy.add_argument(
+        "--backend", default="savedmodel", help="save backend of DST (default savedmodel)"
+    )
     command(
         "runs",
         "list every run with its checkpoints, exports and TensorBoard log",
@@ -142,6 +153,8 @@ def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
 
         if args.command == "export":
             return cli_extra.run_export(args)
+        if args.command == "import-legacy":
+            return cli_extra.run_import_legacy(args.src, args.dst, args.backend, args.json)
         return cli_extra.run_runs(args.output_dir, as_json=args.json)
     except (TrainerError, OSError) as error:
         message = " ".join(str(error).split())  # one line, even for multi-line causes
@@ -164,6 +177,8 @@ def run_inspect(path: Path, *, as_json: bool) -> int:
 
     if is_export(path):  # a serving export: metadata and signatures, no model loaded
         return cli_extra.inspect_export(path, as_json=as_json)
+    if cli_extra.is_legacy(path):  # tf.keras' model.save(dir): what imports how
+        return cli_extra.inspect_legacy(path, as_json=as_json)
     checkpoint = load_checkpoint(path, compile=True)
     report = describe(checkpoint)
     report.update(cli_extra.links_and_signatures(checkpoint))

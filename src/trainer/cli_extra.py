@@ -155,3 +155,49 @@ def inspect_export(path: Path, *, as_json: bool) -> int:
         )
     )
     return 0
+
+
+def is_legacy(path: Path) -> bool:
+    from trainer.save_backends import legacy
+
+    return legacy.is_legacy(path)
+
+
+def run_import_legacy(src: Path, dst: Path, backend: str, as_json: bool) -> int:
+    """``import-legacy``: a legacy tf.keras SavedModel -> a trainer checkpoint at ``dst``."""
+    from trainer.errors import NotACheckpointError
+    from trainer.save_backends import get_backend, legacy
+
+    if not legacy.is_legacy(src):
+        raise NotACheckpointError(
+            f"{src} is not a legacy tf.keras SavedModel (it needs saved_model.pb and "
+            f"keras_metadata.pb, and no trainer metadata). Pass the directory TensorFlow "
+            f"2.x's model.save(dir) wrote. Received: {str(src)!r}"
+        )
+    checkpoint = legacy.load_legacy(src)
+    written = get_backend(backend).save(checkpoint.model, dst, metadata=checkpoint.metadata)
+    report = {"source": str(src), "checkpoint": str(written), "backend": backend}
+    report.update(checkpoint.metadata)
+    print(json.dumps(report, indent=2) if as_json else _legacy_lines(report))
+    return 0
+
+
+def inspect_legacy(path: Path, *, as_json: bool) -> int:
+    from trainer.save_backends import legacy
+
+    report = legacy.describe(path)
+    print(json.dumps(report, indent=2) if as_json else _legacy_lines(report))
+    return 0
+
+
+def _legacy_lines(report: dict) -> str:
+    lines = []
+    for key, value in report.items():
+        if key == "layers":
+            lines.append("layers:")
+            lines += [f"  {x['name']} ({x['class_name']}): from {x['imports_from']}" for x in value]
+        elif key == "legacy_layers":
+            lines.append("layers: " + ", ".join(f"{k} from {v}" for k, v in value.items()))
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)

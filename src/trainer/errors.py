@@ -123,3 +123,9 @@ class TensorBoardLinkError(TrainerError):
 
 class ExportError(TrainerError):
     """A serving export could not be written as asked; earlier versions are untouched."""
+
+
+class UnsupportedLegacyError(TrainerError, ValueError):
+    """A legacy tf.keras SavedModel uses something that cannot be imported into Keras 3
+    with the same behaviour (a subclassed model, an option Keras 3 lacks); it names the
+    layer and the reason instead of returning a model that computes something else."""

@@ -403,3 +403,23 @@ def set_initial_epoch(model: keras.Model, epoch: int | None) -> None:
     same; no public API exists. Checked: Keras 3.15.1, TensorFlow backend.
     """
     model._initial_epoch = epoch
+
+
+def optimizer_slot_list(optimizer: Any, attribute: str) -> list[Any] | None:
+    """One kind of an optimizer's per-variable state (``_momentums`` of ``Adam``), aligned
+    with the trainable variables it was built for; None if it has no such list.
+
+    Reads the optimizer's private attribute of that name: Keras has no public API that
+    says which optimizer variable belongs to which model variable (``optimizer.variables``
+    is a flat list). Checked: Keras 3.15.1 (adam.py, sgd.py, rmsprop.py).
+    """
+    found = getattr(optimizer, attribute, None)
+    return list(found) if isinstance(found, list | tuple) else None
+
+
+def optimizer_built_for(optimizer: Any) -> list[Any]:
+    """The model variables ``optimizer`` was built for, in its slot lists' order.
+
+    Uses ``BaseOptimizer._trainable_variables``. Checked: Keras 3.15.1.
+    """
+    return list(optimizer._trainable_variables)

@@ -24,7 +24,7 @@ from trainer import limits
 from trainer._compat import keras as keras_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends import layerstate, modelstate
+from trainer.save_backends import layerstate, legacy, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
 from trainer.save_backends.savedmodel import (
     endpoints,
@@ -60,10 +60,12 @@ class SavedModelBackend(SaveBackend):
 
     @classmethod
     def can_load(cls, path: Path) -> bool:
-        return layout.has_metadata(Path(path))
+        return layout.has_metadata(Path(path)) or legacy.is_legacy(Path(path))
 
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
+        if legacy.is_legacy(Path(path)):
+            legacy.refuse_metadata(Path(path))
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
@@ -109,6 +111,8 @@ class SavedModelBackend(SaveBackend):
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
         path = Path(path)
+        if legacy.is_legacy(path):  # tf.keras' own model.save(dir): import it
+            return legacy.load_legacy(path, custom_objects=custom_objects, compile=compile)
         if layout.is_saved_model(path) and not layout.has_metadata(path):
             layout.read_metadata(path)  # raises the "plain SavedModel" error
         self._safe_mode = safe_mode

@@ -1,0 +1,106 @@
+"""Compile an imported model as its legacy ``training_config`` says, and restore the
+optimizer's state where the legacy checkpoint holds it.
+
+Keras 2 optimizer configs carry options Keras 3 dropped (``jit_compile``,
+``is_legacy_optimizer``) and ``Custom>`` class prefixes; losses may carry
+``reduction="auto"``, which Keras 3 calls ``sum_over_batch_size``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+
+from trainer.errors import UnsupportedLegacyError
+from trainer.save_backends.legacy import slots, translate
+from trainer.save_backends.legacy.reader import LegacyDir
+
+log = logging.getLogger(__name__)
+_OPTIMIZER_DROPPED = ("jit_compile", "is_legacy_optimizer", "decay")
+
+
+def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizers.Optimizer:
+    """The Keras 3 optimizer of a legacy ``optimizer_config``."""
+    if not config:
+        return keras.optimizers.RMSprop()  # Keras' own default for compile()
+    config = translate.plain(config)
+    class_name = str(config.get("class_name", "")).split(">")[-1]
+    options = dict(config.get("config") or {})
+    if options.get("decay") not in (None, 0, 0.0):
+        raise UnsupportedLegacyError(
+            f"The optimizer of {where} ({class_name}) uses the legacy decay="
+            f"{options['decay']!r}, which Keras 3 optimizers do not have; use a learning "
+            f"rate schedule instead. Received: decay={options['decay']!r}"
+        )
+    for key in _OPTIMIZER_DROPPED:
+        options.pop(key, None)
+    if "lr" in options:
+        options["learning_rate"] = options.pop("lr")
+    try:
+        return keras.optimizers.get({"class_name": class_name, "config": options})
+    except (ValueError, TypeError) as error:
+        raise UnsupportedLegacyError(
+            f"The optimizer of {where} ({class_name}) cannot be rebuilt in Keras 3: "
+            f"{error}. Compile the imported model yourself (compile=False). "
+            f"Received: {class_name!r}"
+        ) from error
+
+
+def _loss(value: Any) -> Any:
+    if isinstance(value, dict) and "class_name" in value:
+        config = dict(value.get("config") or {})
+        if config.get("reduction") == "auto":
+            config["reduction"] = "sum_over_batch_size"
+        config.pop("fn", None)
+        return keras.losses.get({"class_name": value["class_name"], "config": config})
+    if isinstance(value, list):
+        return [_loss(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _loss(v) for k, v in value.items()}
+    return value
+
+
+_BY_NAME = ("accuracy", "acc", "crossentropy", "ce")
+
+
+def _metric(value: Any) -> Any:
+    """Keras 2 wraps built-in metric functions as ``MeanMetricWrapper{fn, name}``; Keras 3
+    takes their names (``"accuracy"`` still picks the variant the loss implies)."""
+    if isinstance(value, list):
+        return [_metric(v) for v in value]
+    if isinstance(value, dict) and value.get("class_name") == "MeanMetricWrapper":
+        config = value.get("config") or {}
+        name = config.get("name")
+        return name if name in _BY_NAME else config.get("fn")
+    if isinstance(value, dict) and "class_name" in value:
+        return keras.metrics.get({k: v for k, v in value.items() if k != "shared_object_id"})
+    if isinstance(value, dict):
+        return {k: _metric(v) for k, v in value.items()}
+    return value
+
+
+def compile_from_legacy(
+    model: keras.Model, legacy: LegacyDir, training_config: dict[str, Any], objects: dict
+) -> dict[str, Any]:
+    """Compile ``model``; restore optimizer state; return what the metadata records."""
+    where = str(legacy.path)
+    config = translate.plain(training_config)
+    optimizer = optimizer_from(config.get("optimizer_config"), where)
+    try:
+        with keras.saving.custom_object_scope(objects):
+            model.compile(
+                optimizer=optimizer,
+                loss=_loss(config.get("loss")),
+                metrics=_metric(config.get("metrics")),
+                weighted_metrics=_metric(config.get("weighted_metrics")),
+                loss_weights=config.get("loss_weights"),
+            )
+    except (ValueError, TypeError) as error:
+        raise UnsupportedLegacyError(
+            f"The compile arguments of {where} cannot be used in Keras 3 ({error}). Load "
+            f"with compile=False and compile the model yourself. Received: "
+            f"{ {k: config.get(k) for k in ('loss', 'metrics')} }"
+        ) from error
+    return {"optimizer_state": slots.restore(model, legacy)}

@@ -1,0 +1,126 @@
+"""A legacy tf.keras SavedModel -> a compiled, trainable Keras 3 model.
+
+The root's metadata holds the Keras 2 model config: it is translated (``translate``) and
+rebuilt by Keras 3; layers Keras 3 cannot build (class missing, ``Lambda``) become
+stand-ins over their traced functions (``standin``); variables come from the checkpoint by
+object path (``weights``); the compile arguments from ``training_config`` (``compiling``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer.errors import CorruptCheckpointError, TrainerError, UnsupportedLegacyError
+from trainer.save_backends.legacy import compiling, standin, translate, weights
+from trainer.save_backends.legacy.reader import LegacyDir, Node, open_legacy, top_level_layers
+
+log = logging.getLogger(__name__)
+
+
+def plan(legacy: LegacyDir, custom_objects: dict[str, Any]) -> dict[str, str]:
+    """Layer name -> how it imports: ``config`` (Keras 3 builds it) or ``traces``."""
+    how = {}
+    for name, node in top_level_layers(legacy).items():
+        class_name = node.metadata.get("class_name", "")
+        how[name] = "config" if translate.known_class(class_name, custom_objects) else "traces"
+    return how
+
+
+def import_model(
+    path: Path, *, custom_objects: dict[str, Any] | None = None, compile: bool = True
+) -> tuple[keras.Model, dict[str, Any]]:
+    """The Keras 3 model and what the import did (for the checkpoint metadata)."""
+    custom_objects = dict(custom_objects or {})
+    legacy = open_legacy(path)
+    where = str(path)
+    config = translate.root_config(legacy.root.metadata, where)
+    how = plan(legacy, custom_objects)
+    revived = {n: node for n, node in top_level_layers(legacy).items() if how[n] == "traces"}
+    loaded = None
+    objects = dict(custom_objects)
+    if revived:
+        loaded = _load_saved_model(path)
+        objects[standin.CLASS_NAME] = standin.factory(legacy, loaded, revived)
+        for entry in config["config"]["layers"]:
+            name = (entry.get("config") or {}).get("name")
+            if name in revived:
+                entry["class_name"] = standin.CLASS_NAME
+                entry["config"] = {"name": name}
+    model = _build(config, objects, where)
+    if loaded is not None:
+        object.__setattr__(model, "_trainer_loaded", loaded)  # its functions are in use
+    weights.assign_model(legacy, model, legacy.root, where)
+    info: dict[str, Any] = {"imported_from": "tf_keras", "legacy_layers": how}
+    training_config = legacy.root.metadata.get("training_config")
+    if compile and training_config:
+        info.update(compiling.compile_from_legacy(model, legacy, training_config, objects))
+    elif compile:
+        log.warning("%s holds no training config; the imported model is not compiled", path)
+    return model, info
+
+
+def _load_saved_model(path: Path) -> Any:
+    try:
+        return tf.saved_model.load(str(path))
+    except Exception as error:  # any TF error here means a damaged directory
+        raise CorruptCheckpointError(
+            f"{path} cannot be loaded as a SavedModel ({type(error).__name__}: {error}); "
+            f"its traced functions are needed for the layers whose class is missing. "
+            f"Received: {str(path)!r}"
+        ) from error
+
+
+def _build(config: dict[str, Any], objects: dict[str, Any], where: str) -> keras.Model:
+    cls = keras.Sequential if config["class_name"] == "Sequential" else keras.Model
+    try:
+        with keras.saving.custom_object_scope(objects):
+            return cls.from_config(config["config"], custom_objects=objects)
+    except TrainerError:
+        raise
+    except Exception as error:  # Keras raises TypeError/ValueError/KeyError on a bad config
+        cause = _trainer_cause(error)
+        if cause is not None:  # ours, wrapped by Keras' deserialization
+            raise cause from error
+        raise UnsupportedLegacyError(
+            f"Keras 3 cannot rebuild the model of {where} from its translated config "
+            f"({type(error).__name__}: {error}). A layer class or option it uses has no "
+            f"Keras 3 counterpart; pass the class in custom_objects if it is custom. "
+            f"Received: {type(error).__name__}"
+        ) from error
+
+
+def _trainer_cause(error: BaseException) -> TrainerError | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, TrainerError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def describe(path: Path, custom_objects: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``inspect`` prints for a legacy directory, without building the model."""
+    legacy = open_legacy(path)
+    root = legacy.root.metadata
+    how = plan(legacy, dict(custom_objects or {}))
+    layers = top_level_layers(legacy)
+    return {
+        "format": "legacy tf.keras SavedModel (TensorFlow 2.x model.save)",
+        "class_name": root.get("class_name"),
+        "name": root.get("name"),
+        "keras_version": root.get("keras_version"),
+        "compiled": bool(root.get("training_config")),
+        "layers": [
+            {"name": n, "class_name": _class(layers[n]), "imports_from": how[n]} for n in how
+        ],
+    }
+
+
+def _class(node: Node) -> str:
+    return str(node.metadata.get("class_name"))

@@ -1,0 +1,95 @@
+"""The legacy optimizer's state (iterations, per-variable slots) -> the Keras 3 optimizer.
+
+A legacy slot variable is recorded in ``saved_model.pb`` under ``<optimizer>/<kind>/<name
+of the model variable>``, so each slot is tied to one model variable by the format itself;
+the model variable was placed by object path (``weights``), which ties it to the Keras 3
+variable. Slots are restored only when every Keras 3 slot finds its legacy value; else
+none is, and a warning says so (a partial restore would mix fresh and trained state).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import keras
+import numpy as np
+from tensorflow.core.protobuf import saved_model_pb2
+
+from trainer._compat import keras as keras_compat
+from trainer.save_backends.legacy.reader import SAVED_MODEL_FILE, LegacyDir
+
+log = logging.getLogger(__name__)
+# Keras 3 class -> {Keras 2 slot kind: Keras 3 slot list attribute}.
+_KINDS = {
+    "Adam": {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"},
+    "AdamW": {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"},
+    "SGD": {"m": "momentums"},
+    "RMSprop": {
+        "velocity": "_velocities",
+        "momentum": "_momentums",
+        "average_gradient": "_average_gradients",
+    },
+}
+
+
+def _variable_names(legacy: LegacyDir) -> dict[int, str]:
+    saved = saved_model_pb2.SavedModel.FromString((legacy.path / SAVED_MODEL_FILE).read_bytes())
+    nodes = saved.meta_graphs[0].object_graph_def.nodes
+    return {i: n.variable.name for i, n in enumerate(nodes) if n.WhichOneof("kind") == "variable"}
+
+
+def restore(model: keras.Model, legacy: LegacyDir) -> str:
+    """Restore what can be restored; returns ``restored``, ``none saved`` or why not."""
+    optimizer_id = legacy.children(legacy.root.node_id).get("optimizer")
+    if optimizer_id is None:
+        log.warning("%s holds no optimizer state; the optimizer starts fresh", legacy.path)
+        return "none saved"
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
+    if len(legacy.listed(optimizer_id, "_variables")) <= 1:  # only its iteration count
+        log.warning("%s holds no optimizer slots; the optimizer starts fresh", legacy.path)
+        return "none saved"
+    names = _variable_names(legacy)
+    reason = _restore_slots(optimizer, legacy, names)
+    if reason:
+        log.warning(
+            "Optimizer slots of %s not restored (%s); the optimizer starts fresh",
+            legacy.path,
+            reason,
+        )
+        return f"not restored: {reason}"
+    children = legacy.children(optimizer_id)
+    iterations = children.get("_iterations", children.get("iter"))
+    if iterations is not None:
+        optimizer.iterations.assign(int(legacy.read(iterations)))
+    return "restored"
+
+
+def _restore_slots(optimizer: Any, legacy: LegacyDir, names: dict[int, str]) -> str | None:
+    kinds = _KINDS.get(type(optimizer).__name__)
+    if kinds is None:
+        return f"no slot mapping for {type(optimizer).__name__}"
+    placed = {id(v): node_id for node_id, v in legacy.placed.items()}
+    by_name = {name: node_id for node_id, name in names.items()}
+    built_for = keras_compat.optimizer_built_for(optimizer)
+    assignments = []
+    for kind, attribute in kinds.items():
+        slots = keras_compat.optimizer_slot_list(optimizer, attribute) or []
+        for variable, slot in zip(built_for, slots, strict=False):
+            if slot is None:
+                continue
+            model_node = placed.get(id(variable))
+            if model_node is None:
+                return f"model variable {variable.path!r} has no legacy counterpart"
+            wanted = [n for n in by_name if n.endswith(f"/{kind}/{names.get(model_node)}")]
+            if len(wanted) != 1:
+                return f"no single saved {kind!r} slot for {names.get(model_node)!r}"
+            slot_node = by_name[wanted[0]]
+            array = legacy.read(slot_node) if legacy.value_key(slot_node) else None
+            if array is None or tuple(array.shape) != tuple(slot.shape):
+                return f"the saved {kind!r} slot of {names.get(model_node)!r} does not fit"
+            assignments.append((slot, array))
+    for slot, array in assignments:
+        slot.assign(np.asarray(array, dtype=slot.dtype))
+    return None

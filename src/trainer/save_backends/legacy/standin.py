@@ -1,0 +1,160 @@
+"""Layers revived from a legacy SavedModel's traced functions (class missing, ``Lambda``).
+
+The stand-in keeps the saved name, holds sublayers under the saved attribute names, owns
+Keras variables whose storage is the loaded ``tf.Variable`` the traced functions capture
+(so training one trains the other), and calls the traced
+``call_and_return_conditional_losses`` for the current ``training`` value, re-adding the
+losses it returns. No Python code stored in the directory runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
+from trainer.errors import RevivedCallError, UnsupportedLegacyError
+from trainer.save_backends.legacy import translate
+from trainer.save_backends.legacy.reader import LegacyDir, Node
+from trainer.save_backends.legacy.weights import layer_children, own_legacy_variables
+
+CLASS_NAME = "TrainerLegacyRevived"
+
+
+def loaded_object(loaded: Any, node: Node) -> Any:
+    """The object ``tf.saved_model.load`` made for ``node``, reached by its object path."""
+    found = loaded
+    for part in node.path.split(".")[1:]:
+        found = getattr(found, part)
+    return found
+
+
+def wrap_variable(storage: Any, *, name: str, trainable: bool) -> keras.Variable:
+    """A Keras variable whose storage is the loaded ``tf.Variable`` (no copy)."""
+    variable = keras.Variable(
+        initializer="zeros",
+        shape=tuple(storage.shape),
+        dtype=storage.dtype.name,
+        trainable=trainable,
+        name=name.replace("/", "_"),
+    )
+    keras_compat.set_variable_storage(variable, storage)
+    return variable
+
+
+def _attach(
+    legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any, prefix: str = ""
+) -> None:
+    """Wrap the variables of ``node`` and of its sublayers into ``layer``, named by their
+    object path (``inner/kernel``): the traced call uses them all, and a sublayer alone
+    has no traced call that could stand in for it."""
+    names = {v: k for k, v in legacy.children(node.node_id).items()}
+    for variable_id, trainable in own_legacy_variables(legacy, node):
+        storage = getattr(obj, names[variable_id])
+        flag = storage.trainable if trainable is None else trainable
+        path = f"{prefix}{names[variable_id]}"
+        variable = wrap_variable(storage, name=path, trainable=flag)
+        keras_compat.track_variable(layer, variable)
+        legacy.placed[variable_id] = variable
+    for attribute, child in layer_children(legacy, node).items():
+        _attach(legacy, layer, child, getattr(obj, attribute), f"{prefix}{attribute}/")
+
+
+class LegacyRevivedLayer(keras.layers.Layer):
+    """One legacy layer whose Python class is not available (or a ``Lambda``); a subclass
+    named after the original class is made per class (``standin_class``)."""
+
+    def __init__(self, *, legacy, node, loaded, **kwargs):
+        metadata = node.metadata
+        super().__init__(
+            name=metadata.get("name"), trainable=metadata.get("trainable", True), **kwargs
+        )
+        obj = loaded_object(loaded, node)
+        api = getattr(obj, "keras_api", None)
+        function = getattr(api, "call_and_return_conditional_losses", None)
+        if function is None:
+            raise UnsupportedLegacyError(
+                f"Layer {self.name!r} ({metadata.get('class_name')}) of {legacy.path} has no "
+                f"Python class here and was saved without traced functions "
+                f"(save_traces=False), so it cannot be revived. Pass its class in "
+                f"custom_objects. Received: class_name={metadata.get('class_name')!r}"
+            )
+        object.__setattr__(self, "_trainer_function", function)
+        object.__setattr__(self, "_trainer_extra", _extra_arguments(function))
+        # Argument-free traced weight regularizers (its sublayers' included), re-added on
+        # every call as Keras 2 added them to the loss of every step.
+        regularizers = list(getattr(obj, "regularization_losses", None) or [])
+        object.__setattr__(self, "_trainer_regularizers", regularizers)
+        entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
+        config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
+        object.__setattr__(self, "_trainer_config", config)
+        object.__setattr__(self, "_trainer_legacy_revived", True)
+        _attach(legacy, self, node, obj)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        if any(keras_compat.keras_mask(x) is not None for x in tf.nest.flatten(inputs)):
+            raise UnsupportedLegacyError(
+                f"Layer {self.name!r} is revived from traced functions, which were traced "
+                f"without the Keras mask its inputs carry; it would ignore the mask. Pass its "
+                f"class in custom_objects. Received: masked inputs for {self.name!r}"
+            )
+        # After the inputs, as traced: the training flag where a bool was, else the value
+        # the trace fixed (a mask traced as None).
+        extra = [bool(training) if isinstance(v, bool) else v for v in self._trainer_extra]
+        arguments = (inputs, *extra)
+        try:
+            outputs, losses = self._trainer_function(*arguments)
+        except (TypeError, ValueError) as error:  # no traced function takes these inputs
+            raise RevivedCallError(
+                f"Layer {self.name!r} was revived from the traced functions of a legacy "
+                f"SavedModel, and none of them takes these inputs ({error}). Call it with "
+                f"inputs of the shapes and dtypes it was saved with, or pass its class in "
+                f"custom_objects. Received: {inputs!r}"
+            ) from error
+        for loss in list(losses or []) + [f() for f in self._trainer_regularizers]:
+            self.add_loss(loss)
+        return outputs
+
+    def get_config(self):
+        """The original layer's config: a process that has its class rebuilds it."""
+        return {**self._trainer_config, "name": self.name, "trainable": self.trainable}
+
+
+_classes: dict[str, type] = {}
+
+
+def standin_class(class_name: str) -> type:
+    """A ``LegacyRevivedLayer`` subclass reporting the original class name, so that a save
+    of the imported model records it (a ``Lambda`` becomes ``LegacyLambda``: its stored
+    code is never to be rebuilt)."""
+    name = "LegacyLambda" if class_name == "Lambda" else class_name
+    if name not in _classes:
+        _classes[name] = type(name, (LegacyRevivedLayer,), {"__module__": __name__})
+    return _classes[name]
+
+
+def _extra_arguments(function: Any) -> tuple:
+    """The positional arguments after ``inputs`` that the traced call was traced with:
+    Keras 2 traced ``mask`` (as None) and ``training`` (as True and as False) when the
+    layer's ``call`` declared them, in the order it declared them."""
+    concrete = tf_compat.concrete_functions(function)
+    if not concrete:
+        return ()
+    return tuple(concrete[0].structured_input_signature[0][1:])
+
+
+def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
+    """A class Keras' ``from_config`` builds the prepared stand-ins with, by layer name."""
+
+    class _Factory:
+        @classmethod
+        def from_config(cls, config):
+            node = nodes[config["name"]]
+            cls = standin_class(str(node.metadata.get("class_name")))
+            return cls(legacy=legacy, node=node, loaded=loaded)
+
+    return _Factory

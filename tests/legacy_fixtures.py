@@ -1,0 +1,172 @@
+"""Write the legacy tf.keras SavedModel zoo the legacy-import tests read.
+
+Run as its own process (``python tests/legacy_fixtures.py OUT``): it imports ``tf_keras``
+(Keras 2), which must never share a process with Keras 3. For each case it writes
+``OUT/<case>/model`` (``model.save``: the legacy SavedModel, after one training step so the
+checkpoint holds optimizer slots), ``x*.npy`` inputs, ``y.npy`` targets, ``pred.npy``
+(inference outputs) and, where training=True is deterministic, ``pred_train.npy``.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as k
+
+L = k.layers
+
+
+class Block(L.Layer):
+    """A custom layer with nested sublayers (Dense + BatchNormalization) and a scale."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = L.Dense(units, activation="relu", name="inner", kernel_regularizer="l2")
+        self.norm = L.BatchNormalization(name="norm")
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(self.units,), initializer="ones")
+        super().build(input_shape)
+
+    def call(self, x, training=None):
+        return self.norm(self.inner(x), training=training) * self.scale
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def mlp():
+    model = k.Sequential(
+        [
+            L.Dense(8, activation="relu", input_shape=(5,), kernel_regularizer="l2"),
+            L.Dense(3, activation="softmax"),
+        ]
+    )
+    model.compile(k.optimizers.Adam(0.01), "sparse_categorical_crossentropy", ["accuracy"])
+    x = np.random.rand(16, 5).astype("float32")
+    return model, [x], np.random.randint(0, 3, 16), True
+
+
+def functional():
+    a = k.Input((4,), name="a")
+    b = k.Input((3,), name="b")
+    h = L.Concatenate()([L.Dense(6, activation="tanh")(a), b])
+    out1 = L.Dense(2, name="out1")(h)
+    out2 = L.Dense(1, activation="sigmoid", name="out2")(L.Dense(5)(h))
+    model = k.Model([a, b], [out1, out2])
+    model.compile(k.optimizers.Adam(0.01), ["mse", "binary_crossentropy"])
+    xs = [np.random.rand(16, 4).astype("float32"), np.random.rand(16, 3).astype("float32")]
+    y = [np.random.rand(16, 2).astype("float32"), np.random.randint(0, 2, (16, 1))]
+    return model, xs, y, True
+
+
+def cnn():
+    model = k.Sequential(
+        [
+            L.InputLayer((8, 8, 3)),
+            L.Conv2D(4, 3, padding="same"),
+            L.BatchNormalization(),
+            L.Activation("relu"),
+            L.MaxPooling2D(),
+            L.Dropout(0.3),
+            L.Flatten(),
+            L.Dense(2),
+        ]
+    )
+    model.compile(
+        k.optimizers.SGD(0.05, momentum=0.9),
+        k.losses.SparseCategoricalCrossentropy(from_logits=True),
+        ["accuracy"],
+    )
+    x = np.random.rand(8, 8, 8, 3).astype("float32")
+    return model, [x], np.random.randint(0, 2, 8), False
+
+
+def rnn():
+    tokens = k.Input((6,), dtype="int32", name="tokens")
+    h = L.Embedding(20, 5, mask_zero=True)(tokens)
+    h = L.LSTM(4, return_sequences=True)(h)
+    h = L.GRU(3)(h)
+    out = L.Dense(1)(h)
+    model = k.Model(tokens, out)
+    model.compile(k.optimizers.RMSprop(0.01), "mse")
+    x = np.random.randint(1, 20, (8, 6)).astype("int32")
+    x[:, 4:] = 0  # padding: the mask matters
+    return model, [x], np.random.rand(8, 1).astype("float32"), True
+
+
+def custom():
+    inputs = k.Input((5,))
+    h = Block(4, name="block")(inputs)
+    out = L.Dense(2)(h)
+    model = k.Model(inputs, out)
+    model.compile(k.optimizers.Adam(0.01), "mse")
+    x = np.random.rand(16, 5).astype("float32")
+    return model, [x], np.random.rand(16, 2).astype("float32"), True
+
+
+def mobilenet():
+    model = k.applications.MobileNetV2(weights=None, alpha=0.35, input_shape=(32, 32, 3), classes=5)
+    model.compile(k.optimizers.Adam(0.001), "sparse_categorical_crossentropy")
+    x = np.random.rand(4, 32, 32, 3).astype("float32")
+    return model, [x], np.random.randint(0, 5, 4), True
+
+
+def lam():
+    inputs = k.Input((4,))
+    h = L.Dense(3)(inputs)
+    h = L.Lambda(lambda t: t * 2.0 + 1.0, name="affine")(h)
+    out = L.Dense(1)(h)
+    model = k.Model(inputs, out)
+    model.compile(k.optimizers.Adam(0.01), "mse")
+    x = np.random.rand(16, 4).astype("float32")
+    return model, [x], np.random.rand(16, 1).astype("float32"), True
+
+
+CASES = {
+    "mlp": mlp,
+    "functional": functional,
+    "cnn": cnn,
+    "rnn": rnn,
+    "custom": custom,
+    "mobilenet": mobilenet,
+    "lambda": lam,
+}
+
+
+def write(out, name):
+    np.random.seed(0)
+    tf.random.set_seed(0)
+    model, xs, y, train_deterministic = CASES[name]()
+    # One step, so that the checkpoint holds optimizer slots. MobileNetV2 skips it and is
+    # saved without traces (all its classes are built-in): tracing 150 layers costs ~1 min.
+    big = name == "mobilenet"
+    if not big:
+        model.run_eagerly = True  # no train function to trace: the fixtures stay cheap
+        model.fit(xs if len(xs) > 1 else xs[0], y, batch_size=len(xs[0]), epochs=1, verbose=0)
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    model.save(os.path.join(folder, "model"), save_traces=not big)
+    for i, x in enumerate(xs):
+        np.save(os.path.join(folder, f"x{i}.npy"), x)
+    for i, target in enumerate(y if isinstance(y, list) else [y]):
+        np.save(os.path.join(folder, f"y{i}.npy"), np.asarray(target))
+    feed = xs if len(xs) > 1 else xs[0]
+    for suffix, training in (("", False), ("_train", True)):
+        if training and not train_deterministic:
+            continue
+        preds = model(feed, training=training)
+        if not training:  # the regularization losses a training step adds
+            np.save(os.path.join(folder, "losses.npy"), np.float32(sum(model.losses)))
+        for i, p in enumerate(preds if isinstance(preds, list) else [preds]):
+            np.save(os.path.join(folder, f"pred{suffix}{i}.npy"), np.asarray(p))
+
+
+if __name__ == "__main__":
+    names = sys.argv[2:] or list(CASES)
+    for case in names:
+        write(sys.argv[1], case)

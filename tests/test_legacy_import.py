@@ -1,0 +1,277 @@
+"""Issue 18: legacy tf.keras SavedModels (TensorFlow 2.x ``model.save(dir)``) import as
+compiled, trainable Keras 3 models.
+
+The zoo is written by ``tests/legacy_fixtures.py`` with tf_keras in ONE subprocess per
+session (tf_keras and Keras 3 never share a process); each test reads it from there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from trainer.errors import (
+    MissingClassError,
+    NotACheckpointError,
+    TrainerError,
+    UnsupportedLegacyError,
+)
+from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
+
+FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
+ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
+
+
+class Block(keras.layers.Layer):
+    """The Keras 3 counterpart of the fixtures' custom layer (same attributes)."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = keras.layers.Dense(
+            units, activation="relu", name="inner", kernel_regularizer="l2"
+        )
+        self.norm = keras.layers.BatchNormalization(name="norm")
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(self.units,), initializer="ones")
+
+    def call(self, x, training=None):
+        return self.norm(self.inner(x), training=training) * self.scale
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("legacy_zoo")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _case(case: str) -> tuple[str, dict]:
+    if case == "custom_known":
+        return "custom", {"Block": Block}
+    if case == "custom_missing":
+        return "custom", {}
+    return case, {}
+
+
+def _arrays(folder: Path, prefix: str) -> list[np.ndarray]:
+    return [np.load(f) for f in sorted(folder.glob(f"{prefix}[0-9].npy"))]
+
+
+def _feed(arrays):
+    return arrays if len(arrays) > 1 else arrays[0]
+
+
+def _outputs(model, xs, training=False) -> list[np.ndarray]:
+    out = model(_feed(xs), training=training)
+    return [np.asarray(o) for o in (out if isinstance(out, list | tuple) else [out])]
+
+
+_imported: dict[str, object] = {}
+
+
+def _load(zoo: Path, case: str):
+    """One import per case for the whole module (imports are what is under test, and
+    the suite's time budget is tight)."""
+    if case not in _imported:
+        name, objects = _case(case)
+        _imported[case] = load_checkpoint(zoo / name / "model", custom_objects=objects)
+    return _imported[case]
+
+
+@pytest.mark.parametrize("case", ZOO)
+def test_predictions_equal(zoo, case):
+    name, _ = _case(case)
+    folder = zoo / name
+    checkpoint = _load(zoo, case)
+    assert checkpoint.metadata["imported_from"] == "tf_keras"
+    assert checkpoint.state.global_step == 0
+    xs = _arrays(folder, "x")
+    tolerance = 1e-5 if case in ("cnn", "mobilenet") else 0.0  # conv kernels differ
+    for got, want in zip(_outputs(checkpoint.model, xs), _arrays(folder, "pred"), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance)
+    # Fused (Keras 2) and unfused (Keras 3) batch statistics round differently; through
+    # MobileNetV2's 52 BatchNormalization layers that adds up to ~1e-4 on probabilities.
+    train_tolerance = 1e-3 if case == "mobilenet" else tolerance
+    trained = _arrays(folder, "pred_train")  # none where training=True is random (Dropout)
+    for got, want in zip(
+        _outputs(checkpoint.model, xs, True) if trained else [], trained, strict=False
+    ):
+        np.testing.assert_allclose(got, want, rtol=0, atol=train_tolerance)
+    # Regularization losses, replayed from traces for revived layers.
+    np.testing.assert_allclose(
+        float(sum(checkpoint.model.losses)), float(np.load(folder / "losses.npy")), rtol=1e-6
+    )
+    how = checkpoint.metadata["legacy_layers"]
+    if case in ("custom_missing", "lambda"):
+        assert "traces" in how.values()
+    else:
+        assert set(how.values()) == {"config"}
+
+
+@pytest.mark.parametrize("case", [c for c in ZOO if c != "mobilenet"])
+def test_fit_reduces_loss_and_trains_every_variable(zoo, case):
+    name, _ = _case(case)
+    model = _load(zoo, case).model
+    assert model.compiled
+    xs, ys = _arrays(zoo / name, "x"), _arrays(zoo / name, "y")
+    before = [np.array(v.numpy()) for v in model.trainable_variables]
+    assert before
+    keras.utils.set_random_seed(0)
+    # The loss is measured in inference mode (no Dropout noise) before and after two steps.
+    first = model.test_on_batch(_feed(xs), _feed(ys), return_dict=True)["loss"]
+    for _ in range(2):
+        model.train_on_batch(_feed(xs), _feed(ys))
+    second = model.test_on_batch(_feed(xs), _feed(ys), return_dict=True)["loss"]
+    assert second < first
+    for old, variable in zip(before, model.trainable_variables, strict=True):
+        assert not np.array_equal(old, variable.numpy()), variable.path
+
+
+@pytest.mark.parametrize("case", ["mlp", "rnn", "custom_missing"])
+def test_optimizer_slots_restored(zoo, case):
+    """The fixtures trained one step before saving: slots and iteration count come back."""
+    name, objects = _case(case)
+    checkpoint = load_checkpoint(zoo / name / "model", custom_objects=objects, compile=True)
+    assert checkpoint.metadata["optimizer_state"] == "restored"
+    optimizer = checkpoint.model.optimizer
+    assert int(optimizer.iterations.numpy()) == 1
+    moved = [v for v in optimizer.variables if "momentum" in v.path or "velocity" in v.path]
+    assert moved and all(np.any(v.numpy() != 0) for v in moved)
+
+
+def test_no_slots_saved_is_reported(zoo):
+    """MobileNetV2 was saved compiled but never trained: no slots (a warning is logged)."""
+    checkpoint = _load(zoo, "mobilenet")
+    assert checkpoint.metadata["optimizer_state"] == "none saved"
+    assert int(checkpoint.model.optimizer.iterations.numpy()) == 0
+
+
+# MobileNetV2 through savedmodel would trace its 155 layers (~30 s), and h5 is the same
+# rebuild as weights: weights only, to keep the module within its CI time.
+@pytest.mark.parametrize(
+    ("case", "backend"),
+    [
+        (case, backend)
+        for case in ["mlp", "functional", "cnn", "rnn", "custom_known", "mobilenet"]
+        for backend in ["savedmodel", "h5", "weights"]
+        if case != "mobilenet" or backend == "weights"
+    ],
+)
+def test_imported_model_saves_with_every_backend(zoo, tmp_path, case, backend):
+    name, objects = _case(case)
+    model = _load(zoo, case).model
+    xs = _arrays(zoo / name, "x")
+    written = get_backend(backend).save(model, tmp_path / f"ckpt_{backend}")
+    back = get_backend(backend).load(written, custom_objects=objects).model
+    for got, want in zip(_outputs(back, xs), _outputs(model, xs), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for a, b in zip(back.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("case", ["custom_missing", "lambda"])
+def test_revived_layers_save_and_load(zoo, tmp_path, case):
+    """Layers revived from traces reload exactly through the savedmodel backend (their
+    traces are re-saved); h5 and weights need their class, and say which."""
+    name, _ = _case(case)
+    model = _load(zoo, case).model
+    xs = _arrays(zoo / name, "x")
+    back = get_backend("savedmodel").load(get_backend("savedmodel").save(model, tmp_path / "sm"))
+    for training in (False, True):
+        got, want = _outputs(back.model, xs, training), _outputs(model, xs, training)
+        np.testing.assert_array_equal(got[0], want[0])
+    missing = "Block" if case == "custom_missing" else "LegacyLambda"
+    for backend in ("h5", "weights"):
+        written = get_backend(backend).save(model, tmp_path / backend)
+        with pytest.raises(MissingClassError, match=missing):
+            get_backend(backend).load(written)
+
+
+def test_savedmodel_backend_loads_legacy_directly(zoo):
+    checkpoint = get_backend("savedmodel").load(zoo / "mlp" / "model", compile=False)
+    assert not checkpoint.model.compiled
+    want = _arrays(zoo / "mlp", "pred")[0]
+    np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
+
+
+def _edit_root(zoo: Path, case: str, tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of a zoo directory whose root metadata JSON has ``old`` replaced."""
+    from trainer.save_backends.legacy import metadata_proto
+
+    copy = tmp_path / case
+    shutil.copytree(zoo / case / "model", copy)
+    meta = metadata_proto.SavedMetadata.FromString((copy / "keras_metadata.pb").read_bytes())
+    assert old in meta.nodes[0].metadata
+    meta.nodes[0].metadata = meta.nodes[0].metadata.replace(old, new)
+    (copy / "keras_metadata.pb").write_bytes(meta.SerializeToString())
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("case", "old", "new", "message"),
+    [
+        # An option Keras 3 lacks is refused, naming the layer.
+        (
+            "cnn",
+            '"momentum": 0.99',
+            '"momentum": 0.99, "renorm": true',
+            "batch_normalization.*renorm",
+        ),
+        # Variables that do not fit the rebuilt layer: never assigned by guessing.
+        (
+            "functional",
+            '"name": "out1", "trainable": true, "dtype": "float32", "units": 2',
+            '"name": "out1", "trainable": true, "dtype": "float32", "units": 3',
+            "out1.*do not match",
+        ),
+        # A subclassed model has no layer graph to rebuild.
+        ("mlp", '"class_name": "Sequential"', '"class_name": "MyModel"', "subclassed.*MyModel"),
+    ],
+)
+def test_unsupported_is_a_trainer_error_naming_the_layer(zoo, tmp_path, case, old, new, message):
+    with pytest.raises(UnsupportedLegacyError, match=message):
+        load_checkpoint(_edit_root(zoo, case, tmp_path, old, new))
+
+
+def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):
+    """In-process (``cli.main``): a subprocess would import TensorFlow again (~10 s)."""
+    from trainer import cli
+
+    dst = tmp_path / "imported"
+    assert cli.main(["import-legacy", str(zoo / "mlp" / "model"), str(dst)]) == 0
+    checkpoint = load_checkpoint(dst)
+    want = _arrays(zoo / "mlp", "pred")[0]
+    np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
+    assert checkpoint.model.compiled
+    capsys.readouterr()
+    assert cli.main(["import-legacy", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith("error:")
+    assert cli.main(["inspect", str(zoo / "lambda" / "model")]) == 0
+    shown = capsys.readouterr().out
+    assert "affine (Lambda): from traces" in shown and "dense_7 (Dense): from config" in shown
+
+
+def test_legacy_dir_has_no_training_state_to_read(zoo):
+    with pytest.raises(NotACheckpointError, match="import-legacy"):
+        read_checkpoint_metadata(zoo / "mlp" / "model")
+
+
+def test_errors_are_trainer_errors():
+    assert issubclass(UnsupportedLegacyError, TrainerError)
