@@ -25,6 +25,10 @@ from trainer.errors import (
 )
 from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
 
+# Every test of the module on one xdist worker (``--dist loadgroup`` in pyproject.toml):
+# the fixture subprocess is the module's biggest cost and must run once, not per worker.
+pytestmark = pytest.mark.xdist_group("legacy_zoo")
+
 FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
 ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
 
