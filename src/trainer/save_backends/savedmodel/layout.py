@@ -45,7 +45,8 @@ def has_metadata(directory: Path) -> bool:
 def write_metadata(directory: Path, metadata: dict[str, Any]) -> None:
     path = metadata_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(metadata, indent=1, sort_keys=True)
+    # Compact: the per-layer records are most of a small model's export (issue 17).
+    text = json.dumps(metadata, separators=(",", ":"), sort_keys=True)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
