@@ -39,10 +39,10 @@ def scalars(run_dir, tag: str) -> dict[int, float]:
     return values
 
 
-@pytest.mark.parametrize("async_save", [True, False])
-def test_every_save_reports_its_blocking_time_next_to_its_write_time(compose_cfg, async_save):
+@pytest.mark.parametrize("save,async_save", [("savedmodel", True), ("h5", False)])
+def test_every_save_reports_its_blocking_time_next_to_its_write_time(compose_cfg, save, async_save):
     cfg = compose_cfg(
-        "model=mlp", "save=savedmodel", f"checkpoint.policy.async_save={str(async_save).lower()}"
+        "model=mlp", f"save={save}", f"checkpoint.policy.async_save={str(async_save).lower()}"
     )
     train(cfg)
     run_dir = Path(cfg.run_dir)
