@@ -12,7 +12,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from benchmarks import models
+from benchmarks import exports, models
 from benchmarks.specs import Size
 from benchmarks.timing import Result, not_available, remove, timed
 
@@ -48,6 +48,12 @@ def measure_size(size: Size, repeats: int, workdir: Path, log=print) -> list[Res
         run(result)
     for result in backend_rows(size, model, repeats, root):
         run(result)
+    for result in exports.export_rows(size, model, repeats, root):
+        run(result)
+    for result in exports.rss_rows(size, model, root):
+        results.append(result)  # bytes, not seconds: only the targets table shows them
+        shown = f"{result.median / 2**20:.1f} MiB" if result.median else result.status
+        log(f"  [{size.name}] {result.label}: {shown} {result.note}".rstrip())
     for result in keras_rows(size, model, repeats, root):
         run(result)
     run(floor_row(size, repeats, root, reference_bytes(results)))

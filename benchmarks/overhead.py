@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -100,8 +101,12 @@ def compose(overrides: list[str]):
         return _compose("config", overrides=overrides)
 
 
-def run_once(base: tuple[str, ...], mode: str, run_dir: Path) -> tuple[float, float, int]:
-    """One ``train(cfg)``; returns (run steps/s, steady-state steps/s, steps trained).
+def run_once(
+    base: tuple[str, ...], mode: str, run_dir: Path
+) -> tuple[float, float, int, list[float]]:
+    """One ``train(cfg)``; returns (run steps/s, steady-state steps/s, steps trained, the
+    seconds each save after the first held the training loop, from the run's TensorBoard
+    scalar ``checkpoint/blocking_seconds``).
 
     The run's time starts at the first epoch and ends when ``train`` returns (last write
     awaited, final evaluation included); model building and data loading are left out.
@@ -118,7 +123,24 @@ def run_once(base: tuple[str, ...], mode: str, run_dir: Path) -> tuple[float, fl
     total = sum(steps for _, _, steps in spans)
     per_epoch = [steps / (stop - start) for start, stop, steps in spans]
     steady = per_epoch[1:] or per_epoch
-    return total / (end - spans[0][0]), statistics.median(steady), total
+    blocking = blocking_seconds(run_dir)
+    return total / (end - spans[0][0]), statistics.median(steady), total, blocking[1:]
+
+
+def blocking_seconds(run_dir: Path) -> list[float]:
+    """Every save's ``checkpoint/blocking_seconds`` in the run's TensorBoard log, by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # "more than one graph event"
+    by_step = {}
+    for log_dir in {p.parent for p in Path(run_dir).rglob("events.out.tfevents.*")}:
+        acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+        acc.Reload()
+        if "checkpoint/blocking_seconds" in acc.Tags()["tensors"]:
+            for event in acc.Tensors("checkpoint/blocking_seconds"):
+                by_step[event.step] = float(tensor_util.make_ndarray(event.tensor_proto))
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Result]:
@@ -129,15 +151,22 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
     steady_rows = {
         m: Result("training", f"train_steady.{m}", MODES[m][0], unit="steps/s") for m in modes
     }
+    block_rows = {  # seconds a save after the first held the loop, median of each run
+        m: Result("training", f"train_block.{m}", MODES[m][0], unit="s per save")
+        for m in modes
+        if m != "none"
+    }
     for repeat in range(repeats):
         for mode in modes:
             if run_rows[mode].status == ERROR:
                 continue
             run_dir = Path(workdir) / f"train_{mode}_{repeat}"
             try:
-                run, steady, total = run_once(base, mode, run_dir)
+                run, steady, total, blocking = run_once(base, mode, run_dir)
             except Exception as err:  # reported in the table, never a number
-                for rows in (run_rows, steady_rows):
+                for rows in (run_rows, steady_rows, block_rows):
+                    if mode not in rows:
+                        continue
                     rows[mode].status = ERROR
                     rows[mode].note = f"{type(err).__name__}: {str(err)[:200]}"
                     rows[mode].values = []
@@ -150,10 +179,15 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
             run_rows[mode].values.append(run)
             steady_rows[mode].values.append(steady)
             run_rows[mode].note = f"{total} steps per run"
-            log(f"  [training] {mode}: {run:.1f} steps/s (steady {steady:.1f})")
-    results = [*run_rows.values(), *steady_rows.values()]
+            if mode in block_rows and blocking:
+                block_rows[mode].values.append(statistics.median(blocking))
+            elif mode in block_rows:
+                block_rows[mode].status, block_rows[mode].note = "n/a", "one save per run"
+            shown = f", blocking {statistics.median(blocking):.4f}s/save" if blocking else ""
+            log(f"  [training] {mode}: {run:.1f} steps/s (steady {steady:.1f}){shown}")
+    results = [*run_rows.values(), *steady_rows.values(), *block_rows.values()]
     if not option:
         label = MODES["async_savedmodel"][0]
-        for prefix in ("train", "train_steady"):
+        for prefix in ("train", "train_steady", "train_block"):
             results.append(not_available("training", f"{prefix}.async_savedmodel", label, why_not))
     return results

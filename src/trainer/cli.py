@@ -133,6 +133,12 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         help="write the export's card and graph into a TensorBoard log in DIR (default: no "
         "log is written; the checkpoint's own run is only ever read)",
     )
+    export.add_argument(
+        "--with-optimizer",
+        action="store_true",
+        help="keep the compile state and optimizer slots (savedmodel format; default: an "
+        "inference-only export, about the size of Keras's model.export)",
+    )
     # Accepted for old scripts: writing no card is now the default.
     export.add_argument("--no-card", action="store_true", help=argparse.SUPPRESS)
 

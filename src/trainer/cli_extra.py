@@ -26,6 +26,7 @@ def run_export(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         format=args.format,
         tensorboard=args.tensorboard,
+        with_optimizer=args.with_optimizer,
     )
     meta = read_export_metadata(path)
     report = {

@@ -14,6 +14,7 @@ version, so ``python -m trainer verify`` checks an export whole.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -38,6 +39,7 @@ from trainer.atomic import (
     write_error,
 )
 from trainer.errors import ExportError, NotACheckpointError, SaveError, TrainerError
+from trainer.save_backends import modelstate
 from trainer.save_backends.base import check_model_ready
 from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
 from trainer.serving import serving_function as make_serving_function
@@ -98,6 +100,7 @@ def export_serving(
     step: int | None = None,
     format: str = "auto",
     graph: bool = True,
+    with_optimizer: bool = False,
 ) -> Path:
     """Export ``model`` as ``export_root/<next version>/`` and return that path.
 
@@ -107,9 +110,12 @@ def export_serving(
     (and, with ``graph``, the exported graph to the Graphs tab).
     ``format``: ``keras`` (a lean inference-only SavedModel by ``keras.export``),
     ``savedmodel`` (trainer's backend: servable *and* revivable, optimizer included), or
-    ``auto`` (``savedmodel`` when its module imports, else ``keras``).
+    ``auto`` (``savedmodel`` when its module imports, else ``keras``). ``with_optimizer``:
+    keep the compile state and optimizer slots in a ``savedmodel`` export (off by default:
+    a server never trains, and the slots double or triple the size); without it the
+    export revives as an uncompiled inference model.
     """
-    _check_export_arguments(model, format, keep)
+    _check_export_arguments(model, format, keep, with_optimizer)
     if warmup is not None:
         _check_warmup_inputs(model)
     root = Path(export_root).absolute()
@@ -118,7 +124,7 @@ def export_serving(
     start = time.perf_counter()
     version = max(versions(root), default=0) + 1
     tmp = temporary_sibling(root / str(version))
-    meta = dict(metadata or {})
+    meta = dict(metadata or {}, with_optimizer=bool(with_optimizer))
     try:
         used = _write_saved_model(model, tmp, format, meta)
         meta.update(_export_metadata(model, tmp, used, warmup))
@@ -137,7 +143,9 @@ def export_serving(
     return final
 
 
-def _check_export_arguments(model: keras.Model, format: str, keep: int) -> None:
+def _check_export_arguments(
+    model: keras.Model, format: str, keep: int, with_optimizer: bool
+) -> None:
     """Refuse bad arguments before anything is written."""
     check_model_ready(model)
     input_signature(model)
@@ -147,6 +155,12 @@ def _check_export_arguments(model: keras.Model, format: str, keep: int) -> None:
         )
     if keep < 1:
         raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+    if with_optimizer and format == "keras":
+        raise ExportError(
+            "A format=keras export is inference-only and cannot carry the optimizer; export "
+            "with format=savedmodel (or auto), or without the optimizer. "
+            "Received format='keras', with_optimizer=True"
+        )
 
 
 def _check_warmup_inputs(model: keras.Model) -> None:
@@ -217,14 +231,16 @@ def _record_on_board(
 
 def _write_saved_model(model: keras.Model, tmp: Path, format: str, meta: dict[str, Any]) -> str:
     if format in ("auto", "savedmodel"):
-        backend = _savedmodel_backend(required=format == "savedmodel")
+        with_optimizer = bool(meta.get("with_optimizer"))
+        backend = _savedmodel_backend(required=format == "savedmodel" or with_optimizer)
         if backend is not None:
             from trainer.state import TrainingState
 
             state = TrainingState.from_dict(meta.get("state") or {})
             # Straight into our temporary: backend.save would take a temporary of its own
             # next to it (a doubled hidden name) and seal before our files are added.
-            backend.write_into(model, tmp, state=state, metadata={"export": True})
+            with contextlib.nullcontext() if with_optimizer else modelstate.inference_only():
+                backend.write_into(model, tmp, state=state, metadata={"export": True})
             return "savedmodel"
     serve = make_serving_function(model)
     serve.get_concrete_function()  # ExportArchive takes a tf.function only once traced
@@ -261,7 +277,7 @@ def _publish(
         meta["version"] = version + attempt
         path = export_metadata_path(tmp)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+        path.write_text(json.dumps(meta, separators=(",", ":"), sort_keys=True, default=str))
         seal_export(tmp, meta["exported_with"])
         fsync_tree(tmp)
         if final.exists():  # another exporter took this number meanwhile
@@ -317,6 +333,7 @@ def export_from_checkpoint(
     warmup: Any = None,
     format: str = "auto",
     tensorboard: str | os.PathLike | None = None,
+    with_optimizer: bool = False,
 ) -> Path:
     """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
 
@@ -325,11 +342,12 @@ def export_from_checkpoint(
     TensorBoard link (``checkpoint_tensorboard``). The checkpoint's run is only read, never
     written (it may be read-only, or another user's). ``tensorboard``: a log directory
     for the export's card and graph at the checkpoint's step, which the export then links
-    to; None (the default) writes no TensorBoard log.
+    to; None (the default) writes no TensorBoard log. ``with_optimizer``: see
+    ``export_serving`` (the checkpoint is then loaded compiled, its optimizer restored).
     """
     from trainer.save_backends import load_checkpoint
 
-    checkpoint = load_checkpoint(checkpoint_path, compile=False)
+    checkpoint = load_checkpoint(checkpoint_path, compile=bool(with_optimizer))
     meta = checkpoint.metadata
     if isinstance(warmup, int) and not isinstance(warmup, bool):
         warmup = (
@@ -361,6 +379,7 @@ def export_from_checkpoint(
             board=board,
             step=checkpoint.state.global_step if board is not None else None,
             format=format,
+            with_optimizer=with_optimizer,
         )
     finally:
         if board is not None:
@@ -429,4 +448,5 @@ def export_for_run(
         board=board,
         step=int(state.global_step),
         format=str(options.get("format") or "auto"),
+        with_optimizer=bool(options.get("with_optimizer", False)),
     )

@@ -204,12 +204,14 @@ class RunBoard:
         metrics: Mapping[str, float] | None = None,
         config_hash: str | None = None,
         *,
+        blocking_seconds: float | None = None,
         kind: str = "checkpoint",
         tag: str | None = None,
     ) -> str:
         """Markdown card at ``step`` plus ``<kind>/save_seconds`` and ``<kind>/size_bytes``
-        scalars; returns the card's tag (default ``card_tag(kind, path.name)``). Flushed,
-        so a link to ``step`` resolves now."""
+        scalars (and ``<kind>/blocking_seconds``: how long the save held the training loop,
+        which for an async save is far less than the write); returns the card's tag
+        (default ``card_tag(kind, path.name)``). Flushed, so a link to ``step`` resolves now."""
         path = Path(path)
         base = Path(run_dir).absolute() if run_dir else self.run_dir
         size_bytes = path_size(path) if size_bytes is None and path.exists() else size_bytes
@@ -229,6 +231,8 @@ class RunBoard:
             tf.summary.text(tag, text)
             if save_seconds is not None:
                 tf.summary.scalar(f"{kind}/save_seconds", float(save_seconds))
+            if blocking_seconds is not None:
+                tf.summary.scalar(f"{kind}/blocking_seconds", float(blocking_seconds))
             if size_bytes is not None:
                 tf.summary.scalar(f"{kind}/size_bytes", float(size_bytes))
             self.writer.flush()

@@ -110,7 +110,12 @@ class CheckpointManager:
         wait: bool = False,
     ) -> Path | None:
         """Save ``model`` with ``state`` (default: step = the optimizer's iterations); None if
-        this step is saved already. Async: returns once the snapshot is taken."""
+        this step is saved already. Async: returns once the snapshot is taken.
+
+        The time this call holds the caller (the training loop) is reported per save next to
+        the write's own time (TensorBoard ``checkpoint/blocking_seconds``): for an async save
+        the wait for the previous write plus the snapshot, for a synchronous one the save."""
+        called = time.perf_counter()
         state = state if state is not None else self._implicit_state(model)
         if self._last_saved_step == state.global_step:
             return None
@@ -136,11 +141,15 @@ class CheckpointManager:
             tag = card_tag("checkpoint", path.name)
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         if isinstance(self.backend, AsyncBackend):
-            self.backend.submit(model, lambda snap: self._write(snap, path, saved_state, metadata))
+            blocked = _Blocking()
+            self.backend.submit(
+                model, lambda snap: self._write(snap, path, saved_state, metadata, blocked)
+            )
+            blocked.done(time.perf_counter() - called)  # before any wait: the write reads it
             if wait:
                 self.backend_wait()
         else:
-            self._write(model, path, saved_state, metadata)
+            self._write(model, path, saved_state, metadata, None, called)
         return path
 
     def _implicit_state(self, model: keras.Model) -> TrainingState:
@@ -151,7 +160,18 @@ class CheckpointManager:
             step = max((r["step"] for r in self.records), default=-1) + 1
         return TrainingState(global_step=step)
 
-    def _write(self, model, path: Path, state: TrainingState, metadata: dict[str, Any]) -> None:
+    def _write(
+        self,
+        model,
+        path: Path,
+        state: TrainingState,
+        metadata: dict[str, Any],
+        blocked: _Blocking | None = None,
+        called: float | None = None,
+    ) -> None:
+        """Write one checkpoint (in the writer thread when async), then ``latest``,
+        retention and the TensorBoard card. ``blocked``: the async save's blocking time,
+        set by the training thread; ``called``: when a synchronous ``save`` was called."""
         writer = self.backend.inner if isinstance(self.backend, AsyncBackend) else self.backend
         start = time.perf_counter()
         try:
@@ -170,6 +190,10 @@ class CheckpointManager:
             self._done.append((path, state.global_step, seconds))
         if self.board is not None:
             real = innermost(self.backend)
+            if blocked is not None:
+                blocking = blocked.seconds()
+            else:
+                blocking = time.perf_counter() - (called if called is not None else start)
             self.board.checkpoint_card(
                 state.global_step,
                 path,
@@ -177,6 +201,7 @@ class CheckpointManager:
                 format_version=real.format_version,
                 size_bytes=path_size(path),
                 save_seconds=seconds,
+                blocking_seconds=blocking,
                 metrics=state.metrics,
             )
 
@@ -270,6 +295,23 @@ class CheckpointManager:
             self.close()
         except Exception:  # the error already propagating wins; this one is logged
             log.exception("The last checkpoint write failed")
+
+
+class _Blocking:
+    """How long an async save held the training thread, handed to the writer thread (the
+    write can start before ``save`` returns; its card waits for the figure)."""
+
+    def __init__(self):
+        self._set = threading.Event()
+        self._seconds = 0.0
+
+    def done(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._set.set()
+
+    def seconds(self) -> float:
+        self._set.wait()
+        return self._seconds
 
 
 def _complete(

@@ -4,19 +4,30 @@ Async saving copies every variable synchronously into a *shadow model* (same arc
 built once) and lets a background thread write the shadow through the backend while training
 goes on. That works for every backend unchanged (they only ever see a quiet model) and costs
 one memory copy per save.
+
+What the training thread pays for an async save (issue 17) is the copy alone: it runs as
+one traced TensorFlow function (one call, not one eager op per variable) when no variable
+is distributed. (A writer thread at a lower CPU priority was tried and dropped: with other
+processes on the machine it starved, the first write took 15 s instead of 2 and the next
+save waited for it.)
 """
 
 from __future__ import annotations
 
+import _thread
+import logging
 import threading
 from collections.abc import Callable
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from trainer._compat.keras import get_input_signature
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate
+
+log = logging.getLogger(__name__)
 
 
 def all_variables(model: keras.Model) -> list:
@@ -26,14 +37,43 @@ def all_variables(model: keras.Model) -> list:
     return [*model.variables, *optimizer_variables]
 
 
-def refresh_snapshot(model: keras.Model, shadow: keras.Model) -> None:
+def refresh_snapshot(model: keras.Model, shadow: keras.Model, copier: Callable | None = None):
     """Copy into ``shadow`` everything a backend would save from ``model``: every variable
     (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
     (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
-    the background write of the shadow holds what a synchronous save would."""
-    for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
-        target.assign(source)
+    the background write of the shadow holds what a synchronous save would. ``copier``:
+    from ``variable_copier`` for these two models (one traced call instead of one eager
+    assign per variable)."""
+    if copier is not None:
+        copier()
+    else:
+        for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
+            target.assign(source)
     layerstate.copy_own_state(model, shadow)
+
+
+def variable_copier(model: keras.Model, shadow: keras.Model) -> Callable[[], None] | None:
+    """A traced function assigning every variable of ``model`` to its twin in ``shadow``
+    in one call, or None where the eager loop must do it: a distributed (mirrored) variable
+    is read and assigned through its strategy, which the eager path handles as Keras does.
+    The function holds the variables, so it is built per (model, shadow) pair."""
+    pairs = list(zip(all_variables(model), all_variables(shadow), strict=True))
+    for source, target in pairs:
+        for variable in (source, target):
+            if isinstance(getattr(variable, "value", None), tf.distribute.DistributedValues):
+                return None
+
+    @tf.function(autograph=False)
+    def copy_all():
+        for source, target in pairs:
+            target.assign(source.value)
+
+    try:
+        copy_all.get_concrete_function()
+    except (TypeError, ValueError, tf.errors.OpError) as error:  # an unusual variable type
+        log.debug("Snapshot copy not traced (%s); assigning variable by variable", error)
+        return None
+    return copy_all
 
 
 def clone_for_snapshot(model: keras.Model) -> keras.Model:
@@ -73,28 +113,40 @@ def _call_once_like(model: keras.Model, clone: keras.Model) -> None:
 
 
 class AsyncWriter:
-    """One background write at a time; its failure is raised at the next call, never lost."""
+    """One background write at a time; its failure is raised at the next call, never lost.
+
+    Started with ``_thread.start_new_thread`` rather than ``threading.Thread.start``: the
+    latter waits until the new thread has run far enough to signal that it started, which
+    needs the GIL, and costs the training thread about 10 ms per save on a busy machine
+    (issue 17: as much as the snapshot copy itself)."""
 
     def __init__(self):
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None
         self._error: BaseException | None = None
 
     def submit(self, job: Callable[[], None]) -> None:
         self.wait()
+        done = self._done = threading.Event()
 
         def run():
             try:
                 job()
             except BaseException as error:  # re-raised in the training thread
                 self._error = error
+            finally:
+                done.set()
 
-        self._thread = threading.Thread(target=run, name="trainer-checkpoint", daemon=True)
-        self._thread.start()
+        _thread.start_new_thread(run, ())
+
+    @property
+    def busy(self) -> bool:
+        """A write is still running (the next ``submit`` would wait for it)."""
+        return self._done is not None and not self._done.is_set()
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._done is not None:
+            self._done.wait()
+            self._done = None
         if self._error is not None:
             error, self._error = self._error, None
             raise error

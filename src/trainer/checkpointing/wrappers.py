@@ -15,7 +15,13 @@ from typing import Any
 
 import keras
 
-from trainer.checkpointing.snapshot import AsyncWriter, clone_for_snapshot, refresh_snapshot
+from trainer.checkpointing.snapshot import (
+    AsyncWriter,
+    all_variables,
+    clone_for_snapshot,
+    refresh_snapshot,
+    variable_copier,
+)
 from trainer.save_backends.base import SaveBackend
 
 
@@ -67,6 +73,8 @@ class AsyncBackend(WrappingBackend):
         self.writer = AsyncWriter()
         self._shadow: keras.Model | None = None
         self._source: keras.Model | None = None
+        self._copier: Callable[[], None] | None = None
+        self._copied: tuple[int, ...] = ()  # ids of the variables the copier assigns
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
         target = Path(self.inner.checkpoint_path(path))
@@ -74,16 +82,31 @@ class AsyncBackend(WrappingBackend):
         return target
 
     def submit(self, model: keras.Model, job: Callable[[keras.Model], Any]) -> None:
-        """Run ``job(snapshot)`` in the background, ``snapshot`` holding ``model``'s state now."""
+        """Run ``job(snapshot)`` in the background, ``snapshot`` holding ``model``'s state now.
+
+        The traced copy is built in the background after the first write (tracing it costs
+        more than one eager copy), so the first save copies variable by variable."""
         self.writer.wait()  # one write in flight; raises an earlier failure
         snapshot = self.snapshot(model)
-        self.writer.submit(lambda: job(snapshot))
+        current = tuple(id(v) for v in all_variables(model))
+        trace = current != self._copied
+
+        def run():
+            job(snapshot)
+            if trace and current == tuple(id(v) for v in all_variables(model)):
+                # Read by the next snapshot only after ``writer.wait()``: no race.
+                self._copier, self._copied = variable_copier(model, snapshot), current
+
+        self.writer.submit(run)
 
     def snapshot(self, model: keras.Model) -> keras.Model:
         """The shadow model (built once per source model), brought to ``model``'s state."""
         if self._shadow is None or self._source is not model:
             self._shadow, self._source = clone_for_snapshot(model), model
-        refresh_snapshot(model, self._shadow)
+            self._copier, self._copied = None, ()
+        if tuple(id(v) for v in all_variables(model)) != self._copied:
+            self._copier, self._copied = None, ()  # variables created since: copy eagerly
+        refresh_snapshot(model, self._shadow, self._copier)
         return self._shadow
 
     def wait(self) -> None:

@@ -20,6 +20,8 @@ Position is stable because both sides build the same model and optimizer over th
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import inspect
 import json
@@ -43,11 +45,36 @@ from trainer.save_backends import rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.state import TrainingState
 
-
 # ------------------------------------------------------------------ compile and optimizer
+# Serving exports leave the optimizer out (its slots double or triple the size, and a
+# server never trains). A context variable, not an argument, because the backends' save
+# path is shared with checkpoints that always keep it; threads (an async checkpoint
+# write running meanwhile) start with their own context and are not affected.
+_INFERENCE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trainer_inference_only", default=False
+)
+
+
+@contextlib.contextmanager
+def inference_only():
+    """Saves inside this block store the model without its compile state and optimizer
+    variables (it loads uncompiled, as an inference model)."""
+    token = _INFERENCE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _INFERENCE_ONLY.reset(token)
+
+
+def saving_optimizer() -> bool:
+    """False inside ``inference_only()``: the save leaves out the compile state."""
+    return not _INFERENCE_ONLY.get()
+
+
 def compile_config(model: keras.Model) -> dict[str, Any] | None:
-    """The serialized arguments of ``model.compile``, or None if it was never compiled."""
-    if not getattr(model, "compiled", False):
+    """The serialized arguments of ``model.compile``, or None if it was never compiled (or
+    the save is ``inference_only``)."""
+    if not getattr(model, "compiled", False) or not saving_optimizer():
         return None
     config = dict(model.get_compile_config())
     if config.get("optimizer") is None and getattr(model, "optimizer", None) is not None:

@@ -43,7 +43,8 @@ def has_metadata(directory: Path) -> bool:
 
 
 def encode(value: Any) -> str:
-    return json.dumps(value, indent=1, sort_keys=True)
+    """Compact JSON: the per-layer records are most of a small model's export (issue 17)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
 def write_metadata(
@@ -56,9 +57,9 @@ def write_metadata(
     encoded = encoded or {}
     keys = sorted({*metadata, *encoded})
     entries = (
-        f"{json.dumps(k)}: {encoded[k] if k in encoded else encode(metadata[k])}" for k in keys
+        f"{json.dumps(k)}:{encoded[k] if k in encoded else encode(metadata[k])}" for k in keys
     )
-    text = "{\n" + ",\n".join(entries) + "\n}"
+    text = "{" + ",".join(entries) + "}"
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()

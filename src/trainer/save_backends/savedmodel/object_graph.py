@@ -17,7 +17,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends import readiness
+from trainer.save_backends import modelstate, readiness
 from trainer.save_backends.savedmodel import (
     endpoints,
     input_signature,
@@ -45,8 +45,9 @@ class TracedModel:
 
 
 def optimizer_variables(model: keras.Model) -> list[Any]:
+    """The optimizer's variables, built if need be; none in an ``inference_only`` save."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
+    if optimizer is None or not modelstate.saving_optimizer():
         return []
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
@@ -65,6 +66,8 @@ def structure_fingerprint(model: keras.Model) -> str:
             parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
         parts.extend(f"m{id(v)}" for v in state_variables.state_variables(layer))
     optimizer = getattr(model, "optimizer", None)
+    if not modelstate.saving_optimizer():  # a serving export's graph has no optimizer
+        optimizer = None
     parts.append(f"O{id(optimizer)}:{getattr(optimizer, 'built', None)}")
     if optimizer is not None and optimizer.built:
         parts.extend(f"o{id(v)}:{id(tracing.variable_storage(v))}" for v in optimizer.variables)

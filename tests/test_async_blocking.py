@@ -1,0 +1,108 @@
+"""Async checkpointing that training does not feel (issue 17): the time a save holds the
+training loop is reported per save in TensorBoard (``checkpoint/blocking_seconds``, next to
+``checkpoint/save_seconds``), and the snapshot, now one traced copy of every variable, still
+writes exactly the state of the step it was asked for."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
+
+from trainer import train
+from trainer.checkpointing import (
+    AsyncBackend,
+    CheckpointManager,
+    CheckpointPolicy,
+    all_variables,
+    clone_for_snapshot,
+)
+from trainer.checkpointing.snapshot import refresh_snapshot, variable_copier
+from trainer.save_backends import get_backend, load_checkpoint
+from trainer.state import TrainingState
+
+
+def scalars(run_dir, tag: str) -> dict[int, float]:
+    """``tag``'s values by step, from every event file of the run's TensorBoard log."""
+    values = {}
+    for events in {p.parent for p in run_dir.rglob("events.out.tfevents.*")}:
+        acc = EventAccumulator(str(events), size_guidance={"tensors": 0})
+        acc.Reload()
+        if tag in acc.Tags()["tensors"]:
+            for event in acc.Tensors(tag):
+                values[event.step] = float(tensor_util.make_ndarray(event.tensor_proto))
+    return values
+
+
+@pytest.mark.parametrize("save,async_save", [("savedmodel", True), ("h5", False)])
+def test_every_save_reports_its_blocking_time_next_to_its_write_time(compose_cfg, save, async_save):
+    cfg = compose_cfg(
+        "model=mlp", f"save={save}", f"checkpoint.policy.async_save={str(async_save).lower()}"
+    )
+    train(cfg)
+    run_dir = Path(cfg.run_dir)
+    saved = scalars(run_dir, "checkpoint/save_seconds")
+    blocking = scalars(run_dir, "checkpoint/blocking_seconds")
+    steps = sorted(load_checkpoint(p, compile=False).state.global_step for p in _kept(run_dir))
+    assert steps and set(steps) <= set(saved)
+    assert set(blocking) == set(saved)  # one blocking figure per save, at the save's step
+    assert all(math.isfinite(b) and b >= 0 for b in blocking.values())
+    if not async_save:  # a synchronous save holds the loop for the whole write
+        assert all(blocking[step] >= saved[step] for step in saved)
+
+
+def _kept(run_dir):
+    return [
+        p
+        for p in (run_dir / "checkpoints").iterdir()
+        if not p.name.startswith(".") and p.name != "latest"
+    ]
+
+
+def trained_model() -> tuple[keras.Model, np.ndarray, np.ndarray]:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)]
+    )
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 6)).astype("float32"), rng.normal(size=(32, 2)).astype("float32")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    return model, x, y
+
+
+def test_the_traced_copy_takes_every_variable_of_the_step(tmp_path):
+    model, x, y = trained_model()
+    shadow = clone_for_snapshot(model)
+    copier = variable_copier(model, shadow)
+    assert copier is not None  # a plain (undistributed) model: one traced call
+    refresh_snapshot(model, shadow, copier)
+    for mine, theirs in zip(all_variables(model), all_variables(shadow), strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the live model moves on
+    refresh_snapshot(model, shadow, copier)  # the same traced copy reads the new values
+    for mine, theirs in zip(all_variables(model), all_variables(shadow), strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_an_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_path):
+    model, x, y = trained_model()
+    manager = CheckpointManager(
+        tmp_path / "ckpt", AsyncBackend(get_backend("h5")), CheckpointPolicy(keep_last=5)
+    )
+    expected = []
+    for step in range(3):
+        expected.append([np.array(v) for v in all_variables(model)])
+        manager.save(model, TrainingState(global_step=step))
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # changes every variable
+    manager.close()
+    for step, values in enumerate(expected):
+        (path,) = [p for p in manager.saved if load_checkpoint(p).state.global_step == step]
+        loaded = load_checkpoint(path).model
+        for value, variable in zip(values, all_variables(loaded), strict=True):
+            np.testing.assert_array_equal(value, np.asarray(variable))
