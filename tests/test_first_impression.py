@@ -172,12 +172,13 @@ def test_help_is_plain_text_with_every_argument_described_and_examples():
         "trainer inspect",
         "trainer verify",
         "trainer export",
+        "trainer import-legacy",
         "trainer runs",
     ]
     for sub in parsers:
         text = sub.format_help()
         assert "``" not in text and ":class:" not in text, text
-        assert re.search(r"examples?:\n  trainer \w+ ", text), text
+        assert re.search(r"examples?:\n  trainer [\w-]+ ", text), text
         for action in sub._actions:
             assert action.help, f"{sub.prog}: {action.dest} has no description"
 

@@ -7,6 +7,7 @@ session (tf_keras and Keras 3 never share a process); each test reads it from th
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -24,10 +25,6 @@ from trainer.errors import (
     UnsupportedLegacyError,
 )
 from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
-
-# Every test of the module on one xdist worker (``--dist loadgroup`` in pyproject.toml):
-# the fixture subprocess is the module's biggest cost and must run once, not per worker.
-pytestmark = pytest.mark.xdist_group("legacy_zoo")
 
 FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
 ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
@@ -56,13 +53,25 @@ class Block(keras.layers.Layer):
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("legacy_zoo")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.pop("KERAS_BACKEND", None)
-    done = subprocess.run(
-        [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    """Written once per test run: under xdist the workers share the run's temporary root
+    (each worker's base directory is a child of it), and the first worker to get here
+    writes the zoo under a lock while the other waits (the fixture process is the
+    module's biggest cost)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "legacy_zoo"
+    with open(shared / "legacy_zoo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "complete").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            env.pop("KERAS_BACKEND", None)
+            done = subprocess.run(
+                [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            (out / "complete").write_text("written by the first worker\n")
     return out
 
 
