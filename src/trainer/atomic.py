@@ -38,7 +38,7 @@ def fsync_tree(path: Path) -> None:
     for root, _dirs, files in os.walk(path):
         for name in files:
             _fsync_file(Path(root, name))
-        _fsync_dir(Path(root))
+        fsync_dir(Path(root))
 
 
 def _fsync_file(path: Path) -> None:
@@ -46,7 +46,8 @@ def _fsync_file(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename or a new file in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -96,7 +97,7 @@ def atomic_write(final: Path, *, directory: bool) -> Iterator[Path]:
     except BaseException:
         remove_path(tmp)
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def _replace(tmp: Path, final: Path) -> None:
