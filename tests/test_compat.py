@@ -408,3 +408,19 @@ def test_multiworker_keras_bugs_still_present(tmp_path):
         )
         assert report["patched"]["error"] is None, report["patched"]
         assert np.isfinite(report["patched"]["loss"])
+
+
+def test_read_checkpoint_returns_the_object_graph_by_its_format_key(tmp_path):
+    """The key names are TensorFlow's: a variable tracked as ``root.v`` is stored under
+    ``v/.ATTRIBUTES/VARIABLE_VALUE`` and the object graph names that key."""
+    root = tf.Module()
+    root.v = tf.Variable([1.0, 2.0])
+    prefix = tf.train.Checkpoint(root).write(str(tmp_path / "ckpt"))
+    reader, graph = tf_compat.read_checkpoint(prefix)
+    assert tf_compat.OBJECT_GRAPH_KEY == "_CHECKPOINTABLE_OBJECT_GRAPH"
+    assert tf_compat.VARIABLE_VALUE == "VARIABLE_VALUE"
+    children = {c.local_name: c.node_id for c in graph.nodes[0].children}
+    (attribute,) = graph.nodes[children["v"]].attributes
+    assert attribute.name == tf_compat.VARIABLE_VALUE
+    assert attribute.checkpoint_key == "v/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_array_equal(reader.get_tensor(attribute.checkpoint_key), [1.0, 2.0])

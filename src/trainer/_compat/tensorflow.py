@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.trackable import base as _trackable_base
 
 
 def saving_context(options: tf.saved_model.SaveOptions) -> contextlib.AbstractContextManager:
@@ -80,3 +82,24 @@ def capture_named(value: Any, name: str) -> Any:
     public equivalent. Checked: TensorFlow 2.21.0.
     """
     return tf.compat.v1.get_default_graph().capture(value, name=name)
+
+
+# The key under which a TF2 checkpoint stores its object graph, and the attribute name of a
+# variable's value in that graph. TensorFlow defines them in the private
+# ``tensorflow.python.trackable.base`` (OBJECT_GRAPH_PROTO_KEY, VARIABLE_VALUE_KEY) and
+# exports no public alias; reading a checkpoint by object path (our own SavedModels, the
+# one-op variables writer, legacy tf.keras SavedModels) needs both. Taking TensorFlow's own
+# constants means a format change shows up here, not as a silent key mismatch.
+OBJECT_GRAPH_KEY: str = _trackable_base.OBJECT_GRAPH_PROTO_KEY
+VARIABLE_VALUE: str = _trackable_base.VARIABLE_VALUE_KEY
+
+
+def read_checkpoint(prefix: str) -> tuple[Any, Any]:
+    """The ``tf.train.load_checkpoint`` reader of ``prefix`` and the checkpoint's parsed
+    ``TrackableObjectGraph``. Raises what the reader or the protobuf parser raises (a
+    missing or damaged file); each caller says what that means for its format."""
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        reader.get_tensor(OBJECT_GRAPH_KEY)
+    )
+    return reader, graph

@@ -15,18 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from trainer import limits
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.save_backends.legacy.metadata_proto import SavedMetadata
 
 METADATA_FILE = "keras_metadata.pb"
 SAVED_MODEL_FILE = "saved_model.pb"
 TRAINER_METADATA = "assets.extra/trainer_metadata.json"
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE = "VARIABLE_VALUE"
 
 
 def is_legacy(path: Path) -> bool:
@@ -73,7 +70,7 @@ class LegacyDir:
 
     def value_key(self, node_id: int) -> str | None:
         for attribute in self.graph.nodes[node_id].attributes:
-            if attribute.name == _VALUE:
+            if attribute.name == tf_compat.VARIABLE_VALUE:
                 return attribute.checkpoint_key
         return None
 
@@ -134,10 +131,7 @@ def open_legacy(path: Path) -> LegacyDir:
             f"{error}); the file is damaged. Received: {str(meta_file)!r}"
         ) from error
     try:
-        reader = tf.train.load_checkpoint(str(path / "variables" / "variables"))
-        graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
-            reader.get_tensor(_GRAPH_KEY)
-        )
+        reader, graph = tf_compat.read_checkpoint(str(path / "variables" / "variables"))
     except Exception as error:  # NotFoundError, DataLossError, DecodeError
         raise CorruptCheckpointError(
             f"{path}/variables cannot be read as the SavedModel's checkpoint "

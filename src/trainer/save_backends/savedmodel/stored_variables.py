@@ -18,12 +18,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
+from tensorflow.core.protobuf import saved_model_pb2
 
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError
-
-_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE = "VARIABLE_VALUE"
 
 
 def check_saved_model(directory: Path, layers: int) -> None:
@@ -66,9 +64,7 @@ class StoredVariables:
     def __init__(self, directory: Path):
         prefix = str(Path(directory) / "variables" / "variables")
         try:
-            self._reader = tf.train.load_checkpoint(prefix)
-            graph = trackable_object_graph_pb2.TrackableObjectGraph()
-            graph.ParseFromString(self._reader.get_tensor(_GRAPH_KEY))
+            self._reader, graph = tf_compat.read_checkpoint(prefix)
         except Exception as err:  # missing or damaged index/data files, foreign checkpoint
             raise CorruptCheckpointError(
                 f"{directory}: the variables checkpoint cannot be read ({type(err).__name__}: "
@@ -92,7 +88,7 @@ class StoredVariables:
         for position in range(len(entries)):
             node_id = entries.get(str(position))
             keys = [] if node_id is None else nodes[node_id].attributes
-            key = next((a.checkpoint_key for a in keys if a.name == _VALUE), None)
+            key = next((a.checkpoint_key for a in keys if a.name == tf_compat.VARIABLE_VALUE), None)
             if key is None or key not in shapes:
                 raise CorruptCheckpointError(
                     f"{self.where}: entry {position} of {name!r} has no value in the "

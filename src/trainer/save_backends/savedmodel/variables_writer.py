@@ -21,11 +21,10 @@ import logging
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from trainer._compat import tensorflow as tf_compat
 
 log = logging.getLogger(__name__)
-GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-_VALUE = "VARIABLE_VALUE"
 
 
 class VariablesWriter:
@@ -33,7 +32,7 @@ class VariablesWriter:
 
     def __init__(self, keys: list[str], variables: list[tf.Variable], graph: bytes):
         self.keys = keys
-        names = tf.constant([GRAPH_KEY, *keys])
+        names = tf.constant([tf_compat.OBJECT_GRAPH_KEY, *keys])
         slices = tf.constant([""] * (len(keys) + 1))
         graph_tensor = tf.constant(graph)
 
@@ -58,14 +57,12 @@ def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
     """A writer for ``root`` matching the checkpoint at ``prefix``, or None if any part of
     that checkpoint is not a plain variable value reached through the object graph."""
     try:
-        reader = tf.train.load_checkpoint(prefix)
-        graph_bytes = reader.get_tensor(GRAPH_KEY)
-        stored = set(reader.get_variable_to_shape_map()) - {GRAPH_KEY}
+        reader, graph = tf_compat.read_checkpoint(prefix)
+        graph_bytes = reader.get_tensor(tf_compat.OBJECT_GRAPH_KEY)  # written back as read
+        stored = set(reader.get_variable_to_shape_map()) - {tf_compat.OBJECT_GRAPH_KEY}
     except (tf.errors.OpError, ValueError) as err:
         log.info("No one-op variables writer (%s); using tf.train.Checkpoint", err)
         return None
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(graph_bytes)
     found = _match(root, graph)
     if found is None or set(found) != stored:
         log.info("No one-op variables writer: the object graph does not match exactly")
@@ -86,7 +83,7 @@ def _match(root: Any, graph: Any) -> dict[str, tf.Variable] | None:
         if node.slot_variables:
             return None
         for attribute in node.attributes:
-            if attribute.name != _VALUE or not _plain_variable(obj):
+            if attribute.name != tf_compat.VARIABLE_VALUE or not _plain_variable(obj):
                 return None
             found[attribute.checkpoint_key] = obj
         children = view.children(obj) if node.children else {}
