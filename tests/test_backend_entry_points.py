@@ -135,16 +135,12 @@ def saved(tmp_path_factory):
 
 
 def small_trained_model():
-    """Built-in Keras classes only: the CLI children must rebuild it without test code."""
-    import keras
+    """The contract suite's Sequential model (built-in Keras classes only: the CLI children
+    must rebuild it without test code), after one epoch."""
+    from trainer import testing
 
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)]
-    )
-    model.compile(optimizer="adam", loss="mse")
-    rng = np.random.default_rng(0)
-    model.fit(rng.normal(size=(16, 6)), rng.normal(size=(16, 3)), epochs=1, verbose=0)
+    model = testing.build_model("sequential")
+    testing.train(model, "sequential")
     return model
 
 

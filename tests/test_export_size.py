@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import train
+from trainer import testing, train
 from trainer.cli import main as cli_main
 from trainer.errors import ExportError
 from trainer.export import export_serving, read_export_metadata
@@ -20,15 +19,10 @@ from trainer.save_backends import get_backend, load_checkpoint
 
 
 def trained_model():
-    keras.utils.set_random_seed(5)
-    model = keras.Sequential(
-        [keras.Input((5,)), keras.layers.Dense(12, activation="relu"), keras.layers.Dense(3)]
-    )
-    model.compile(optimizer="adam", loss="mse")
-    rng = np.random.default_rng(2)
-    x, y = rng.normal(size=(24, 5)).astype("float32"), rng.normal(size=(24, 3)).astype("float32")
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    return model, x
+    """The contract suite's Sequential regression model after one epoch (Adam slots filled)."""
+    model = testing.build_model("sequential")
+    testing.train(model, "sequential")
+    return model, testing.suite_data("sequential")[0]
 
 
 def stored_keys(version_dir) -> list[str]:
