@@ -91,15 +91,17 @@ class Distribution:
         return max(1, global_batch // self.num_replicas)
 
     def prepare_model(self, model: Any, example_batch: tuple) -> None:
-        """Work around Keras 3.15 under a strategy: before every fit/evaluate, Keras takes
-        a batch from the distributed iterator and all-reduces it (nested) only to read its
-        shapes, which MultiWorkerMirroredStrategy rejects ("Attempt to convert a value
-        (PerReplica...)"). The model is fully built by then, so give Keras one plain
-        example batch instead; nothing else about building changes. Only on the Keras
-        versions known to need it (``trainer._compat.keras.build_from_example_batch``)."""
-        if self.kind != "multiworker":
-            return
-        keras_compat.build_from_example_batch(model, example_batch)
+        """Work around Keras 3.15 under a strategy with more than one replica: before every
+        fit/evaluate, Keras takes a batch from the distributed iterator and all-reduces it
+        (nested) only to read its shapes. MultiWorkerMirroredStrategy rejects that ("Attempt
+        to convert a value (PerReplica...)"), and under MirroredStrategy a first batch that
+        splits unevenly over the replicas (a validation set of 51 examples on 2 replicas:
+        26 and 25) fails in the ``AddN`` of the mean. The model is fully built by then, so
+        give Keras one plain example batch instead; nothing else about building changes.
+        Only on the Keras versions known to need it
+        (``trainer._compat.keras.build_from_example_batch``)."""
+        if self.num_replicas > 1:
+            keras_compat.build_from_example_batch(model, example_batch)
 
     def callbacks(self, progress: Any) -> list[keras.callbacks.Callback]:
         """Callbacks to run before every other one (see ``AgreeOnStop``)."""

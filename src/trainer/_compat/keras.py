@@ -340,11 +340,13 @@ def patch_multiworker_mean_reduction() -> bool:
 
 
 def build_from_example_batch(model: keras.Model, example_batch: tuple) -> bool:
-    """Work around a Keras bug under ``MultiWorkerMirroredStrategy``: before every
+    """Work around a Keras bug under strategies with several replicas: before every
     fit/evaluate, Keras takes a batch from the distributed iterator and all-reduces it
-    (nested) only to read its shapes, which the strategy rejects ("Attempt to convert a
-    value (PerReplica...)"). Give Keras one plain example batch instead; nothing else
-    about building changes.
+    (nested) only to read its shapes. ``MultiWorkerMirroredStrategy`` rejects that
+    ("Attempt to convert a value (PerReplica...)"); ``MirroredStrategy`` fails in the mean's
+    ``AddN`` when that first batch splits unevenly over the replicas (a validation set
+    smaller than the global batch, or a resumed epoch starting on its last, partial
+    batch). Give Keras one plain example batch instead; nothing else about building changes.
 
     Overrides the private ``Trainer._maybe_symbolic_build`` on this model instance (no
     public hook decides what that build is given). Applied only on the Keras versions in
