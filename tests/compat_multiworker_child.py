@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
-from trainer._compat import keras as keras_compat
+from trainer._compat import keras_bugs
 
 
 def failure(error: BaseException) -> dict:
@@ -42,7 +42,7 @@ def main() -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     x = np.ones((8, 3), "float32")
     y = np.zeros((8, 2), "float32")
-    report: dict = {"workarounds_needed": keras_compat.multiworker_workarounds_needed()}
+    report: dict = {"workarounds_needed": keras_bugs.multiworker_workarounds_needed()}
 
     # Bug 1: Keras reduces a step's scalar outputs with strategy.reduce("MEAN", v, axis=0).
     per_replica = strategy.run(lambda: tf.constant(1.0))
@@ -61,9 +61,9 @@ def main() -> None:
         report["build"] = failure(error)
 
     # The workarounds: the same training then runs.
-    keras_compat.patch_multiworker_mean_reduction()
+    keras_bugs.patch_multiworker_mean_reduction()
     model = tiny_model(strategy)
-    keras_compat.build_from_example_batch(model, (x[:1], y[:1]))
+    keras_bugs.build_from_example_batch(model, (x[:1], y[:1]))
     try:
         history = model.fit(x, y, batch_size=4, epochs=1, steps_per_epoch=2, verbose=0)
         report["patched"] = {"error": None, "loss": float(history.history["loss"][-1])}

@@ -6,7 +6,7 @@ a fresh interpreter: ``python tests/distribute_child.py SPEC.json`` where SPEC h
 ``{"jobs": [[override, ...], ...], "strategy": [override, ...],
 "predict": {"inputs": X.npy, "checkpoints": {name: path}, "out": OUT.npz},
 "canary": OUT.json}``. The canary runs plain Keras (no workaround) into the bug that
-``trainer._compat.keras.build_from_example_batch`` works around under MirroredStrategy.
+``trainer._compat.keras_bugs.build_from_example_batch`` works around under MirroredStrategy.
 """
 
 from __future__ import annotations

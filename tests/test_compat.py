@@ -4,7 +4,7 @@ private name behaves like the private name it replaced, and canaries for the wor
 of Keras bugs.
 
 A canary fails when upstream changed: ``test_multiworker_keras_bugs_still_present`` fails
-once Keras fixes a multi-worker bug (then drop the workaround in ``trainer/_compat/keras.py``)
+once Keras fixes a multi-worker bug (then drop the workaround in ``trainer/_compat/keras_bugs.py``)
 or when an installed Keras still has the bugs but is not covered by the version guard
 (then add its minor version to ``MULTIWORKER_BUGS_IN``).
 """
@@ -27,6 +27,7 @@ from conftest import ROOT, subprocess_env
 from tensorflow.python.trackable.resource import CapturableResource
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_bugs
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel import object_graph, tracing
 
@@ -351,10 +352,10 @@ def test_input_signature_of_a_built_model():
 
 # ------------------------------------------------------------------ workaround canaries
 def test_multiworker_workaround_guard():
-    assert keras_compat.multiworker_workarounds_needed((3, 15))
-    assert not keras_compat.multiworker_workarounds_needed((3, 16))
+    assert keras_bugs.multiworker_workarounds_needed((3, 15))
+    assert not keras_bugs.multiworker_workarounds_needed((3, 16))
     installed = tuple(int(part) for part in keras.version().split(".")[:2])
-    assert installed == keras_compat.KERAS_RELEASE
+    assert installed == keras_bugs.KERAS_RELEASE
 
 
 @pytest.mark.slow
@@ -392,19 +393,20 @@ def test_multiworker_keras_bugs_still_present(tmp_path):
         reduce_error = report["reduce"]["error"] or ""
         assert "Invalid reduction dimension 0" in reduce_error, (
             f"Keras {version} reduces scalar step outputs under MultiWorkerMirroredStrategy "
-            f"now: drop patch_multiworker_mean_reduction from trainer/_compat/keras.py. "
+            f"now: drop patch_multiworker_mean_reduction from trainer/_compat/keras_bugs.py. "
             f"Got {report['reduce']}"
         )
         build_error = report["build"]["error"] or ""
         assert "PerReplica" in build_error, (
             f"Keras {version} builds from a distributed batch under MultiWorkerMirroredStrategy "
-            f"now: drop build_from_example_batch from trainer/_compat/keras.py. "
+            f"now: drop build_from_example_batch from trainer/_compat/keras_bugs.py. "
             f"Got {report['build']}"
         )
         assert "_maybe_symbolic_build" in report["build"]["frames"], report["build"]
         assert report["workarounds_needed"], (
             f"Keras {version} still has both multi-worker bugs but the workarounds are off: "
-            f"add {keras_compat.KERAS_RELEASE} to MULTIWORKER_BUGS_IN in trainer/_compat/keras.py"
+            f"add {keras_bugs.KERAS_RELEASE} to MULTIWORKER_BUGS_IN in "
+            "trainer/_compat/keras_bugs.py"
         )
         assert report["patched"]["error"] is None, report["patched"]
         assert np.isfinite(report["patched"]["loss"])

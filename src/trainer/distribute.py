@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-from trainer._compat import keras as keras_compat
+from trainer._compat import keras_bugs
 from trainer.atomic import remove_path
 from trainer.checkpointing.wrappers import WrappingBackend
 from trainer.errors import TrainerError
@@ -99,9 +99,9 @@ class Distribution:
         26 and 25) fails in the ``AddN`` of the mean. The model is fully built by then, so
         give Keras one plain example batch instead; nothing else about building changes.
         Only on the Keras versions known to need it
-        (``trainer._compat.keras.build_from_example_batch``)."""
+        (``trainer._compat.keras_bugs.build_from_example_batch``)."""
         if self.num_replicas > 1:
-            keras_compat.build_from_example_batch(model, example_batch)
+            keras_bugs.build_from_example_batch(model, example_batch)
 
     def callbacks(self, progress: Any) -> list[keras.callbacks.Callback]:
         """Callbacks to run before every other one (see ``AgreeOnStop``)."""
@@ -247,8 +247,8 @@ def patch_keras_multiworker_mean() -> None:
     tensorflow/tensorflow#72388). Reduce them over replicas with ``axis=None`` instead: the
     mean across replicas, as Keras computes it under MirroredStrategy. Idempotent; only on
     the Keras versions known to need it
-    (``trainer._compat.keras.patch_multiworker_mean_reduction``)."""
-    keras_compat.patch_multiworker_mean_reduction()
+    (``trainer._compat.keras_bugs.patch_multiworker_mean_reduction``)."""
+    keras_bugs.patch_multiworker_mean_reduction()
 
 
 def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
