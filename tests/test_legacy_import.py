@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from trainer.errors import (
-    MissingClassError,
+    ModelNotReadyError,
     NotACheckpointError,
     TrainerError,
     UnsupportedLegacyError,
@@ -216,7 +216,10 @@ def test_imported_model_saves_with_every_backend(zoo, tmp_path, case, backend):
 @pytest.mark.parametrize("case", ["custom_missing", "lambda"])
 def test_revived_layers_save_and_load(zoo, tmp_path, case):
     """Layers revived from traces reload exactly through the savedmodel backend (their
-    traces are re-saved); h5 and weights need their class, and say which."""
+    traces are re-saved). h5 and weights store configs only and refuse them at save time:
+    before, they wrote a checkpoint whose load raised MissingClassError without the class
+    and, with it, a "damaged checkpoint" error (the stand-in holds its sublayers' weights
+    itself, the class in sublayers); a legacy Lambda could never load."""
     name, _ = _case(case)
     model = _load(zoo, case).model
     xs = _arrays(zoo / name, "x")
@@ -224,11 +227,29 @@ def test_revived_layers_save_and_load(zoo, tmp_path, case):
     for training in (False, True):
         got, want = _outputs(back.model, xs, training), _outputs(model, xs, training)
         np.testing.assert_array_equal(got[0], want[0])
-    missing = "Block" if case == "custom_missing" else "LegacyLambda"
+    layer, remedy = (
+        (r"'block' \(Block\)", r"custom_objects=\{'Block': cls\}")
+        if case == "custom_missing"
+        else (r"'affine' \(LegacyLambda\)", "Only the savedmodel backend")
+    )
     for backend in ("h5", "weights"):
-        written = get_backend(backend).save(model, tmp_path / backend)
-        with pytest.raises(MissingClassError, match=missing):
-            get_backend(backend).load(written)
+        target = tmp_path / backend
+        with pytest.raises(ModelNotReadyError, match=f"{layer}.*legacy tf.keras.*{remedy}"):
+            get_backend(backend).save(model, target)
+        assert not target.exists() and not target.with_suffix(".h5").exists()
+
+
+def test_cli_import_legacy_refuses_config_backend_for_revived(zoo, tmp_path, capsys):
+    """``import-legacy --backend h5`` of a class-missing model: exit 2, the refusal, and
+    nothing at DST."""
+    from trainer import cli
+
+    dst = tmp_path / "imported"
+    src = str(zoo / "custom" / "model")
+    assert cli.main(["import-legacy", src, str(dst), "--backend", "h5"]) == 2
+    err = capsys.readouterr().err
+    assert "'block' (Block)" in err and "savedmodel backend" in err and "Received:" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_savedmodel_backend_loads_legacy_directly(zoo):

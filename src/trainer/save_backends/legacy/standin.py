@@ -67,6 +67,9 @@ class LegacyRevivedLayer(keras.layers.Layer):
     """One legacy layer whose Python class is not available (or a ``Lambda``); a subclass
     named after the original class is made per class (``standin_class``)."""
 
+    # Where it was revived from; backends that store configs only refuse such layers.
+    _trainer_revived_from = "a legacy tf.keras SavedModel"
+
     def __init__(self, *, legacy, node, loaded, **kwargs):
         metadata = node.metadata
         super().__init__(
