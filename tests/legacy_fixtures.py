@@ -100,9 +100,12 @@ def rnn():
 
 
 def custom():
+    """A Block at the top level and one inside a nested Sequential (Keras 2 numbered a
+    nested model's calls from 1; its missing class is revived inside the rebuilt model)."""
     inputs = k.Input((5,))
     h = Block(4, name="block")(inputs)
-    out = L.Dense(2)(h)
+    nested = k.Sequential([L.InputLayer((4,)), Block(3, name="block_n")], name="nested")
+    out = L.Dense(2)(nested(h))
     model = k.Model(inputs, out)
     model.compile(k.optimizers.Adam(0.01), "mse")
     x = np.random.rand(16, 5).astype("float32")

@@ -138,6 +138,18 @@ def test_predictions_equal(zoo, case):
         assert set(how.values()) == {"config"}
 
 
+def test_missing_class_inside_a_nested_model(zoo):
+    """The nested Sequential is rebuilt from its config; only the layer whose class is
+    missing inside it is revived from traces (outputs, training and saves: the zoo tests)."""
+    checkpoint = _load(zoo, "custom_missing")
+    how = checkpoint.metadata["legacy_layers"]
+    assert how["nested"] == "config" and how["nested/block_n"] == "traces"
+    nested = checkpoint.model.get_layer("nested")
+    assert type(nested) is keras.Sequential
+    assert [(layer.name, type(layer).__name__) for layer in nested.layers] == [("block_n", "Block")]
+    assert getattr(nested.layers[0], "_trainer_revived_from", None)
+
+
 def _training_mode_loss(model, xs, ys, state) -> float:
     for variable, value in zip(model.non_trainable_variables, state, strict=True):
         variable.assign(value)

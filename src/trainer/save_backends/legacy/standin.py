@@ -151,12 +151,13 @@ def _extra_arguments(function: Any) -> tuple:
 
 
 def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
-    """A class Keras' ``from_config`` builds the prepared stand-ins with, by layer name."""
+    """A class Keras' ``from_config`` builds the prepared stand-ins with, by qualified
+    layer name (``inner_model/layer`` inside nested models)."""
 
     class _Factory:
         @classmethod
         def from_config(cls, config):
-            node = nodes[config["name"]]
+            node = nodes[config.get("trainer_key", config["name"])]
             cls = standin_class(str(node.metadata.get("class_name")))
             return cls(legacy=legacy, node=node, loaded=loaded)
 
