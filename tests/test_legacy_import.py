@@ -152,6 +152,24 @@ def test_missing_class_inside_a_nested_model(zoo):
     assert getattr(nested.layers[0], "_trainer_revived_from", None)
 
 
+def test_sublayers_of_a_missing_class_layer_are_kept(zoo):
+    """The revived Block keeps its Dense and BatchNormalization as those layers (rebuilt
+    over the traced call's own variables: the fit test shows training reaches them; the
+    loss test shows their L2 is counted once)."""
+    block = _load(zoo, "custom_missing").model.get_layer("block")
+    assert type(block.inner) is keras.layers.Dense
+    assert type(block.norm) is keras.layers.BatchNormalization
+    assert [v.path for v in block.weights] == [
+        "scale",
+        "inner/kernel",
+        "inner/bias",
+        "norm/gamma",
+        "norm/beta",
+        "norm/moving_mean",
+        "norm/moving_variance",
+    ]
+
+
 def _training_mode_loss(model, xs, ys, state) -> float:
     for variable, value in zip(model.non_trainable_variables, state, strict=True):
         variable.assign(value)
@@ -241,6 +259,8 @@ def test_revived_layers_save_and_load(zoo, tmp_path, case):
     for training in (False, True):
         got, want = _outputs(back.model, xs, training), _outputs(model, xs, training)
         np.testing.assert_array_equal(got[0], want[0])
+    if case == "custom_missing":  # its sublayers are saved and revived as layers
+        assert type(back.model.get_layer("block").inner) is keras.layers.Dense
     layer, remedy = (
         (r"'block' \(Block\)", r"custom_objects=\{'Block': cls\}")
         if case == "custom_missing"
