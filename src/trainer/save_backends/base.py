@@ -64,6 +64,9 @@ class SaveBackend(abc.ABC):
     suffix: ClassVar[str] = ""
     # Whether the checkpoint callback writes in a background thread unless told otherwise.
     async_by_default: ClassVar[bool] = False
+    # Whether the backend stores layers revived from traced functions with their traces
+    # (savedmodel). Backends storing configs and weights only refuse them at save time.
+    keeps_traces: ClassVar[bool] = False
 
     # ----------------------------------------------------------------- public API
     def save(
@@ -81,8 +84,7 @@ class SaveBackend(abc.ABC):
         """
         path = self.checkpoint_path(path)
         check_replaceable(path, type(self))
-        check_model_ready(model)
-        readiness.refuse_reapplied_overrides(model)  # loads would compute something else
+        self.check_savable(model)
         state = state if state is not None else TrainingState()
         meta = self.build_metadata(model, state, metadata or {})
         try:
@@ -106,8 +108,7 @@ class SaveBackend(abc.ABC):
         name). Not sealed: the caller calls ``seal`` when the directory is complete."""
         if not self.is_directory:
             raise SaveError(f"{self.name!r} writes files, not directories. Received {directory}")
-        check_model_ready(model)
-        readiness.refuse_reapplied_overrides(model)
+        self.check_savable(model)
         state = state if state is not None else TrainingState()
         Path(directory).mkdir()
         self._write(
@@ -167,6 +168,14 @@ class SaveBackend(abc.ABC):
                 file=str(where),
             )
         return checkpoint
+
+    def check_savable(self, model: keras.Model) -> None:
+        """Refuse, before anything is written, a model this backend could not load back as
+        it is: unbuilt, re-applied ``__call__`` overrides, layers revived from traces."""
+        check_model_ready(model)
+        readiness.refuse_reapplied_overrides(model)  # loads would compute something else
+        if not self.keeps_traces:
+            readiness.refuse_revived_layers(model, self.name)
 
     @classmethod
     @abc.abstractmethod

@@ -19,6 +19,13 @@ graph calls the layer again (the override applies twice).
   class rebuilt from config is faithful; but a layer revived from traced functions cannot
   replay the operations construction recorded, so such a layer gets no traced functions
   and a load without its class says the class is needed.
+
+Layers revived from traced functions (their class was missing when they were loaded, or
+a legacy ``Lambda``). Only a backend that keeps their traces (savedmodel) can store them:
+a backend storing configs and weights would write a config naming trainer's stand-in of
+the class, not the class itself, so the checkpoint could not be loaded back in the process
+that wrote it, and with the class at hand a legacy stand-in's weights (its sublayers'
+flattened onto it) would not fit the class. Such saves are refused up front.
 """
 
 from __future__ import annotations
@@ -129,4 +136,39 @@ def _cast_by_keras(layer: keras.layers.Layer, given: Any, reached: Any) -> bool:
         tuple(getattr(given, "shape", ())) == tuple(getattr(reached, "shape", ()))
         and getattr(reached, "dtype", None) == layer.input_dtype
         and getattr(given, "dtype", None) != layer.input_dtype
+    )
+
+
+def revived_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """The model and its sublayers (every depth) that stand in for a class from traced
+    functions: they say where they were revived from (``_trainer_revived_from``)."""
+    every = keras_compat.sublayers(model, include_self=True, recursive=True)
+    return [layer for layer in every if getattr(layer, "_trainer_revived_from", None)]
+
+
+def refuse_revived_layers(model: keras.Model, backend: str) -> None:
+    """Refuse a model holding layers revived from traced functions, for a backend that
+    stores configs and weights only (see the module's docstring)."""
+    revived = revived_layers(model)
+    if not revived:
+        return
+    first = revived[0]
+    name = type(first).__name__
+    original = getattr(first, "_trainer_original", None) or {}
+    if name == "LegacyLambda" or original.get("carries_code"):
+        why = "its stored Python code was not run (a Lambda)"
+        remedy = "Only the savedmodel backend can store it: save with backend 'savedmodel'."
+    else:
+        why = "its class was not available when it was loaded"
+        remedy = (
+            f"Save with the savedmodel backend (it keeps the traced functions), or load "
+            f"the model again with the class available (custom_objects={{{name!r}: cls}}) "
+            f"and save that model with {backend!r}."
+        )
+    raise ModelNotReadyError(
+        f"Layer {first.name!r} ({name}) of model {model.name!r} was revived from the "
+        f"traced functions of {first._trainer_revived_from} ({why}). The {backend!r} "
+        f"backend stores configs and weights only: its checkpoint would name a stand-in "
+        f"instead of the class and could not be loaded back faithfully. {remedy} "
+        f"Received: layers revived from traces {[layer.name for layer in revived]}"
     )

@@ -17,15 +17,22 @@ import tensorflow as tf
 
 from trainer.errors import CorruptCheckpointError, TrainerError, UnsupportedLegacyError
 from trainer.save_backends.legacy import compiling, standin, translate, weights
-from trainer.save_backends.legacy.reader import LegacyDir, Node, open_legacy, top_level_layers
+from trainer.save_backends.legacy.reader import (
+    GRAPH_CLASSES,
+    LegacyDir,
+    Node,
+    every_layer,
+    open_legacy,
+)
 
 log = logging.getLogger(__name__)
 
 
 def plan(legacy: LegacyDir, custom_objects: dict[str, Any]) -> dict[str, str]:
-    """Layer name -> how it imports: ``config`` (Keras 3 builds it) or ``traces``."""
+    """Layer name (``inner_model/layer`` inside nested Functional and Sequential models) ->
+    how it imports: ``config`` (Keras 3 builds it) or ``traces``."""
     how = {}
-    for name, node in top_level_layers(legacy).items():
+    for name, node in every_layer(legacy).items():
         class_name = node.metadata.get("class_name", "")
         how[name] = "config" if translate.known_class(class_name, custom_objects) else "traces"
     return how
@@ -40,17 +47,13 @@ def import_model(
     where = str(path)
     config = translate.root_config(legacy.root.metadata, where)
     how = plan(legacy, custom_objects)
-    revived = {n: node for n, node in top_level_layers(legacy).items() if how[n] == "traces"}
+    revived = {n: node for n, node in every_layer(legacy).items() if how[n] == "traces"}
     loaded = None
     objects = dict(custom_objects)
     if revived:
         loaded = _load_saved_model(path)
         objects[standin.CLASS_NAME] = standin.factory(legacy, loaded, revived)
-        for entry in config["config"]["layers"]:
-            name = (entry.get("config") or {}).get("name")
-            if name in revived:
-                entry["class_name"] = standin.CLASS_NAME
-                entry["config"] = {"name": name}
+        _substitute(config["config"]["layers"], revived, "")
     model = _build(config, objects, where)
     if loaded is not None:
         object.__setattr__(model, "_trainer_loaded", loaded)  # its functions are in use
@@ -62,6 +65,19 @@ def import_model(
     elif compile:
         log.warning("%s holds no training config; the imported model is not compiled", path)
     return model, info
+
+
+def _substitute(entries: list[dict[str, Any]], revived: dict[str, Node], prefix: str) -> None:
+    """Point the config entries of the layers revived from traces (at every depth of nested
+    Functional and Sequential models) to the stand-in factory, by qualified name."""
+    for entry in entries:
+        config = entry.get("config") or {}
+        key = f"{prefix}{config.get('name')}"
+        if key in revived:
+            entry["class_name"] = standin.CLASS_NAME
+            entry["config"] = {"name": config.get("name"), "trainer_key": key}
+        elif entry.get("class_name") in GRAPH_CLASSES and "layers" in config:
+            _substitute(config["layers"], revived, f"{key}/")
 
 
 def _load_saved_model(path: Path) -> Any:
@@ -109,7 +125,7 @@ def describe(path: Path, custom_objects: dict[str, Any] | None = None) -> dict[s
     legacy = open_legacy(path)
     root = legacy.root.metadata
     how = plan(legacy, dict(custom_objects or {}))
-    layers = top_level_layers(legacy)
+    layers = every_layer(legacy)
     return {
         "format": "legacy tf.keras SavedModel (TensorFlow 2.x model.save)",
         "class_name": root.get("class_name"),

@@ -160,9 +160,34 @@ def layer_node(legacy: LegacyDir, parent: Node, attribute: str) -> Node | None:
 
 def top_level_layers(legacy: LegacyDir) -> dict[str, Node]:
     """Layer name -> node for the layers the root model tracks as ``layer-<i>``."""
+    return model_layers(legacy, legacy.root)
+
+
+def model_layers(legacy: LegacyDir, model: Node) -> dict[str, Node]:
+    """Layer name -> node for the layers a (Functional or Sequential) model node tracks as
+    ``layer-<i>``."""
     found = {}
-    for attribute, node_id in legacy.children(legacy.root.node_id).items():
+    for attribute, node_id in legacy.children(model.node_id).items():
         node = legacy.nodes.get(node_id)
         if attribute.startswith("layer-") and node is not None:
             found[node.metadata.get("name")] = node
+    return found
+
+
+GRAPH_CLASSES = ("Functional", "Model", "Sequential")
+
+
+def every_layer(legacy: LegacyDir) -> dict[str, Node]:
+    """Every layer of the root model and of the Functional and Sequential models nested in
+    it, by qualified name (``inner_model/layer``), parents before their layers."""
+    found: dict[str, Node] = {}
+
+    def walk(model: Node, prefix: str) -> None:
+        for name, node in model_layers(legacy, model).items():
+            found[f"{prefix}{name}"] = node
+            graph = node.metadata.get("class_name") in GRAPH_CLASSES
+            if graph and node.identifier in _MODEL_IDS:
+                walk(node, f"{prefix}{name}/")
+
+    walk(legacy.root, "")
     return found

@@ -47,10 +47,14 @@ def wrap_variable(storage: Any, *, name: str, trainable: bool) -> keras.Variable
 
 def _attach(
     legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any, prefix: str = ""
-) -> None:
-    """Wrap the variables of ``node`` and of its sublayers into ``layer``, named by their
-    object path (``inner/kernel``): the traced call uses them all, and a sublayer alone
-    has no traced call that could stand in for it."""
+) -> set[int]:
+    """Wrap the variables of ``node`` into ``layer``, named by their object path
+    (``inner/kernel``). A sublayer of a class Keras 3 builds itself, with no sublayers of
+    its own, is rebuilt and kept under its attribute (``layer.inner``: ``summary`` shows
+    it), over the same variables; any other sublayer's variables are wrapped into
+    ``layer`` (a stand-in of it could not be saved again: it has no traced call of its
+    own). The traced call of ``layer`` uses them all. Returns the ids of the traced weight
+    regularizers that rebuilt sublayers compute themselves (Keras 3 adds their losses)."""
     names = {v: k for k, v in legacy.children(node.node_id).items()}
     for variable_id, trainable in own_legacy_variables(legacy, node):
         storage = getattr(obj, names[variable_id])
@@ -59,13 +63,68 @@ def _attach(
         variable = wrap_variable(storage, name=path, trainable=flag)
         keras_compat.track_variable(layer, variable)
         legacy.placed[variable_id] = variable
+    computed: set[int] = set()
     for attribute, child in layer_children(legacy, node).items():
-        _attach(legacy, layer, child, getattr(obj, attribute), f"{prefix}{attribute}/")
+        child_obj = getattr(obj, attribute)
+        rebuilt = None
+        if attribute.isidentifier() and not hasattr(layer, attribute):
+            rebuilt = _rebuilt_sublayer(legacy, child, child_obj)
+        if rebuilt is None:
+            computed |= _attach(legacy, layer, child, child_obj, f"{prefix}{attribute}/")
+        else:
+            setattr(layer, attribute, rebuilt)
+            computed |= {id(f) for f in getattr(child_obj, "regularization_losses", None) or []}
+    return computed
+
+
+def _rebuilt_sublayer(legacy: LegacyDir, node: Node, obj: Any) -> keras.layers.Layer | None:
+    """The Keras 3 layer of ``node``'s own (built-in or registered) class, built and over
+    the loaded variables themselves, or None where that cannot be done exactly: class
+    unknown, sublayers of its own, variables that do not pair one to one (count, shape,
+    trainability, in recorded order)."""
+    metadata = node.metadata
+    class_name = str(metadata.get("class_name"))
+    if layer_children(legacy, node) or not translate.known_class(class_name, {}):
+        return None
+    entry = {"class_name": class_name, "config": metadata.get("config")}
+    shape = translate.plain(metadata.get("build_input_shape"))
+    try:
+        config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
+        cls = keras.saving.get_registered_object(class_name) or getattr(keras.layers, class_name)
+        layer = cls.from_config(config)
+        layer.build(tuple(shape) if isinstance(shape, list) else shape)
+    except Exception:  # a config or shape Keras 3 takes otherwise: keep the flat variables
+        return None
+    names = {v: k for k, v in legacy.children(node.node_id).items()}
+    source = own_legacy_variables(legacy, node)
+    weights = {id(v) for v in layer.weights}  # not the seed generators' RNG states
+    trainable = {id(v) for v in keras_compat.own_trainable_variables(layer)}
+    target = [v for v in keras_compat.own_variables(layer) if id(v) in weights]
+    pairs = []
+    for flag in (True, False):
+        sources = [v for v, t in source if t == flag]
+        targets = [v for v in target if (id(v) in trainable) == flag]
+        if len(sources) != len(targets):
+            return None
+        pairs += list(zip(sources, targets, strict=True))
+    if len(pairs) != len(source) or len(pairs) != len(target):
+        return None  # trainability not recorded (None): no safe pairing
+    storages = [getattr(obj, names[v]) for v, _ in pairs]
+    if any(tuple(s.shape) != tuple(t.shape) for s, (_, t) in zip(storages, pairs, strict=True)):
+        return None
+    for storage, (variable_id, variable) in zip(storages, pairs, strict=True):
+        keras_compat.set_variable_storage(variable, storage)
+        legacy.placed[variable_id] = variable
+    layer.trainable = metadata.get("trainable", True)
+    return layer
 
 
 class LegacyRevivedLayer(keras.layers.Layer):
     """One legacy layer whose Python class is not available (or a ``Lambda``); a subclass
     named after the original class is made per class (``standin_class``)."""
+
+    # Where it was revived from; backends that store configs only refuse such layers.
+    _trainer_revived_from = "a legacy tf.keras SavedModel"
 
     def __init__(self, *, legacy, node, loaded, **kwargs):
         metadata = node.metadata
@@ -84,15 +143,17 @@ class LegacyRevivedLayer(keras.layers.Layer):
             )
         object.__setattr__(self, "_trainer_function", function)
         object.__setattr__(self, "_trainer_extra", _extra_arguments(function))
-        # Argument-free traced weight regularizers (its sublayers' included), re-added on
-        # every call as Keras 2 added them to the loss of every step.
-        regularizers = list(getattr(obj, "regularization_losses", None) or [])
-        object.__setattr__(self, "_trainer_regularizers", regularizers)
         entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
         config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
         object.__setattr__(self, "_trainer_config", config)
         object.__setattr__(self, "_trainer_legacy_revived", True)
-        _attach(legacy, self, node, obj)
+        computed = _attach(legacy, self, node, obj)
+        # Argument-free traced weight regularizers (its sublayers' included, except those
+        # of rebuilt sublayers: Keras 3 adds theirs), re-added on every call as Keras 2
+        # added them to the loss of every step.
+        regularizers = list(getattr(obj, "regularization_losses", None) or [])
+        regularizers = [f for f in regularizers if id(f) not in computed]
+        object.__setattr__(self, "_trainer_regularizers", regularizers)
         self.built = True
 
     def call(self, inputs, training=None):
@@ -148,12 +209,13 @@ def _extra_arguments(function: Any) -> tuple:
 
 
 def factory(legacy: LegacyDir, loaded: Any, nodes: dict[str, Node]) -> type:
-    """A class Keras' ``from_config`` builds the prepared stand-ins with, by layer name."""
+    """A class Keras' ``from_config`` builds the prepared stand-ins with, by qualified
+    layer name (``inner_model/layer`` inside nested models)."""
 
     class _Factory:
         @classmethod
         def from_config(cls, config):
-            node = nodes[config["name"]]
+            node = nodes[config.get("trainer_key", config["name"])]
             cls = standin_class(str(node.metadata.get("class_name")))
             return cls(legacy=legacy, node=node, loaded=loaded)
 

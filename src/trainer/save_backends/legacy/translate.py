@@ -122,11 +122,57 @@ def model_config(class_name: str, config: dict[str, Any], where: str) -> dict[st
                 },
             )
     config["layers"] = layers
+    if class_name != "Sequential":
+        _renumber_nested_model_nodes(config, config.get("layers") or [])
     for key in ("input_layers", "output_layers"):  # one tensor: not a list of one
         ends = config.get(key)
         if isinstance(ends, list) and len(ends) == 1 and isinstance(ends[0], list):
             config[key] = ends[0]
     return config
+
+
+def _skips_first_node(entry: dict[str, Any]) -> bool:
+    """Keras 2 gave a nested Functional model (and a Sequential starting with an
+    ``InputLayer``) a node of its own when it was built, and its config counts the calls in
+    the outer graph from 1; Keras 3 gives it none and counts from 0."""
+    if entry.get("class_name") in ("Functional", "Model"):
+        return True
+    if entry.get("class_name") == "Sequential":
+        inner = (entry.get("config") or {}).get("layers") or [{}]
+        return inner[0].get("class_name") == "InputLayer"
+    return False
+
+
+def _renumber_nested_model_nodes(config: dict[str, Any], layers: list[dict[str, Any]]) -> None:
+    """References ``[name, node_index, tensor_index, ...]`` to such nested models, in the
+    layers' ``inbound_nodes`` and the model's ``output_layers``, renumbered for Keras 3.
+    (The entries are already translated: a Keras 2 Sequential's ``InputLayer`` is kept.)"""
+    shifted = {
+        (entry.get("config") or {}).get("name") for entry in layers if _skips_first_node(entry)
+    }
+    if not shifted:
+        return
+
+    def renumber(value: Any) -> Any:
+        if isinstance(value, list):
+            if (
+                len(value) >= 3
+                and isinstance(value[0], str)
+                and value[0] in shifted
+                and isinstance(value[1], int)
+                and isinstance(value[2], int)
+            ):
+                return [value[0], max(value[1] - 1, 0), *value[2:]]
+            return [renumber(v) for v in value]
+        if isinstance(value, dict):
+            return {k: renumber(v) for k, v in value.items()}
+        return value
+
+    for entry in layers:
+        if "inbound_nodes" in entry:
+            entry["inbound_nodes"] = renumber(entry["inbound_nodes"])
+    if "output_layers" in config:
+        config["output_layers"] = renumber(config["output_layers"])
 
 
 def root_config(metadata: dict[str, Any], where: str) -> dict[str, Any]:
@@ -147,8 +193,9 @@ def root_config(metadata: dict[str, Any], where: str) -> dict[str, Any]:
 
 def known_class(class_name: str, custom_objects: dict[str, Any]) -> bool:
     """Whether Keras 3 can build ``class_name`` itself: a custom object, a registered
-    class, or a built-in layer (``Lambda`` is not: its config carries code)."""
-    if class_name in custom_objects:
+    class, or a built-in layer (``Lambda`` is not: its config carries code). Functional and
+    Sequential models nested in the model are rebuilt from their configs, layer by layer."""
+    if class_name in custom_objects or class_name in _CONTAINERS:
         return True
     if class_name == "Lambda":
         return False

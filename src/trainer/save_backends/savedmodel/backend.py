@@ -50,6 +50,8 @@ class SavedModelBackend(SaveBackend):
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     async_by_default: ClassVar[bool] = True
+    # Layers revived from traced functions are saved with their traces again.
+    keeps_traces: ClassVar[bool] = True
     # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
     # Serving ignore by convention, so the directory stays a clean SavedModel.
     manifest_file: ClassVar[str] = f"{layout.METADATA_DIR}/{MANIFEST_FILE}"

@@ -68,6 +68,9 @@ class _RevivedMixin:
     """Behaviour shared by revived layers and models (kept out of ``__init__`` so both
     base classes' constructors stay untouched)."""
 
+    # Where it was revived from; backends that store configs only refuse such layers.
+    _trainer_revived_from = "a trainer SavedModel"
+
     def _trainer_setup(self, record, node, children, own_variables) -> None:
         original = {
             "class_name": record["class_name"],
