@@ -177,7 +177,7 @@ def _training_mode_loss(model, xs, ys, state) -> float:
     return float(model.compute_loss(x=_feed(xs), y=_feed(ys), y_pred=y_pred))
 
 
-@pytest.mark.parametrize("case", [c for c in ZOO if c != "mobilenet"])
+@pytest.mark.parametrize("case", ZOO)
 def test_fit_reduces_loss_and_trains_every_variable(zoo, case):
     name, _ = _case(case)
     model = _load(zoo, case).model
@@ -222,15 +222,12 @@ def test_no_slots_saved_is_reported(zoo):
     assert int(checkpoint.model.optimizer.iterations.numpy()) == 0
 
 
-# MobileNetV2 through savedmodel would trace its 155 layers (~30 s), and h5 is the same
-# rebuild as weights: weights only, to keep the module within its CI time.
 @pytest.mark.parametrize(
     ("case", "backend"),
     [
         (case, backend)
         for case in ["mlp", "functional", "cnn", "rnn", "custom_known", "mobilenet"]
         for backend in ["savedmodel", "h5", "weights"]
-        if case != "mobilenet" or backend == "weights"
     ],
 )
 def test_imported_model_saves_with_every_backend(zoo, tmp_path, case, backend):
