@@ -204,8 +204,13 @@ def _trace_node(
         node.state_variables = extra
     # A layer whose __call__ replays in a Sequential is revived from its class only.
     calls = id(layer) not in recorder.class_only
+    serialized = records.keras_config(layer) if li == 0 else None
+    # Nothing calls the root in training mode but its own revival, and a root revived as
+    # a graph (Functional, Sequential) is rebuilt from its config around its layers: its
+    # training trace (every variable captured again) would never run.
+    training = li != 0 or not records.is_graph_config(records.model_kind(layer), serialized[0])
     functions, call_specs = _trace_layer(
-        layer, node, recorder.specs[id(layer)], dispatcher, calls=calls
+        layer, node, recorder.specs[id(layer)], dispatcher, calls=calls, training=training
     )
     functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
     own = [var_index[id(tf_variable(v))] for v in layer.variables]
@@ -218,6 +223,7 @@ def _trace_node(
         own_variables=own,
         functions=functions,
         call_specs=call_specs,
+        serialized=serialized,
     )
     # After the record: this mutes its regularizer. A layer overriding __call__ is not
     # dispatched: its traced function holds its __call__ Python, which the parent's call
@@ -335,9 +341,10 @@ def _trace_layer(
     dispatcher: Any = None,
     *,
     calls: bool = True,
+    training: bool = True,
 ):
     """Concrete call functions for each recorded call spec, for both training values
-    (none unless ``calls``)."""
+    (none unless ``calls``; inference only unless ``training``)."""
     functions: dict[str, Any] = {}
     first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
     specs = (specs or _fallback_specs(layer)) if calls else {}
@@ -347,6 +354,8 @@ def _trace_layer(
             modes = {"call_infer": False, "call_train": True}
             if not tracing.training_matters(layer):
                 modes = {"call_infer": None}
+            elif not training:
+                modes = {"call_infer": False}
             for attr, training in modes.items():
                 fn = tracing.make_call_function(layer, training, dispatcher)
                 for args, kwargs in specs.values():

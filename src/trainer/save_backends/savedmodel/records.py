@@ -165,6 +165,20 @@ def model_kind(layer: keras.layers.Layer) -> str | None:
     return None
 
 
+def is_graph_config(kind: str | None, config: Any) -> bool:
+    """Whether a layer of this ``model_kind`` and config is revived as a graph: Keras
+    rebuilds a Functional / Sequential config around its revived layers, so such a layer
+    is never revived from its own traced functions. A subclass whose own get_config
+    returns its constructor's arguments instead is rebuilt like any other layer (or from
+    traces)."""
+    inner = config.get("config") if isinstance(config, dict) else None
+    if kind not in ("functional", "sequential") or not isinstance(inner, dict):
+        return False
+    if not isinstance(inner.get("layers"), list):
+        return False
+    return kind == "sequential" or all(k in inner for k in ("input_layers", "output_layers"))
+
+
 def child_attributes(layer: keras.layers.Layer, child: keras.layers.Layer) -> list[str]:
     """Attribute names under which ``layer`` holds ``child`` (``"blocks[1]"`` for lists)."""
     names = []
@@ -238,11 +252,13 @@ def layer_record(
     own_variables: list[int],
     functions: dict[str, Any],
     call_specs: list[str],
+    serialized: tuple[dict[str, Any] | None, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record of one layer (see the README's on-disk layout)."""
+    """The JSON record of one layer (see the README's on-disk layout); ``serialized`` is
+    ``keras_config(layer)`` if the caller already has it."""
     from trainer.save_backends.savedmodel.tracing import takes_training, tf_variable
 
-    config, config_error = keras_config(layer)
+    config, config_error = serialized if serialized is not None else keras_config(layer)
     original = original_identity(layer) or {}
     children = [c for c in keras_compat.tracked_sublayers(layer) if id(c) in layer_index]
     fallbacks: dict[str, str] = {}

@@ -37,7 +37,7 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import standins
-from trainer.save_backends.savedmodel.records import PLACEHOLDER
+from trainer.save_backends.savedmodel.records import PLACEHOLDER, is_graph_config
 
 log = logging.getLogger(__name__)
 TOKEN = "__trainer_revived_{}__"
@@ -430,17 +430,9 @@ class Reviver:
 
 
 def _is_graph_config(record: dict[str, Any]) -> bool:
-    """Whether the record's config describes a Functional / Sequential graph that Keras
-    can rebuild around revived layers; a subclass whose own get_config returns its
-    constructor's arguments instead is rebuilt like any other layer (or from traces)."""
-    kind = record["model_kind"]
-    config = record["keras_config"]
-    inner = config.get("config") if isinstance(config, dict) else None
-    if kind not in ("functional", "sequential") or not isinstance(inner, dict):
-        return False
-    if not isinstance(inner.get("layers"), list):
-        return False
-    return kind == "sequential" or all(k in inner for k in ("input_layers", "output_layers"))
+    """Whether Keras rebuilds this layer as a graph around its revived layers (see
+    ``records.is_graph_config``, which the save consults too)."""
+    return is_graph_config(record["model_kind"], record["keras_config"])
 
 
 def _policy(config: Any) -> Any:

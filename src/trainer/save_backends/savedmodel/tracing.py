@@ -28,6 +28,14 @@ from trainer.save_backends.savedmodel import masks
 class Node(tf.Module):
     """One layer in the object graph: variables, call functions, regularizer functions."""
 
+    def __dir__(self) -> list[str]:
+        """Only the attributes set on this node. ``tf.saved_model.save`` finds a module's
+        functions by ``getattr`` over ``dir()``, several times per save; tf.Module's own
+        properties (``variables``, ``trainable_variables``, ``submodules`` ...) each walk
+        the whole subtree there, which made that search quadratic in the layers. No
+        function is ever a class attribute of a node, so the same functions are found."""
+        return sorted(vars(self))
+
 
 def variable_storage(variable: Any) -> tf.Variable | None:
     """The ``tf.Variable`` holding a Keras variable's storage (its public ``value``, which
