@@ -123,6 +123,24 @@ def test_no_preparation_when_the_policy_saves_nothing_during_fit(tmp_path, syste
     assert not directory.exists() or list_checkpoints(directory) == []
 
 
+def test_a_second_fit_of_the_same_model_does_not_prepare_again(tmp_path, system_tmp):
+    model, x, y = small_model()
+    checkpoint = Checkpoint(tmp_path / "ckpt", "savedmodel", async_save=True)
+    busy = []
+
+    class AfterCheckpoint(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            busy.append(checkpoint.manager.backend.writer.busy)
+
+    for epochs in (1, 2):  # resume="auto": the second fit trains the second epoch
+        model.fit(
+            x, y, batch_size=8, epochs=epochs, verbose=0, callbacks=[checkpoint, AfterCheckpoint()]
+        )
+    assert busy[0] is True  # the first fit's preparation runs in the background
+    assert busy[1] is False  # the second has nothing left to prepare: no rehearsal again
+    assert len(list_checkpoints(tmp_path / "ckpt")) == 2
+
+
 def test_a_rehearsal_left_by_a_killed_process_is_removed(system_tmp):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
                           capture_output=True, text=True)  # fmt: skip

@@ -116,6 +116,9 @@ class AsyncBackend(WrappingBackend):
         trace). Best effort: anything that fails here is left to the first real save,
         which does the same work and reports its failure."""
         self.writer.wait()
+        prepared = self._source is model and self._copier is not None
+        if prepared and self._copied == _variable_ids(model):
+            return  # an earlier fit (or save) of this model did it all already
         try:
             _build_optimizer(model)
             current = _variable_ids(model)
