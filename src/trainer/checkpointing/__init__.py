@@ -7,8 +7,10 @@
 * ``CheckpointPolicy`` (``policy.py``): names, triggers, retention; validated when built.
 * Wrapping backends (``wrappers.py``): ``AsyncBackend(inner)`` writes in the background;
   ``trainer.distribute.ScratchBackend`` (a non-chief worker's saves) is another.
-* ``snapshot.py``: the shadow model an async write works from; ``callback_state.py``: the
-  state of Keras callbacks, saved with each checkpoint.
+* ``snapshot.py``: the shadow model an async write works from; ``rehearsal.py``: the
+  start-of-training rehearsal write that pays a backend's first-save work outside the
+  checkpoint directory; ``callback_state.py``: the state of Keras callbacks, saved with
+  each checkpoint.
 """
 
 from trainer.checkpointing.callback import Checkpoint

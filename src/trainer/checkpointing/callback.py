@@ -91,8 +91,12 @@ class Checkpoint(keras.callbacks.Callback):
 
     # ------------------------------------------------------------- standalone
     def on_train_begin(self, logs=None):
-        if not self.standalone:
-            return
+        if self.standalone:
+            self._begin_standalone()
+        if self.policy.every_n_epochs or self.policy.every_n_steps or self.policy.on_train_end:
+            self.manager.prepare(self.model)  # saves are due: their one-time work starts now
+
+    def _begin_standalone(self) -> None:
         self._pending_logs = None
         latest = self.manager.latest() if self.resume == "auto" else None
         if latest is None:

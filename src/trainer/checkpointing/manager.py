@@ -26,7 +26,7 @@ import numpy as np
 
 from trainer.atomic import clean_stale_temporaries, temporary_sibling
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
-from trainer.checkpointing.snapshot import all_variables
+from trainer.checkpointing.snapshot import all_variables, copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
 from trainer.locks import LATEST, remove_unless_read
@@ -134,7 +134,7 @@ class CheckpointManager:
             "monitor": metrics.get(self.policy.monitor),
         }
         self.records = [*(r for r in self.records if r["name"] != path.name), record]
-        saved_state = copy.deepcopy(state)
+        saved_state = copy_state(state)
         saved_state.checkpoints = copy.deepcopy(self.records)
         metadata = copy.deepcopy(self.metadata)
         if self.board is not None:
@@ -269,6 +269,13 @@ class CheckpointManager:
         self._last_saved_step = state.global_step
 
     # ---------------------------------------------------------------- lifecycle
+    def prepare(self, model: keras.Model) -> None:
+        """Training of ``model`` starts: an async backend builds its shadow copy now and
+        warms its writes in the background (``AsyncBackend.prepare``), so that no save of
+        the run waits for that one-time work. Writes nothing into the directory."""
+        if isinstance(self.backend, AsyncBackend):
+            self.backend.prepare(model)
+
     def backend_wait(self) -> None:
         if isinstance(self.backend, WrappingBackend):
             self.backend.wait()

@@ -9,12 +9,15 @@ nest: ``AsyncBackend(ScratchBackend(WeightsBackend()))``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from trainer.checkpointing import rehearsal
 from trainer.checkpointing.snapshot import (
     AsyncWriter,
     all_variables,
@@ -22,7 +25,10 @@ from trainer.checkpointing.snapshot import (
     refresh_snapshot,
     variable_copier,
 )
+from trainer.save_backends import modelstate
 from trainer.save_backends.base import SaveBackend
+
+log = logging.getLogger(__name__)
 
 
 class WrappingBackend:
@@ -66,6 +72,8 @@ class AsyncBackend(WrappingBackend):
     first save) synchronously, then writes the shadow in the background: what is written is
     the state at the moment of the call. At most one write is in flight (the next ``save``
     waits); a failed write is raised by the next ``save``, ``wait`` or ``close``, never lost.
+    ``prepare`` (the checkpoint callback calls it when training starts) builds the shadow and
+    warms the writes ahead of the first save, outside the checkpoint directory.
     """
 
     def __init__(self, inner: SaveBackend | WrappingBackend):
@@ -84,31 +92,109 @@ class AsyncBackend(WrappingBackend):
     def submit(self, model: keras.Model, job: Callable[[keras.Model], Any]) -> None:
         """Run ``job(snapshot)`` in the background, ``snapshot`` holding ``model``'s state now.
 
-        The traced copy is built in the background after the first write (tracing it costs
-        more than one eager copy), so the first save copies variable by variable."""
+        The traced copy is built by ``prepare`` at the start of training; without it (or
+        when the model's variables changed since), this save copies variable by variable
+        and the traced copy is built in the background after its write."""
         self.writer.wait()  # one write in flight; raises an earlier failure
-        snapshot = self.snapshot(model)
-        current = tuple(id(v) for v in all_variables(model))
+        current = _variable_ids(model)
+        snapshot = self._refresh(model, current)
         trace = current != self._copied
 
         def run():
             job(snapshot)
-            if trace and current == tuple(id(v) for v in all_variables(model)):
-                # Read by the next snapshot only after ``writer.wait()``: no race.
-                self._copier, self._copied = variable_copier(model, snapshot), current
+            if trace:
+                self._trace_copier(model, snapshot, current)
 
         self.writer.submit(run)
 
+    def prepare(self, model: keras.Model) -> None:
+        """Build the shadow of ``model`` now and, in the background, pay the work its first
+        writes would (the traced copy; for a backend that caches traces, a rehearsal write
+        outside the checkpoint directory), so that the first saves of the run only copy and
+        write. Called at the start of training: that work then overlaps the first epoch
+        instead of holding the first save (the shadow) and the second (the first write's
+        trace). Best effort: anything that fails here is left to the first real save,
+        which does the same work and reports its failure."""
+        self.writer.wait()
+        prepared = self._source is model and self._copier is not None
+        if prepared and self._copied == _variable_ids(model):
+            return  # an earlier fit (or save) of this model did it all already
+        try:
+            _build_optimizer(model)
+            current = _variable_ids(model)
+            shadow = self._refresh(model, current)
+        except Exception as error:  # e.g. a model not built yet: the first save retries
+            log.info("Async checkpointing not prepared before the first save: %s", error)
+            self._shadow = self._source = None
+            return
+        real = innermost(self)
+
+        def warm():
+            if rehearsal.worth_rehearsing(real):
+                try:
+                    rehearsal.rehearse(self.inner, shadow)
+                except Exception as error:  # the first real save traces and reports it
+                    log.info("No rehearsal write before the first save: %s", error)
+            self._trace_copier(model, shadow, current)
+
+        self.writer.submit(warm)
+
+    def _trace_copier(self, model: keras.Model, shadow: keras.Model, ids: tuple[int, ...]):
+        """In the writer thread: the traced copy for these variables (read by the next
+        snapshot only after ``writer.wait()``: no race), called once, since its first call
+        instantiates the function in TF's runtime (~70 ms) and would otherwise hold the
+        next save. The values that call copies are replaced by the next save's copy."""
+        if ids != _variable_ids(model):
+            return  # variables created since: the next save copies eagerly
+        try:
+            copier = variable_copier(model, shadow)
+            if copier is not None:
+                copier()
+        except Exception as error:  # the saves copy variable by variable instead
+            log.info("No traced snapshot copy: %s", error)
+            return
+        self._copier, self._copied = copier, ids
+
     def snapshot(self, model: keras.Model) -> keras.Model:
         """The shadow model (built once per source model), brought to ``model``'s state."""
-        if self._shadow is None or self._source is not model:
+        return self._refresh(model, _variable_ids(model))
+
+    def _refresh(self, model: keras.Model, current: tuple[int, ...]) -> keras.Model:
+        if self._shadow is None or self._source is not model or not self._fits(model, current):
             self._shadow, self._source = clone_for_snapshot(model), model
             self._copier, self._copied = None, ()
-        if tuple(id(v) for v in all_variables(model)) != self._copied:
+        if current != self._copied:
             self._copier, self._copied = None, ()  # variables created since: copy eagerly
         refresh_snapshot(model, self._shadow, self._copier)
         return self._shadow
 
+    def _fits(self, model: keras.Model, current: tuple[int, ...]) -> bool:
+        """The shadow still has a twin of every variable of ``model`` (shapes checked only
+        when the variables changed since the copy was traced: a shadow built before the
+        model created some, e.g. at the start of training, is built again)."""
+        if current == self._copied:
+            return True
+        mine, theirs = all_variables(model), all_variables(self._shadow)
+        return [tuple(v.shape) for v in mine] == [tuple(v.shape) for v in theirs]
+
     def wait(self) -> None:
         self.writer.wait()
         super().wait()
+
+
+def _variable_ids(model: keras.Model) -> tuple[int, ...]:
+    """Which variables ``model`` has now (the traced copy is valid for exactly these)."""
+    return tuple(id(v) for v in all_variables(model))
+
+
+def _build_optimizer(model: keras.Model) -> None:
+    """Create the optimizer's variables now, under the model's distribution strategy, which
+    Keras does in the first training step (or before ``on_train_begin`` under a strategy):
+    the shadow and the traced copy need every variable. A resumed run builds it before
+    ``fit`` too, and continues bitwise like an uninterrupted one (the resume tests)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or optimizer.built:
+        return
+    strategy = getattr(model, "distribute_strategy", None)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        modelstate.build_optimizer(model)
