@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.savedmodel_zoo import classes_hidden
+from trainer.checkpointing import AsyncBackend
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
 
@@ -63,3 +64,17 @@ def test_savedmodel_backend_keeps_them(revived, tmp_path):
     with classes_hidden(["Scaled"], PKG):
         back = get_backend("savedmodel").load(path, compile=False).model
     np.testing.assert_array_equal(np.asarray(back(x)), np.asarray(revived(x)))
+
+
+def test_async_saves_refuse_in_the_call_that_asked(revived, tmp_path):
+    """Through the async wrapper (the default of checkpoint callbacks) the refusal comes
+    from ``save`` itself, in the caller's thread, not from the writer thread at some later
+    save; nothing is written and the wrapper stays usable."""
+    backend = AsyncBackend(get_backend("weights"))
+    try:
+        with pytest.raises(ModelNotReadyError, match=r"'scaled' \(Scaled\)"):
+            backend.save(revived, tmp_path / "ckpt")
+        backend.wait()  # no failure was left behind in the writer
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        backend.close()

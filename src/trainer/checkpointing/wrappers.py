@@ -83,6 +83,7 @@ class AsyncBackend(WrappingBackend):
         self._source: keras.Model | None = None
         self._copier: Callable[[], None] | None = None
         self._copied: tuple[int, ...] = ()  # ids of the variables the copier assigns
+        self._checked: tuple[int, ...] = ()  # ids of the variables last found savable
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
         target = Path(self.inner.checkpoint_path(path))
@@ -97,6 +98,9 @@ class AsyncBackend(WrappingBackend):
         and the traced copy is built in the background after its write."""
         self.writer.wait()  # one write in flight; raises an earlier failure
         current = _variable_ids(model)
+        if current != self._checked:  # once per set of variables: refusals are structural
+            self._check_savable(model)
+            self._checked = current
         snapshot = self._refresh(model, current)
         trace = current != self._copied
 
@@ -106,6 +110,15 @@ class AsyncBackend(WrappingBackend):
                 self._trace_copier(model, snapshot, current)
 
         self.writer.submit(run)
+
+    def _check_savable(self, model: keras.Model) -> None:
+        """What the backend refuses to save (an unbuilt model, layers revived from traces
+        for a config-only backend, ...) is refused here, in the training thread, by the
+        ``save`` call that asked for it: in the writer thread it would surface only at the
+        next save, after a whole epoch of training with nothing written."""
+        check = getattr(innermost(self), "check_savable", None)
+        if check is not None:
+            check(model)
 
     def prepare(self, model: keras.Model) -> None:
         """Build the shadow of ``model`` now and, in the background, pay the work its first
