@@ -41,6 +41,7 @@ BYTE_TARGETS = (
 )  # fmt: skip
 ROW_ORDER = (
     "savedmodel.first_save",
+    "savedmodel.second_save",
     "savedmodel.repeat_save",
     "savedmodel.load",
     "savedmodel.load_missing",

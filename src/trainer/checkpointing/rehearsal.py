@@ -1,11 +1,12 @@
 """A rehearsal write: pay a backend's first-save work before the first real save.
 
 The SavedModel backend traces a model on its first save and reuses that trace for every
-later save of the same model (``reuse_traces``); its second save also traces the one-op
-variables writer. For async checkpointing that first write (1.5-3 s of CPU on the default
-model) used to run right after the first epoch's save and make the *second* save wait
-for it (issue 17). Rehearsing both writes on the shadow model at the start of training
-moves that work into the first epoch, where nothing waits for it.
+later save of the same model (``reuse_traces``). For async checkpointing that first write
+(1.5-3 s of CPU on the default model) used to run right after the first epoch's save and
+make the *second* save wait for it (issue 17). Rehearsing it on the shadow model at the
+start of training moves that work into the first epoch, where nothing waits for it. (A
+second rehearsal write once traced the repeat-save variables writer; that writer now runs
+eagerly and needs no trace.)
 
 The rehearsal writes into a fresh directory under the system's temporary directory, never
 into the checkpoint directory (whose contents crash, disk-full and concurrent-reader tests
@@ -30,7 +31,7 @@ from trainer.atomic import process_alive
 log = logging.getLogger(__name__)
 PREFIX = "trainer-rehearsal-"
 _OWNER = re.compile(rf"^{PREFIX}([0-9]+)-")
-WRITES = 2  # the first traces the model, the second the repeat-save path (variables writer)
+WRITES = 1  # traces the model; every later save of it reuses that trace
 
 
 def worth_rehearsing(backend: Any) -> bool:

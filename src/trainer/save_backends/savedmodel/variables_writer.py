@@ -1,4 +1,4 @@
-"""Write the ``variables/`` checkpoint of a repeat save in one TensorFlow op.
+"""Write the ``variables/`` checkpoint of a repeat save with one ``SaveV2`` op.
 
 ``tf.train.Checkpoint(root).write`` walks the object graph, serializes it, and reads
 every variable through a Python closure on every call: for a small model that Python is
@@ -7,7 +7,7 @@ Between saves of a structurally unchanged model none of it changes but the value
 after the first (full) save, the keys and the serialized object graph are taken from the
 checkpoint ``tf.saved_model.save`` itself wrote, each key is matched to its variable by
 walking that object graph from the traced root (names, not guesses), and later saves run
-one traced ``SaveV2`` over the same keys: the same tensor-bundle files, byte for byte the
+one ``SaveV2`` over the same keys: the same tensor-bundle files, byte for byte the
 same layout, that ``tf.saved_model.load`` and ``tf.train.load_checkpoint`` read.
 
 Anything the walk cannot match exactly (a saveable that is not a plain variable value,
@@ -28,29 +28,35 @@ log = logging.getLogger(__name__)
 
 
 class VariablesWriter:
-    """``write(prefix)`` writes the checkpoint of ``root`` that the first save wrote."""
+    """``write(prefix)`` writes the checkpoint of ``root`` that the first save wrote.
+
+    The write runs eagerly: one raw ``ReadVariableOp`` per variable, then one ``SaveV2``.
+    A ``tf.function`` around the same ops saved a few milliseconds per write but had to be
+    traced on the first repeat save, and that trace (capturing every variable, then graph
+    optimization on first call) cost 1.5-2 s on an 800-variable model: a second save that
+    took ten times the steady one. Eager is within 0.01 s of the traced write at that size
+    and costs nothing up front (issue 17's benchmark, ``savedmodel.second_save``).
+    """
 
     def __init__(self, keys: list[str], variables: list[tf.Variable], graph: bytes):
         self.keys = keys
-        names = tf.constant([tf_compat.OBJECT_GRAPH_KEY, *keys])
-        slices = tf.constant([""] * (len(keys) + 1))
-        graph_tensor = tf.constant(graph)
-
-        @tf.function(autograph=False, input_signature=[tf.TensorSpec([], tf.string)])
-        def write(prefix: tf.Tensor) -> tf.Tensor:
-            with tf.device("/cpu:0"):
-                tensors = [graph_tensor, *(v.read_value() for v in variables)]
-                save = tf.raw_ops.SaveV2(
-                    prefix=prefix, tensor_names=names, shape_and_slices=slices, tensors=tensors
-                )
-            # An op whose result nobody uses is pruned from the function: return through it.
-            with tf.control_dependencies([save]):
-                return tf.identity(prefix)
-
-        self._write = write
+        self._variables = variables
+        self._names = tf.constant([tf_compat.OBJECT_GRAPH_KEY, *keys])
+        self._slices = tf.constant([""] * (len(keys) + 1))
+        self._graph = tf.constant(graph)
 
     def write(self, prefix: str) -> None:
-        self._write(tf.constant(prefix))
+        # The reads run where each variable lives; the bundle is written from the host.
+        values = [
+            tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for v in self._variables
+        ]
+        with tf.device("/cpu:0"):
+            tf.raw_ops.SaveV2(
+                prefix=tf.constant(prefix),
+                tensor_names=self._names,
+                shape_and_slices=self._slices,
+                tensors=[self._graph, *values],
+            )
 
 
 def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
