@@ -17,6 +17,8 @@ LOAD_ANCHORS = (("keras.load", "vs `.keras` load"), ("tf_keras.load", "vs tf_ker
 TARGETS = (
     ("repeat savedmodel save <= 1.0x Keras 3 `.keras` save", "savedmodel.repeat_save",
      "keras.save", 1.0, None),
+    ("second savedmodel save (the first repeat save) <= 1.0x Keras 3 `.keras` save",
+     "savedmodel.second_save", "keras.save", 1.0, None),
     ("repeat savedmodel save <= 2x write+fsync floor (large model)", "savedmodel.repeat_save",
      "floor", 2.0, ("large", "tiny")),  # tiny: --quick only
     ("first savedmodel save <= 0.5x tf_keras SavedModel save", "savedmodel.first_save",

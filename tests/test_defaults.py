@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import trainer.config
-from trainer import export, train
+from trainer import export, export_sources, train
 from trainer.checkpointing import CheckpointPolicy
 from trainer.errors import ConfigError
 from trainer.save_backends import load_checkpoint
@@ -57,7 +57,7 @@ def test_composed_defaults_are_the_code_ones(compose_cfg):
     schedule = inspect.signature(pruning.PruneLowMagnitude).parameters["frequency"].default
     assert schedule == wrap["frequency"] == pruning.PolynomialSparsity(0.5).frequency
     assert cfg.export.keep == export.DEFAULT_KEEP
-    for function in (export.export_serving, export.export_from_checkpoint):
+    for function in (export.export_serving, export_sources.export_from_checkpoint):
         assert inspect.signature(function).parameters["keep"].default == export.DEFAULT_KEEP
 
 

@@ -17,11 +17,11 @@ from tensorflow_serving.apis import prediction_log_pb2
 from trainer.cli import main
 from trainer.export import (
     ExportError,
-    export_from_checkpoint,
     export_serving,
     read_export_metadata,
     versions,
 )
+from trainer.export_sources import export_from_checkpoint
 from trainer.serving import saved_model_signatures
 from trainer.tensorboard import event_steps, resolve_link
 from trainer.warmup import EXTRA_DIR, WARMUP_FILE

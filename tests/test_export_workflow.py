@@ -25,11 +25,11 @@ from trainer.cli import main
 from trainer.errors import IntegrityError
 from trainer.export import (
     EXPORT_FILE,
-    export_from_checkpoint,
     export_serving,
     read_export_metadata,
     versions,
 )
+from trainer.export_sources import export_from_checkpoint
 from trainer.tensorboard import event_steps, resolve_link
 from trainer.training import train
 from trainer.verify import verify_checkpoint

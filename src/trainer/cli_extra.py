@@ -17,7 +17,8 @@ from trainer.tensorboard import LINK_KEY, resolve_link
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from trainer.export import export_from_checkpoint, read_export_metadata
+    from trainer.export import read_export_metadata
+    from trainer.export_sources import export_from_checkpoint
 
     path = export_from_checkpoint(
         args.checkpoint,

@@ -23,7 +23,8 @@ import tensorflow as tf
 from trainer import interrupts
 from trainer.data import DataSplits, eval_dataset
 from trainer.errors import TrainerError
-from trainer.export import export_for_run, read_export_metadata, versions
+from trainer.export import read_export_metadata, versions
+from trainer.export_sources import export_for_run
 from trainer.state import TrainingState
 from trainer.tensorboard import RunBoard, event_steps, flatten_config
 from trainer.wrapping import unwrap_model

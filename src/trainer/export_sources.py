@@ -1,0 +1,149 @@
+"""Exports of a saved checkpoint or of a run that just finished training.
+
+``trainer.export`` writes and seals a version from a model in memory; this module finds
+that model and what goes with it: a checkpoint of any backend (its state, config and
+TensorBoard link; warmup examples from its run's data set), or the end of a run driven
+by the ``export`` config group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer.errors import ExportError, TrainerError
+from trainer.export import DEFAULT_KEEP, export_serving
+from trainer.tensorboard import LINK_KEY, RunBoard
+
+
+def export_from_checkpoint(
+    checkpoint_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    keep: int = DEFAULT_KEEP,
+    warmup: Any = None,
+    format: str = "auto",
+    tensorboard: str | os.PathLike | None = None,
+    with_optimizer: bool = False,
+) -> Path:
+    """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
+
+    ``warmup``: examples, or a count N of validation examples taken from the data set of
+    the checkpoint's run config. The export carries the checkpoint's state, config and
+    TensorBoard link (``checkpoint_tensorboard``). The checkpoint's run is only read, never
+    written (it may be read-only, or another user's). ``tensorboard``: a log directory
+    for the export's card and graph at the checkpoint's step, which the export then links
+    to; None (the default) writes no TensorBoard log. ``with_optimizer``: see
+    ``export_serving`` (the checkpoint is then loaded compiled, its optimizer restored).
+    """
+    from trainer.save_backends import load_checkpoint
+
+    checkpoint = load_checkpoint(checkpoint_path, compile=bool(with_optimizer))
+    meta = checkpoint.metadata
+    if isinstance(warmup, int) and not isinstance(warmup, bool):
+        warmup = (
+            validation_examples(meta.get("config"), warmup, checkpoint_path) if warmup else None
+        )
+    extra = {
+        "source": {
+            "checkpoint": str(Path(checkpoint_path).absolute()),
+            "backend": meta.get("backend"),
+            "format_version": meta.get("format_version"),
+        },
+        "state": checkpoint.state.to_dict(),
+    }
+    if "config" in meta:
+        extra["config"] = meta["config"]
+    link = meta.get(LINK_KEY)
+    if isinstance(link, Mapping):
+        extra["checkpoint_tensorboard"] = dict(link)
+    board = None
+    if tensorboard is not None:  # opened first: an unwritable log fails before any export
+        board = _open_board(Path(tensorboard), link if isinstance(link, Mapping) else {})
+    try:
+        return export_serving(
+            checkpoint.model,
+            out_dir,
+            keep=keep,
+            warmup=warmup,
+            metadata=extra,
+            board=board,
+            step=checkpoint.state.global_step if board is not None else None,
+            format=format,
+            with_optimizer=with_optimizer,
+        )
+    finally:
+        if board is not None:
+            board.close()
+
+
+def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
+    """The RunBoard for an export's card in ``log_dir``, or an ``ExportError`` saying why
+    that directory cannot take one."""
+    try:
+        return RunBoard(log_dir, config_hash=link.get("config_hash"))
+    except (OSError, tf.errors.OpError, TrainerError) as error:
+        raise ExportError(
+            f"Cannot write the export's TensorBoard card into {log_dir}: the directory "
+            f"cannot be created or written. Name a writable directory, or leave out the "
+            f"TensorBoard option to export without a card. Received {type(error).__name__}: "
+            f"{str(error)[:300]}"
+        ) from None
+
+
+def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any) -> np.ndarray:
+    """The first ``count`` validation inputs (training inputs if there are none) of the data
+    set a run config describes, for warmup requests."""
+    if not isinstance(config, Mapping) or "data" not in config:
+        raise ExportError(
+            f"{where} records no run config with a `data` section, so no validation examples "
+            f"can be built for warmup. Export without warmup. Received config keys: "
+            f"{sorted(config) if isinstance(config, Mapping) else config!r}"
+        )
+    import hydra
+
+    data = hydra.utils.instantiate(dict(config["data"]))
+    inputs = data.x_val if len(data.x_val) else data.x_train
+    return np.asarray(inputs[:count])
+
+
+def export_for_run(
+    model: keras.Model,
+    run_dir: str | os.PathLike,
+    export_cfg: Mapping[str, Any] | None,
+    *,
+    board: RunBoard | None,
+    state: Any,
+    validation_x: Any = None,
+    config: Mapping[str, Any] | None = None,
+) -> Path | None:
+    """End-of-training export driven by the ``export`` config group (``conf/export``):
+    ``run_dir/<directory>/<version>/`` with warmup from ``validation_x``, the run's state
+    and config in the metadata, and a card at the current step. ``None`` if disabled."""
+    options = dict(export_cfg or {})
+    if not options.get("enabled", True):
+        return None
+    count = int(options.get("warmup_examples") or 0)
+    warmup = None
+    if count and validation_x is not None and len(validation_x):
+        warmup = np.asarray(validation_x[:count])
+    metadata: dict[str, Any] = {"state": state.to_dict(), "source": {"checkpoint": None}}
+    if config is not None:
+        metadata["config"] = dict(config)
+    return export_serving(
+        model,
+        Path(run_dir) / str(options.get("directory") or "export"),
+        keep=int(options.get("keep") or DEFAULT_KEEP),
+        warmup=warmup,
+        metadata=metadata,
+        board=board,
+        step=int(state.global_step),
+        format=str(options.get("format") or "auto"),
+        with_optimizer=bool(options.get("with_optimizer", False)),
+    )
