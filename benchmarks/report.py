@@ -306,7 +306,8 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
             + ". 'run' is all steps over the time from the first epoch until `train` returns "
             "(first-epoch tracing, the first checkpoint's trace, the wait for the last async "
             "write and the final evaluation included; model building and data loading not); "
-            "'steady-state' is the median epoch after the first, its save included. "
+            "'steady-state' is the median over every epoch after the first of every run (each "
+            "epoch's own steps/s, its save included). "
             "'blocking' is how long each save after the first held the training loop (the "
             "TensorBoard scalar `checkpoint/blocking_seconds`; for an async save: waiting for "
             "the previous write plus the snapshot copy), the median of each run's median.",

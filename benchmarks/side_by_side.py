@@ -33,7 +33,7 @@ def child(mode: str) -> None:
         run, steady, total, _ = overhead.run_once(overhead.FULL, mode, run_dir)
         epochs = [steps / (end - start) for start, end, steps in overhead.EpochClock.spans]
         blocking = overhead.blocking_seconds(run_dir) if mode != "none" else []
-    figures = {"run": run, "steady": steady, "steps": total, "epochs": epochs}
+    figures = {"run": run, "steady": statistics.median(steady), "steps": total, "epochs": epochs}
     print("RESULT " + json.dumps({**figures, "blocking": blocking}), flush=True)
 
 
