@@ -152,3 +152,40 @@ def test_nodes_list_only_their_own_attributes_and_every_function_is_stored(tmp_p
         for name in functions:
             assert callable(getattr(saved, name, None)), f"{node.name}.{name} not stored"
     assert callable(loaded.serve) and "serving_default" in loaded.signatures
+
+
+def test_serving_export_stores_inference_traces_and_its_revival_refuses_training(tmp_path):
+    """A serving export traces each layer for inference only (a third of its time). Revived
+    without the class, a layer whose training behaviour differs serves exactly and refuses
+    ``training=True`` (it would otherwise train through its inference trace, silently
+    another model); an export with the optimizer keeps the training traces."""
+    from trainer.errors import RevivedCallError
+    from trainer.export import export_serving
+
+    model = _functional()
+    _save(model, tmp_path)
+    x, y = _data()
+    serving = export_serving(model, tmp_path / "serving", keep=1)
+    record = _records(serving)["block"]
+    assert set(record["functions"]) == {"call_infer"} and record["training_traced"] is False
+    with classes_hidden(["NormBlock"], PKG):
+        revived = get_backend("savedmodel").load(serving, compile=False).model
+        np.testing.assert_allclose(revived(x).numpy(), model(x).numpy(), atol=1e-6)
+        with pytest.raises(RevivedCallError, match=r"serving export.*--with-optimizer"):
+            revived(x, training=True)
+        revived.compile(keras.optimizers.SGD(0.05), "mse")
+        with pytest.raises(RevivedCallError, match="training=True"):
+            revived.fit(x, y, epochs=1, batch_size=8, verbose=0)
+
+    known = get_backend("savedmodel").load(serving, compile=False).model  # class known
+    np.testing.assert_allclose(
+        known(x, training=True).numpy(), model(x, training=True).numpy(), atol=1e-6
+    )
+
+    tunable = export_serving(model, tmp_path / "tunable", keep=1, with_optimizer=True)
+    assert set(_records(tunable)["block"]["functions"]) >= {"call_infer", "call_train"}
+    with classes_hidden(["NormBlock"], PKG):
+        revived = get_backend("savedmodel").load(tunable).model
+        np.testing.assert_allclose(
+            revived(x, training=True).numpy(), model(x, training=True).numpy(), atol=1e-5
+        )

@@ -136,8 +136,8 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
     export.add_argument(
         "--with-optimizer",
         action="store_true",
-        help="keep the compile state and optimizer slots (savedmodel format; default: an "
-        "inference-only export, about the size of Keras's model.export)",
+        help="keep the compile state, optimizer slots and training traces (savedmodel "
+        "format; default: an inference-only export, about the size of Keras's model.export)",
     )
     # Accepted for old scripts: writing no card is now the default.
     export.add_argument("--no-card", action="store_true", help=argparse.SUPPRESS)

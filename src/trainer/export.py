@@ -108,11 +108,12 @@ def export_serving(
     record the TensorBoard link in the metadata and write the export's card at ``step``
     (and, with ``graph``, the exported graph to the Graphs tab).
     ``format``: ``keras`` (a lean inference-only SavedModel by ``keras.export``),
-    ``savedmodel`` (trainer's backend: servable *and* revivable, optimizer included), or
+    ``savedmodel`` (trainer's backend: servable *and* revivable), or
     ``auto`` (``savedmodel`` when its module imports, else ``keras``). ``with_optimizer``:
-    keep the compile state and optimizer slots in a ``savedmodel`` export (off by default:
-    a server never trains, and the slots double or triple the size); without it the
-    export revives as an uncompiled inference model.
+    keep the compile state, optimizer slots and per-layer training traces in a
+    ``savedmodel`` export (off by default: a server never trains, and the slots double or
+    triple the size); without it the export revives as an uncompiled inference model, and
+    a layer revived without its class refuses ``training=True``.
     """
     _check_export_arguments(model, format, keep, with_optimizer)
     if warmup is not None:

@@ -209,6 +209,10 @@ def _trace_node(
     # a graph (Functional, Sequential) is rebuilt from its config around its layers: its
     # training trace (every variable captured again) would never run.
     training = li != 0 or not records.is_graph_config(records.model_kind(layer), serialized[0])
+    # A serving export (saved without the optimizer) is for inference: no training traces,
+    # which were a third of an export's time. A layer revived from it without its class
+    # refuses ``training=True`` (``training_traced`` below); its class trains as usual.
+    training = training and modelstate.saving_optimizer()
     functions, call_specs = _trace_layer(
         layer, node, recorder.specs[id(layer)], dispatcher, calls=calls, training=training
     )
@@ -225,6 +229,8 @@ def _trace_node(
         call_specs=call_specs,
         serialized=serialized,
     )
+    if "call_infer" in functions and not training and tracing.training_matters(layer):
+        record["training_traced"] = False  # its training behaviour is not in this save
     # After the record: this mutes its regularizer. A layer overriding __call__ is not
     # dispatched: its traced function holds its __call__ Python, which the parent's call
     # runs too before reaching ``call`` (the override would be applied twice).

@@ -86,6 +86,7 @@ class _RevivedMixin:
         object.__setattr__(self, "_trainer_original", original)
         object.__setattr__(self, "_trainer_call_infer", infer)
         object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
+        object.__setattr__(self, "_trainer_training_traced", record.get("training_traced", True))
         object.__setattr__(self, "_trainer_kwarg_defaults", _kwarg_defaults(infer))
         object.__setattr__(self, "_trainer_compute_mask", getattr(node, "compute_mask", None))
         object.__setattr__(self, "_trainer_takes_masks", masks.accepts_masks(infer))
@@ -111,6 +112,8 @@ class _RevivedMixin:
         function = self._trainer_call_infer
         if training and self._trainer_call_train is not None:
             function = self._trainer_call_train
+        elif training and not self._trainer_training_traced:
+            raise _no_training_trace(self)
         for key, value in self._trainer_kwarg_defaults.items():
             kwargs.setdefault(key, value)
         if self._trainer_takes_masks:
@@ -165,6 +168,20 @@ def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exce
         f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
         f"same rank and dtype), or make its class importable to load it from its config. "
         f"Received: {repr(given[0])[:500]} ({type(err).__name__})"
+    )
+
+
+def _no_training_trace(layer: Any) -> Exception:
+    """The error for ``training=True`` on a layer revived from a serving export: the export
+    holds its inference trace only, so its training behaviour (dropout, batch statistics)
+    is not in the file, and using the inference trace would train something else."""
+    return RevivedCallError(
+        f"Layer {layer.name!r} ({type(layer).__name__}) was revived from a serving export "
+        f"without its class, and a serving export holds only the layer's inference trace: "
+        f"it cannot run with training=True (fit, or a call in training mode). Fine-tune from "
+        f"a checkpoint of the run, export with `--with-optimizer` (`export.with_optimizer="
+        f"true`), which keeps the training traces, or make the layer's class importable. "
+        f"Received: training=True"
     )
 
 
