@@ -103,3 +103,25 @@ def read_checkpoint(prefix: str) -> tuple[Any, Any]:
         reader.get_tensor(OBJECT_GRAPH_KEY)
     )
     return reader, graph
+
+
+def load_pruned_saved_model(proto: Any, directory: str, filters: list[str]) -> Any:
+    """Import the nodes at ``filters`` (paths like ``root.layer_nodes.3``, with their
+    descendants) of an in-memory SavedModel ``proto``, resolving assets in ``directory``,
+    without restoring the checkpoint. Returns the loader: ``loader.get(node_id)`` is the
+    loaded object of a node, ``None`` where the node was not loaded.
+
+    Uses ``tensorflow.python.saved_model.load.Loader``. ``tf.saved_model.load`` (and
+    ``tf.__internal__.saved_model.load_partial``) only read ``saved_model.pb`` from a
+    directory and import its whole function library whatever the filters; a pruned proto
+    must therefore be handed to the loader itself, which is what those functions do
+    after parsing the file. Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.saved_model import load as _load
+
+    options = tf.saved_model.LoadOptions(experimental_skip_checkpoint=True)
+    graph = proto.meta_graphs[0].object_graph_def
+    with tf.init_scope():
+        return _load.Loader(
+            graph, proto, directory, tf.train.CheckpointOptions(), options, list(filters)
+        )

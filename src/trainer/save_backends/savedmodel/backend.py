@@ -30,6 +30,7 @@ from trainer.save_backends.savedmodel import (
     endpoints,
     layer_state,
     layout,
+    partial_load,
     stored_variables,
     trace_cache,
 )
@@ -38,6 +39,9 @@ from trainer.save_backends.savedmodel.revival import NeedsTracedFunctions, Reviv
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
+# Selective imports tried (each adding the layers found to need functions) before the
+# whole SavedModel is imported.
+_PARTIAL_ATTEMPTS = 3
 
 
 class SavedModelBackend(SaveBackend):
@@ -151,6 +155,7 @@ class SavedModelBackend(SaveBackend):
             endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
             metadata["traced_functions_loaded"] = reviver.with_functions
+            metadata["traced_functions_imported"] = reviver.functions_imported
             if meta["format_version"] >= 2:
                 layer_state.restore(model, reviver.layers, saved["layers"], path)
             else:
@@ -175,9 +180,10 @@ def _revive(
 
     Classes first: when every layer is rebuilt from its class, the values are read from
     the variables checkpoint and the traced functions are never imported (the cost of a
-    ``.keras`` load: configs plus one file of weights). A layer that needs its traced
-    functions sends the whole load through ``tf.saved_model.load`` instead."""
-    stored_variables.check_saved_model(path, len(saved["layers"]))
+    ``.keras`` load: configs plus one file of weights). When layers need their traced
+    functions, only those are imported (``partial_load``); what the pruning does not
+    handle goes through ``tf.saved_model.load`` of the whole SavedModel instead."""
+    proto = stored_variables.check_saved_model(path, len(saved["layers"]))
     stored = stored_variables.StoredVariables(path)
     reviver = Reviver(stored.model, None, saved["layers"], saved["variables"], **options)
     try:
@@ -186,6 +192,56 @@ def _revive(
         return model, reviver, stored.optimizer_arrays
     except NeedsTracedFunctions as why:
         log.info("Loading the traced functions of %s: %s", path, why)
+        needed = {why.layer_id}
+    needed |= partial_load.predict_traced(
+        saved["layers"], options["custom_objects"] or {}, options["safe_mode"]
+    )
+    revived = _revive_partially(path, saved, options, proto, stored, needed)
+    if revived is not None:
+        return revived
+    return _revive_fully(path, saved, options, len(proto.meta_graphs[0].graph_def.library.function))
+
+
+def _revive_partially(
+    path: Path,
+    saved: dict[str, Any],
+    options: dict[str, Any],
+    proto: Any,
+    stored: stored_variables.StoredVariables,
+    needed: set[int],
+) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]] | None:
+    """Revive with the functions of the ``needed`` layers only; ``None`` when that route
+    does not apply or fails in any way (the full import then decides, including which
+    error a broken checkpoint gets). A layer found to need its functions on the way is
+    added and the load tried again, a bounded number of times."""
+    for _ in range(_PARTIAL_ATTEMPTS):
+        try:
+            prepared = partial_load.plan(proto, needed)
+            if prepared is None:
+                log.info("%s: the traced functions cannot be imported selectively", path)
+                return None
+            loaded = partial_load.load(path, prepared, len(saved["layers"]), stored)
+            reviver = Reviver(
+                loaded.storage, loaded.nodes, saved["layers"], saved["variables"], **options
+            )
+            model = _revive_root(reviver, path)
+            reviver.assign_stored(stored.value)
+        except NeedsTracedFunctions as why:
+            needed = needed | {why.layer_id}
+            continue
+        except Exception as err:  # anything unexpected: the full import decides
+            log.info("%s: selective import failed (%s: %s)", path, type(err).__name__, err)
+            return None
+        reviver.functions_imported = loaded.functions_imported
+        object.__setattr__(model, "_trainer_loaded", loaded.keep_alive)  # functions in use
+        return model, reviver, stored.optimizer_arrays
+    return None
+
+
+def _revive_fully(
+    path: Path, saved: dict[str, Any], options: dict[str, Any], library: int
+) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]]:
+    """Revive from ``tf.saved_model.load`` of the whole SavedModel."""
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as err:
@@ -197,6 +253,7 @@ def _revive(
         loaded.model_variables, loaded.layer_nodes, saved["layers"], saved["variables"], **options
     )
     model = _revive_root(reviver, path)
+    reviver.functions_imported = library
     # Keep the loaded object alive as long as the model: its functions are in use.
     object.__setattr__(model, "_trainer_loaded", loaded)
     return model, reviver, lambda: [v.numpy() for v in loaded.optimizer_variables]

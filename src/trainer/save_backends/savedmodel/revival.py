@@ -17,7 +17,10 @@ A reviver without traced functions (``nodes=None``, the storage read from the va
 checkpoint without ``tf.saved_model.load``) revives layers from their classes only and
 assigns the stored values; it raises :class:`NeedsTracedFunctions` as soon as a layer
 would need a traced function (or one storage shared by two rebuilt variables, which
-assigning cannot express), and the caller then loads the SavedModel in full.
+assigning cannot express), and the caller then imports the functions it needs. A reviver
+can also hold some nodes only (``None`` for the others, see ``partial_load``): storage
+entries that are ``stored_variables.Stored`` get their values assigned, loaded
+``tf.Variable`` entries are shared as with a full load.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import standins
 from trainer.save_backends.savedmodel.records import PLACEHOLDER, is_graph_config
+from trainer.save_backends.savedmodel.stored_variables import Stored
 
 log = logging.getLogger(__name__)
 TOKEN = "__trainer_revived_{}__"
@@ -45,7 +49,11 @@ TOKEN = "__trainer_revived_{}__"
 
 class NeedsTracedFunctions(Exception):
     """A reviver without traced functions met a layer that needs them (internal: the
-    backend catches it and revives from the loaded SavedModel instead)."""
+    backend catches it and imports that layer's functions, ``layer_id`` its record)."""
+
+    def __init__(self, message: str, layer_id: int):
+        super().__init__(message)
+        self.layer_id = layer_id
 
 
 class _Prebuilt:
@@ -75,14 +83,15 @@ class Reviver:
         self.records = records
         self.var_records = variables
         self.storage = list(storage)
-        self.with_functions = nodes is not None
         self.nodes = list(nodes) if nodes is not None else [None] * len(records)
+        self.with_functions = any(node is not None for node in self.nodes)
         self.custom_objects = dict(custom_objects)
         self.safe_mode = safe_mode
         self.where = where
         self.layers: dict[int, keras.layers.Layer] = {}
         self.keras_vars: dict[int, keras.Variable] = {}
         self.how: dict[str, str] = {}  # layer name -> "config" | "graph" | "traced"
+        self.functions_imported = 0  # library functions imported for this load
         self.config_errors: dict[int, Exception] = {}  # why a layer was not rebuilt
         if len(self.storage) != len(variables) or len(self.nodes) != len(records):
             raise CorruptCheckpointError(
@@ -323,8 +332,8 @@ class Reviver:
         return found
 
     def _require_functions(self, record: dict[str, Any], why: str) -> None:
-        if not self.with_functions:
-            raise NeedsTracedFunctions(f"layer {record['name']!r}: {why}")
+        if self.nodes[record["id"]] is None:
+            raise NeedsTracedFunctions(f"layer {record['name']!r}: {why}", record["id"])
 
     def _from_functions(self, record: dict[str, Any]) -> keras.layers.Layer:
         self._require_functions(record, "revived from its traced functions")
@@ -403,17 +412,18 @@ class Reviver:
             return False
         for variable, index in zip(variables, saved, strict=True):
             bound = self.keras_vars.setdefault(index, variable)
-            if self.with_functions:
+            if not isinstance(self.storage[index], Stored):
                 keras_compat.set_variable_storage(variable, self.storage[index])
             elif bound is not variable:  # two rebuilt variables, one saved storage
                 self._require_functions(record, "shares a variable with another layer")
         return True
 
     def assign_stored(self, read: Any) -> None:
-        """Without traced functions: give every bound variable its stored value
+        """Give every variable bound to a stored (not loaded) entry its stored value
         (``read(storage entry)`` returns the array)."""
         for index, variable in self.keras_vars.items():
-            variable.assign(read(self.storage[index]))
+            if isinstance(self.storage[index], Stored):
+                variable.assign(read(self.storage[index]))
 
     def _adopt_children(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         """Children rebuilt by the parent's config count as revived (shared identity)."""

@@ -24,10 +24,10 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError
 
 
-def check_saved_model(directory: Path, layers: int) -> None:
-    """Refuse a ``saved_model.pb`` that does not parse or whose object graph does not hold
-    the ``layers`` layer nodes the metadata lists (the error ``tf.saved_model.load`` of
-    the same directory would lead to)."""
+def check_saved_model(directory: Path, layers: int) -> Any:
+    """The parsed ``saved_model.pb``; refuse one that does not parse or whose object graph
+    does not hold the ``layers`` layer nodes the metadata lists (the error
+    ``tf.saved_model.load`` of the same directory would lead to)."""
     source = Path(directory) / "saved_model.pb"
     proto = saved_model_pb2.SavedModel()
     problem = None
@@ -45,6 +45,7 @@ def check_saved_model(directory: Path, layers: int) -> None:
             f"{directory} cannot be loaded as a SavedModel ({problem}). The directory is "
             f"damaged; load an older checkpoint. Received: {str(source)!r}"
         )
+    return proto
 
 
 class Stored:
