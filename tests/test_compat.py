@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -29,6 +30,7 @@ from tensorflow.python.trackable.resource import CapturableResource
 from trainer._compat import keras as keras_compat
 from trainer._compat import keras_bugs
 from trainer._compat import tensorflow as tf_compat
+from trainer._compat.initializers import DeferredInitializers
 from trainer.save_backends.savedmodel import object_graph, tracing
 
 CHILD_TIMEOUT = 600  # hang guard for the two workers, never a speed check
@@ -426,3 +428,36 @@ def test_read_checkpoint_returns_the_object_graph_by_its_format_key(tmp_path):
     assert attribute.name == tf_compat.VARIABLE_VALUE
     assert attribute.checkpoint_key == "v/.ATTRIBUTES/VARIABLE_VALUE"
     np.testing.assert_array_equal(reader.get_tensor(attribute.checkpoint_key), [1.0, 2.0])
+
+
+def test_deferred_initializers_start_at_zeros_and_initialize_what_got_no_value():
+    calls = []
+
+    def counted(shape, dtype=None):
+        calls.append(tuple(shape))
+        return keras.ops.full(shape, 3.0, dtype=dtype)
+
+    with DeferredInitializers() as deferred:
+        given = keras.Variable(initializer=counted, shape=(2, 3))
+        rest = keras.Variable(initializer=counted, shape=(4,))
+        shared = keras.Variable(initializer=counted, shape=(5,))
+    assert calls == []  # nothing ran inside the block
+    assert not np.any(given.numpy()) and not np.any(rest.numpy())
+    given.assign(np.ones((2, 3), "float32"))
+    keras_compat.set_variable_storage(shared, tf.Variable(np.full(5, 7.0, "float32")))
+    assert deferred.initialize_rest([given]) == 1  # only ``rest`` had no value
+    assert calls == [(4,)]
+    np.testing.assert_array_equal(rest.numpy(), np.full(4, 3.0))
+    np.testing.assert_array_equal(given.numpy(), np.ones((2, 3)))
+    np.testing.assert_array_equal(shared.numpy(), np.full(5, 7.0))
+    # Outside the block, and in another thread while a block is open, nothing is deferred.
+    outside = keras.Variable(initializer=counted, shape=(1,))
+    assert outside.numpy()[0] == 3.0
+    seen = []
+    with DeferredInitializers():
+        thread = threading.Thread(
+            target=lambda: seen.append(keras.Variable(initializer=counted, shape=(6,)).numpy())
+        )
+        thread.start()
+        thread.join()
+    np.testing.assert_array_equal(seen[0], np.full(6, 3.0))

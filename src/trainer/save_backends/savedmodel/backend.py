@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from trainer import limits
 from trainer._compat import keras as keras_compat
+from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends import layerstate, legacy, modelstate
@@ -187,8 +188,7 @@ def _revive(
     stored = stored_variables.StoredVariables(path)
     reviver = Reviver(stored.model, None, saved["layers"], saved["variables"], **options)
     try:
-        model = _revive_root(reviver, path)
-        reviver.assign_stored(stored.value)
+        model = _revive_root(reviver, path, stored.value)
         return model, reviver, stored.optimizer_arrays
     except NeedsTracedFunctions as why:
         log.info("Loading the traced functions of %s: %s", path, why)
@@ -224,8 +224,7 @@ def _revive_partially(
             reviver = Reviver(
                 loaded.storage, loaded.nodes, saved["layers"], saved["variables"], **options
             )
-            model = _revive_root(reviver, path)
-            reviver.assign_stored(stored.value)
+            model = _revive_root(reviver, path, stored.value)
         except NeedsTracedFunctions as why:
             needed = needed | {why.layer_id}
             continue
@@ -259,10 +258,19 @@ def _revive_fully(
     return model, reviver, lambda: [v.numpy() for v in loaded.optimizer_variables]
 
 
-def _revive_root(reviver: Reviver, path: Path) -> keras.Model:
-    model = reviver.revive(0)
+def _revive_root(
+    reviver: Reviver, path: Path, read: Callable[[Any], Any] | None = None
+) -> keras.Model:
+    """The revived model with its values: stored ones assigned (``read``), loaded ones
+    shared. Variables are created without running their initializers, since the values
+    replace them; any variable left without a value is initialized as Keras would."""
+    with DeferredInitializers() as deferred:
+        model = reviver.revive(0)
     if not isinstance(model, keras.Model):
         raise CorruptCheckpointError(f"{path}: the root did not revive as a keras.Model")
+    if read is not None:
+        reviver.assign_stored(read)
+    deferred.initialize_rest(reviver.keras_vars.values())
     return model
 
 
