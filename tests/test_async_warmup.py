@@ -148,7 +148,7 @@ def test_a_rehearsal_left_by_a_killed_process_is_removed(system_tmp):
     alive = system_tmp / f"{PREFIX}{1}-abc"  # init: a live process, maybe rehearsing
     unrelated = system_tmp / "someone-else-123-abc"
     for each in (dead, alive, unrelated):
-        (each / "write-0").mkdir(parents=True)
+        (each / "write").mkdir(parents=True)
     assert remove_stale() == [dead]
     assert not dead.exists() and alive.exists() and unrelated.exists()
 

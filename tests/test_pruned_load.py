@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.save_backends import get_backend
+from trainer.save_backends.savedmodel import partial_load
 
 NAME = "trainer_test_pruned>NormBlock"
 
@@ -111,3 +113,37 @@ def test_class_missing_load_imports_part_of_the_library_and_behaves_as_saved(tmp
     after = [w.numpy() for w in revived.trainable_weights]
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     np.testing.assert_allclose(revived(x).numpy(), model(x).numpy(), atol=1e-5)
+
+
+def _declined(*args, **kwargs):
+    return None
+
+
+def _broken(*args, **kwargs):
+    raise ValueError("an unexpected object graph")
+
+
+@pytest.mark.parametrize("failure", [_declined, _broken], ids=["declined", "raised"])
+def test_when_the_selective_import_cannot_go_the_full_import_revives_the_same_model(
+    tmp_path, monkeypatch, failure
+):
+    """The selective import declines (``plan`` returns ``None``: a SavedModel it cannot
+    prune safely) or fails on something unexpected: the load falls back to
+    ``tf.saved_model.load`` of the whole directory and the model is the same."""
+    backend = get_backend("savedmodel")
+    model = _model()
+    backend.save(model, tmp_path / "ckpt")
+    which = "plan" if failure is _declined else "load"
+    monkeypatch.setattr(partial_load, which, failure)
+    checkpoint = _load_missing(backend, tmp_path / "ckpt")
+    assert checkpoint.metadata["revived_from"]["block_a"] == "traced"
+    assert checkpoint.metadata["traced_functions_imported"] == _library_size(tmp_path / "ckpt")
+    for a, b in zip(model.weights, checkpoint.model.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+    x = _x()
+    for training in (False, True):
+        np.testing.assert_allclose(
+            checkpoint.model(x, training=training).numpy(),
+            model(x, training=training).numpy(),
+            atol=1e-5,
+        )

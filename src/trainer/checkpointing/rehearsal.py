@@ -4,9 +4,9 @@ The SavedModel backend traces a model on its first save and reuses that trace fo
 later save of the same model (``reuse_traces``). For async checkpointing that first write
 (1.5-3 s of CPU on the default model) used to run right after the first epoch's save and
 make the *second* save wait for it (issue 17). Rehearsing it on the shadow model at the
-start of training moves that work into the first epoch, where nothing waits for it. (A
-second rehearsal write once traced the repeat-save variables writer; that writer now runs
-eagerly and needs no trace.)
+start of training moves that work into the first epoch, where nothing waits for it. One
+write is enough: it traces the model, and the repeat-save variables writer runs eagerly
+and needs no trace of its own.
 
 The rehearsal writes into a fresh directory under the system's temporary directory, never
 into the checkpoint directory (whose contents crash, disk-full and concurrent-reader tests
@@ -31,7 +31,6 @@ from trainer.atomic import process_alive
 log = logging.getLogger(__name__)
 PREFIX = "trainer-rehearsal-"
 _OWNER = re.compile(rf"^{PREFIX}([0-9]+)-")
-WRITES = 1  # traces the model; every later save of it reuses that trace
 
 
 def worth_rehearsing(backend: Any) -> bool:
@@ -44,16 +43,13 @@ def worth_rehearsing(backend: Any) -> bool:
 
 
 def rehearse(backend: Any, model: keras.Model) -> None:
-    """Write ``model`` through ``backend`` ``WRITES`` times into a temporary directory
-    outside any checkpoint directory, then remove it. Nothing is published or sealed
-    (``write_into``): no manifest hashing, no rename, no ``latest``."""
+    """Write ``model`` through ``backend`` once into a temporary directory outside any
+    checkpoint directory, then remove it. Nothing is published or sealed (``write_into``):
+    no manifest hashing, no rename, no ``latest``."""
     remove_stale()
     root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
     try:
-        for attempt in range(WRITES):
-            target = root / f"write-{attempt}"
-            backend.write_into(model, target)
-            shutil.rmtree(target)  # at most one rehearsal copy on disk at a time
+        backend.write_into(model, root / "write")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -27,7 +27,7 @@ from tensorflow.core.protobuf import saved_model_pb2, saved_object_graph_pb2
 
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel.records import is_graph_config
-from trainer.save_backends.savedmodel.stored_variables import StoredVariables
+from trainer.save_backends.savedmodel.stored_variables import StoredVariables, root_list
 
 _FUNCTION_KINDS = ("function", "bare_concrete_function")
 # Children of a layer node that hold traced functions (cut for layers rebuilt from class).
@@ -37,10 +37,13 @@ _FUNCTION_LISTS = ("regularizer_functions",)
 class Plan:
     """The pruned SavedModel and the node paths to load from it."""
 
-    def __init__(self, proto: Any, filters: list[str], layer_ids: dict[int, int]) -> None:
+    def __init__(
+        self, proto: Any, filters: list[str], layer_ids: dict[int, int], var_nodes: list[int]
+    ) -> None:
         self.proto = proto
         self.filters = filters
         self.layer_ids = layer_ids  # layer record index -> node id, for layers with functions
+        self.var_nodes = var_nodes  # node id of each model variable, by position
         self.functions = len(proto.meta_graphs[0].graph_def.library.function)
 
 
@@ -53,22 +56,6 @@ class PartialLoad:
         self.storage = storage
         self.keep_alive = keep_alive
         self.functions_imported = functions
-
-
-def _indexed_children(nodes: Any, node_id: int) -> list[int]:
-    """The node ids of a tracked list's entries, in list order."""
-    entries = {c.local_name: c.node_id for c in nodes[node_id].children}
-    return [entries[str(i)] for i in range(len(entries))]
-
-
-def _root_lists(graph: Any) -> tuple[list[int], list[int]]:
-    nodes = graph.nodes
-    root = {c.local_name: c.node_id for c in nodes[0].children}
-    layers = _indexed_children(nodes, root["layer_nodes"])
-    variables = (
-        _indexed_children(nodes, root["model_variables"]) if "model_variables" in root else []
-    )
-    return layers, variables
 
 
 def _kind(nodes: Any, node_id: int) -> str:
@@ -211,7 +198,8 @@ def plan(source: Any, layer_ids: set[int]) -> Plan | None:
     traced functions, or ``None`` if this SavedModel cannot be pruned safely."""
     graph = source.meta_graphs[0].object_graph_def
     try:
-        layer_nodes, var_nodes = _root_lists(graph)
+        layer_nodes = root_list(graph.nodes, "layer_nodes")
+        var_nodes = root_list(graph.nodes, "model_variables")
     except (KeyError, IndexError):
         return None
     wanted = {layer_nodes[i]: i for i in sorted(layer_ids)}
@@ -235,7 +223,7 @@ def plan(source: Any, layer_ids: set[int]) -> Plan | None:
     if not closure.functions <= functions:
         return None  # a concrete function the object graph names is not in the library
     layers = {i: n for n, i in wanted.items()}
-    return Plan(_pruned_proto(source, closure, functions), filters, layers)
+    return Plan(_pruned_proto(source, closure, functions), filters, layers, var_nodes)
 
 
 def load(directory: Path, prepared: Plan, count: int, stored: StoredVariables) -> PartialLoad:
@@ -245,9 +233,8 @@ def load(directory: Path, prepared: Plan, count: int, stored: StoredVariables) -
     nodes: list[Any] = [None] * count
     for index, node_id in prepared.layer_ids.items():
         nodes[index] = loader.get(node_id)
-    _, var_nodes = _root_lists(prepared.proto.meta_graphs[0].object_graph_def)
     storage: list[Any] = []
-    for position, node_id in enumerate(var_nodes):
+    for position, node_id in enumerate(prepared.var_nodes):
         loaded = loader.get(node_id)
         entry = stored.model[position]
         if loaded is None:

@@ -24,6 +24,17 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError
 
 
+def root_list(nodes: Any, name: str) -> list[int]:
+    """The node ids of the entries of the root's tracked list ``name``, in list order, in an
+    object graph (a SavedModel's or a checkpoint's: both name children the same way). An
+    empty list is not tracked at all: ``[]``. Raises ``KeyError`` for a missing entry."""
+    children = {c.local_name: c.node_id for c in nodes[0].children}
+    if name not in children:
+        return []
+    entries = {c.local_name: c.node_id for c in nodes[children[name]].children}
+    return [entries[str(position)] for position in range(len(entries))]
+
+
 def check_saved_model(directory: Path, layers: int) -> Any:
     """The parsed ``saved_model.pb``; refuse one that does not parse or whose object graph
     does not hold the ``layers`` layer nodes the metadata lists (the error
@@ -33,9 +44,7 @@ def check_saved_model(directory: Path, layers: int) -> Any:
     problem = None
     try:
         proto.ParseFromString(source.read_bytes())
-        nodes = proto.meta_graphs[0].object_graph_def.nodes
-        children = {c.local_name: c.node_id for c in nodes[0].children}
-        found = len(nodes[children["layer_nodes"]].children)
+        found = len(root_list(proto.meta_graphs[0].object_graph_def.nodes, "layer_nodes"))
         if found != layers:
             problem = f"{found} layer nodes, the metadata lists {layers}"
     except (OSError, DecodeError, IndexError, KeyError) as err:
@@ -81,23 +90,26 @@ class StoredVariables:
     def _list(self, graph: Any, name: str, shapes: dict, dtypes: dict) -> list[Stored]:
         """The entries of the root's list attribute ``name``, in list order."""
         nodes = graph.nodes
-        children = {c.local_name: c.node_id for c in nodes[0].children}
-        if name not in children:
-            return []  # an empty list is not tracked at all
-        entries = {c.local_name: c.node_id for c in nodes[children[name]].children}
+        try:
+            node_ids = root_list(nodes, name)
+        except KeyError as missing:
+            raise self._damaged(f"entry {missing} of {name!r} is missing", None) from None
         found = []
-        for position in range(len(entries)):
-            node_id = entries.get(str(position))
-            keys = [] if node_id is None else nodes[node_id].attributes
-            key = next((a.checkpoint_key for a in keys if a.name == tf_compat.VARIABLE_VALUE), None)
+        for position, node_id in enumerate(node_ids):
+            attributes = nodes[node_id].attributes
+            key = next(
+                (a.checkpoint_key for a in attributes if a.name == tf_compat.VARIABLE_VALUE), None
+            )
             if key is None or key not in shapes:
-                raise CorruptCheckpointError(
-                    f"{self.where}: entry {position} of {name!r} has no value in the "
-                    f"variables checkpoint. The directory is damaged; load an older "
-                    f"checkpoint. Received: {sorted(entries)[:10]}"
-                )
+                raise self._damaged(f"entry {position} of {name!r} has no value", key)
             found.append(Stored(key, shapes[key], dtypes[key]))
         return found
+
+    def _damaged(self, what: str, received: Any) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{self.where}: {what} in the variables checkpoint. The directory is damaged; "
+            f"load an older checkpoint. Received: {received!r}"
+        )
 
     def value(self, stored: Stored) -> np.ndarray:
         return self._reader.get_tensor(stored.key)
