@@ -2,8 +2,11 @@
 
 Runs the real ``trainer.training.train(cfg)`` on the default config, changing only the
 checkpoint policy and backend through Hydra overrides, with one timing callback added
-through ``callbacks``. Modes are interleaved repeat by repeat so background load hits
-them alike.
+through ``callbacks``. Modes are interleaved repeat by repeat, each round starting with
+another mode, so background load and order effects hit them alike. Besides wall-clock
+steps/s it records the process CPU time per step (every thread, the async writer's
+included): what a save adds to the work, which wall-clock time on a noisy 2-core machine
+can hide or exaggerate.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ class EpochClock(keras.callbacks.Callback):
     begins (or training ends), so its time includes its checkpoint save, which a callback
     after this one takes in ``on_epoch_end``."""
 
-    spans: list[tuple[float, float, int]] = []  # (start, end, steps); read after train()
+    # (start, end, steps, process CPU seconds in the epoch); read after train()
+    spans: list[tuple[float, float, int, float]] = []
 
     def on_train_begin(self, logs=None):
         self._start, self._steps = None, 0
@@ -66,6 +70,7 @@ class EpochClock(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._close()
         self._start, self._steps = time.perf_counter(), 0
+        self._cpu = time.process_time()  # every thread: the async writer's work counts
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
@@ -75,7 +80,8 @@ class EpochClock(keras.callbacks.Callback):
 
     def _close(self):
         if self._start is not None:
-            EpochClock.spans.append((self._start, time.perf_counter(), self._steps))
+            cpu = time.process_time() - self._cpu
+            EpochClock.spans.append((self._start, time.perf_counter(), self._steps, cpu))
             self._start = None
 
 
@@ -103,10 +109,11 @@ def compose(overrides: list[str]):
 
 def run_once(
     base: tuple[str, ...], mode: str, run_dir: Path
-) -> tuple[float, list[float], int, list[float]]:
+) -> tuple[float, list[float], int, list[float], list[float]]:
     """One ``train(cfg)``; returns (run steps/s, steps/s of each epoch after the first,
     steps trained, the seconds each save after the first held the training loop, from the
-    run's TensorBoard scalar ``checkpoint/blocking_seconds``).
+    run's TensorBoard scalar ``checkpoint/blocking_seconds``, and the process CPU
+    milliseconds per step of each epoch after the first).
 
     The run's time starts at the first epoch and ends when ``train`` returns (last write
     awaited, final evaluation included); model building and data loading are left out.
@@ -120,11 +127,11 @@ def run_once(
     spans = EpochClock.spans
     if len(spans) != cfg.trainer.epochs:
         raise RuntimeError(f"expected {cfg.trainer.epochs} timed epochs, got {len(spans)}")
-    total = sum(steps for _, _, steps in spans)
-    per_epoch = [steps / (stop - start) for start, stop, steps in spans]
-    steady = per_epoch[1:] or per_epoch
+    total = sum(span[2] for span in spans)
+    per_epoch = [steps / (stop - start) for start, stop, steps, _ in spans]
+    cpu = [1000 * seconds / steps for _, _, steps, seconds in spans]
     blocking = blocking_seconds(run_dir)
-    return total / (end - spans[0][0]), steady, total, blocking[1:]
+    return total / (end - spans[0][0]), per_epoch[1:] or per_epoch, total, blocking[1:], cpu[1:]
 
 
 def blocking_seconds(run_dir: Path) -> list[float]:
@@ -151,20 +158,26 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
     steady_rows = {
         m: Result("training", f"train_steady.{m}", MODES[m][0], unit="steps/s") for m in modes
     }
+    cpu_rows = {  # process CPU per step (all threads), every steady epoch pooled
+        m: Result("training", f"train_cpu.{m}", MODES[m][0], unit="ms CPU per step") for m in modes
+    }
     block_rows = {  # seconds a save after the first held the loop, median of each run
         m: Result("training", f"train_block.{m}", MODES[m][0], unit="s per save")
         for m in modes
         if m != "none"
     }
     for repeat in range(repeats):
-        for mode in modes:
+        # Each round starts with another mode: the first run of a round follows the
+        # previous round's last (and its leftovers in the process), so no mode always does.
+        shift = repeat % len(modes)
+        for mode in modes[shift:] + modes[:shift]:
             if run_rows[mode].status == ERROR:
                 continue
             run_dir = Path(workdir) / f"train_{mode}_{repeat}"
             try:
-                run, steady, total, blocking = run_once(base, mode, run_dir)
+                run, steady, total, blocking, cpu = run_once(base, mode, run_dir)
             except Exception as err:  # reported in the table, never a number
-                for rows in (run_rows, steady_rows, block_rows):
+                for rows in (run_rows, steady_rows, cpu_rows, block_rows):
                     if mode not in rows:
                         continue
                     rows[mode].status = ERROR
@@ -181,6 +194,7 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
             # on this machine, so one median per run could not resolve the 5 % target.
             steady_rows[mode].values.extend(steady)
             steady_rows[mode].note = f"{len(steady_rows[mode].values)} epochs, {repeat + 1} runs"
+            cpu_rows[mode].values.extend(cpu)
             run_rows[mode].note = f"{total} steps per run"
             if mode in block_rows and blocking:
                 block_rows[mode].values.append(statistics.median(blocking))
@@ -189,9 +203,10 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
             shown = f", blocking {statistics.median(blocking):.4f}s/save" if blocking else ""
             median = statistics.median(steady)
             log(f"  [training] {mode}: {run:.1f} steps/s (steady {median:.1f}){shown}")
-    results = [*run_rows.values(), *steady_rows.values(), *block_rows.values()]
+    results = [*run_rows.values(), *steady_rows.values(), *cpu_rows.values()]
+    results += block_rows.values()
     if not option:
         label = MODES["async_savedmodel"][0]
-        for prefix in ("train", "train_steady", "train_block"):
+        for prefix in ("train", "train_steady", "train_cpu", "train_block"):
             results.append(not_available("training", f"{prefix}.async_savedmodel", label, why_not))
     return results

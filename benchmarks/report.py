@@ -162,6 +162,14 @@ def async_targets(training: dict[str, Result]) -> list[str]:
         lines.append(f"| async save every epoch: {what} throughput lost vs none | training | "
                      f"{run.median:.1f} steps/s | {none.median:.1f} steps/s | {cost:+.1%} | "
                      f"{limit} | {verdict} |")  # fmt: skip
+    cpu, cpu_none = training.get("train_cpu.async_savedmodel"), training.get("train_cpu.none")
+    added = ratio(cpu, cpu_none)
+    lines.append(
+        "| async save every epoch: process CPU per steady step vs none (all threads; "
+        f"informational) | training | {fmt(cpu.median if cpu else None, 2)} ms "
+        f"| {fmt(cpu_none.median if cpu_none else None, 2)} ms "
+        f"| {'n/a' if added is None else f'{added - 1:+.1%}'} | | informational |"
+    )
     block = training.get("train_block.async_savedmodel")
     sync = training.get("train_block.sync_savedmodel")
     value = ratio(block, sync)
@@ -176,15 +184,19 @@ def async_targets(training: dict[str, Result]) -> list[str]:
 
 def training_table(training: dict[str, Result]) -> list[str]:
     head = ["mode", "run steps/s (median)", "min", "max", "throughput lost vs none"]
-    head += ["steady-state steps/s", "steady-state lost vs none", "blocking s per save"]
+    head += ["steady-state steps/s", "steady-state lost vs none", "CPU ms per steady step"]
+    head += ["CPU added vs none", "blocking s per save"]
     head += ["note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     none, steady_none = training.get("train.none"), training.get("train_steady.none")
+    cpu_none = training.get("train_cpu.none")
     for key, row in training.items():
         if not key.startswith("train."):
             continue
         steady = training.get("train_steady." + key.split(".", 1)[1])
         block = training.get("train_block." + key.split(".", 1)[1])
+        cpu = training.get("train_cpu." + key.split(".", 1)[1])
+        cpu_cost = ratio(cpu, cpu_none)
         cost = ratio(row, none)
         steady_cost = ratio(steady, steady_none)
         cells = [
@@ -195,6 +207,8 @@ def training_table(training: dict[str, Result]) -> list[str]:
             "—" if cost is None else f"{1 - cost:+.1%}",
             fmt(steady.median if steady else None, 1),
             "—" if steady_cost is None else f"{1 - steady_cost:+.1%}",
+            fmt(cpu.median if cpu else None, 2),
+            "—" if cpu_cost is None else f"{cpu_cost - 1:+.1%}",
             fmt(block.median if block else None, 4),
             " ".join(filter(None, [status_cell(row), row.note])).replace("|", "/"),
         ]
@@ -307,7 +321,8 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
             "(first-epoch tracing, the first checkpoint's trace, the wait for the last async "
             "write and the final evaluation included; model building and data loading not); "
             "'steady-state' is the median over every epoch after the first of every run (each "
-            "epoch's own steps/s, its save included). "
+            "epoch's own steps/s, its save included); 'CPU' is the process CPU time per step "
+            "of the same epochs, every thread included (the async writer's too), the median. "
             "'blocking' is how long each save after the first held the training loop (the "
             "TensorBoard scalar `checkpoint/blocking_seconds`; for an async save: waiting for "
             "the previous write plus the snapshot copy), the median of each run's median.",
