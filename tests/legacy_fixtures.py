@@ -4,7 +4,10 @@ Run as its own process (``python tests/legacy_fixtures.py OUT``): it imports ``t
 (Keras 2), which must never share a process with Keras 3. For each case it writes
 ``OUT/<case>/model`` (``model.save``: the legacy SavedModel, after one training step so the
 checkpoint holds optimizer slots), ``x*.npy`` inputs, ``y.npy`` targets, ``pred.npy``
-(inference outputs) and, where training=True is deterministic, ``pred_train.npy``.
+(inference outputs) and, where training=True is deterministic, ``pred_train.npy``; the
+``impostor`` case also ``model_notraces`` (``save_traces=False``). Then
+``OUT/builtin_configs.json``: what tf_keras records for its own layer classes
+(``legacy_builtin_configs.py``), in the same process so that it costs no tf_keras import.
 """
 
 import os
@@ -37,6 +40,14 @@ class Block(L.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units}
+
+
+class ReLU(L.Layer):
+    """Not Keras' ReLU: an unregistered custom class that only shares its name, so Keras 2
+    records it as "ReLU" with the base layer's config (name, trainable, dtype)."""
+
+    def call(self, x):
+        return x * 2.0 - 1.0
 
 
 def mlp():
@@ -130,6 +141,19 @@ def lam():
     return model, [x], np.random.rand(16, 1).astype("float32"), True
 
 
+def impostor():
+    """A weightless custom layer named like a built-in (``ReLU``) between two Dense: rebuilt
+    as Keras' ReLU it would compute something else. Also saved without traces."""
+    inputs = k.Input((4,), name="impostor_in")
+    h = L.Dense(3, name="impostor_dense")(inputs)
+    h = ReLU(name="fake_relu")(h)
+    out = L.Dense(1, name="impostor_out")(h)
+    model = k.Model(inputs, out)
+    model.compile(k.optimizers.Adam(0.01), "mse")
+    x = np.random.randn(16, 4).astype("float32")
+    return model, [x], np.random.rand(16, 1).astype("float32"), True
+
+
 CASES = {
     "mlp": mlp,
     "functional": functional,
@@ -138,6 +162,7 @@ CASES = {
     "custom": custom,
     "mobilenet": mobilenet,
     "lambda": lam,
+    "impostor": impostor,  # after the others: tf_keras numbers default layer names globally
 }
 
 
@@ -154,6 +179,8 @@ def write(out, name):
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     model.save(os.path.join(folder, "model"), save_traces=not big)
+    if name == "impostor":  # nothing to revive the impostor from: an error naming it
+        model.save(os.path.join(folder, "model_notraces"), save_traces=False)
     for i, x in enumerate(xs):
         np.save(os.path.join(folder, f"x{i}.npy"), x)
     for i, target in enumerate(y if isinstance(y, list) else [y]):
@@ -189,3 +216,7 @@ if __name__ == "__main__":
     names = sys.argv[2:] or list(CASES)
     for case in names:
         write(sys.argv[1], case)
+    if not sys.argv[2:]:  # the built-in layers' configs (legacy_builtin_configs.py)
+        from legacy_builtin_configs import write_configs
+
+        write_configs(os.path.join(sys.argv[1], "builtin_configs.json"))

@@ -27,7 +27,17 @@ from trainer.errors import (
 from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
 
 FIXTURES = Path(__file__).with_name("legacy_fixtures.py")
-ZOO = ["mlp", "functional", "cnn", "rnn", "custom_known", "custom_missing", "lambda", "mobilenet"]
+ZOO = [
+    "mlp",
+    "functional",
+    "cnn",
+    "rnn",
+    "custom_known",
+    "custom_missing",
+    "lambda",
+    "mobilenet",
+    "impostor",
+]
 
 
 class Block(keras.layers.Layer):
@@ -134,7 +144,7 @@ def test_predictions_equal(zoo, case):
         float(sum(checkpoint.model.losses)), float(np.load(folder / "losses.npy")), rtol=1e-6
     )
     how = checkpoint.metadata["legacy_layers"]
-    if case in ("custom_missing", "lambda"):
+    if case in ("custom_missing", "lambda", "impostor"):
         assert "traces" in how.values()
     else:
         assert set(how.values()) == {"config"}
@@ -168,6 +178,116 @@ def test_sublayers_of_a_missing_class_layer_are_kept(zoo):
         "norm/moving_mean",
         "norm/moving_variance",
     ]
+
+
+class ReLU(keras.layers.Layer):
+    """The Keras 3 counterpart of the fixtures' impostor ``ReLU`` (not Keras' ReLU)."""
+
+    def call(self, x):
+        return x * 2.0 - 1.0
+
+
+def test_custom_class_named_like_a_builtin_is_revived_from_traces(zoo, caplog):
+    """Issue 18: an unregistered custom ``ReLU`` (config: name, trainable, dtype) is not
+    rebuilt as Keras' ReLU (that computes something else; it has no weights to catch it
+    with): its config lacks ReLU's options, so it is revived from its traces, and inspect
+    says so. Passed in custom_objects, the class wins. (The zoo tests compare outputs.)"""
+    from trainer.save_backends.legacy import describe
+
+    path = zoo / "impostor" / "model"
+    with caplog.at_level("WARNING", logger="trainer.save_backends.legacy.importer"):
+        checkpoint = load_checkpoint(path)
+    assert "'fake_relu' is recorded as ReLU but is not Keras' ReLU" in caplog.text
+    assert "max_value" in caplog.text
+    how = checkpoint.metadata["legacy_layers"]
+    assert how["fake_relu"] == "traces"
+    assert {n: h for n, h in how.items() if n != "fake_relu"} == dict.fromkeys(
+        ("impostor_in", "impostor_dense", "impostor_out"), "config"
+    )
+    layer = checkpoint.model.get_layer("fake_relu")
+    assert not isinstance(layer, keras.layers.ReLU)
+    assert type(layer).__name__ == "ReLU" and getattr(layer, "_trainer_revived_from", None)
+    shown = {entry["name"]: entry["imports_from"] for entry in describe(path)["layers"]}
+    assert shown == how
+    own = load_checkpoint(path, custom_objects={"ReLU": ReLU})
+    assert own.metadata["legacy_layers"]["fake_relu"] == "config"
+    assert type(own.model.get_layer("fake_relu")) is ReLU
+    xs, want = _arrays(zoo / "impostor", "x"), _arrays(zoo / "impostor", "pred")
+    np.testing.assert_array_equal(_outputs(own.model, xs)[0], want[0])
+
+
+def test_custom_class_named_like_a_builtin_without_traces_is_refused(zoo):
+    """Saved with save_traces=False there is nothing to revive the impostor from: an error
+    naming it, why, and what to do, not Keras' ReLU."""
+    with pytest.raises(UnsupportedLegacyError) as caught:
+        load_checkpoint(zoo / "impostor" / "model_notraces")
+    message = str(caught.value)
+    for part in ("'fake_relu' (ReLU)", "Keras 3's built-in", "custom_objects", "Received:"):
+        assert part in message
+
+
+@pytest.mark.parametrize(
+    ("class_name", "config", "objects", "known"),
+    [
+        # A custom ReLU: the base layer's config only.
+        ("ReLU", {"name": "r", "trainable": True, "dtype": "float32"}, {}, False),
+        ("ReLU", {"name": "r", "trainable": True, "dtype": "float32"}, {"ReLU": ReLU}, True),
+        (
+            "ReLU",
+            {"name": "r", "trainable": True, "dtype": "float32", "max_value": None}
+            | {"negative_slope": 0.0, "threshold": 0.0},
+            {},
+            True,
+        ),
+        # A custom Dense without units (Keras 3 could not even build it).
+        ("Dense", {"name": "d", "trainable": True, "dtype": "float32"}, {}, False),
+        # LeakyReLU: Keras 2's option is alpha (Keras 3's negative_slope).
+        ("LeakyReLU", {"name": "l", "trainable": True, "dtype": "float32"}, {}, False),
+        # Aliases: Keras 2 recorded the class they alias, so this is a custom class.
+        ("MaxPool2D", {"name": "m", "trainable": True, "dtype": "float32"}, {}, False),
+        # A class new in Keras 3 cannot be a Keras 2 built-in.
+        ("RMSNormalization", {"name": "n", "trainable": True, "dtype": "float32"}, {}, False),
+        # A wrapper is only as known as the layer it wraps.
+        (
+            "TimeDistributed",
+            {"name": "t", "trainable": True, "dtype": "float32"}
+            | {"layer": {"class_name": "ReLU", "config": {"name": "r", "trainable": True}}},
+            {},
+            False,
+        ),
+        # Residual risk: a class without options of its own is known by its name.
+        ("Add", {"name": "a", "trainable": True, "dtype": "float32"}, {}, True),
+    ],
+)
+def test_builtin_class_names_are_checked_against_the_config(class_name, config, objects, known):
+    from trainer.save_backends.legacy import builtin
+
+    assert builtin.known_class(class_name, config, objects) is known
+
+
+def test_no_builtin_config_written_by_tf_keras_is_doubted(zoo):
+    """The zoo's process also wrote what tf_keras records for an instance (default options)
+    of each of its layer classes: every one is trusted as Keras' own, and the class list
+    and key tables derived from them are the ones in the product (regenerate them with
+    ``python tests/legacy_builtin_configs.py --table``)."""
+    import json
+
+    from legacy_builtin_configs import derive
+
+    from trainer.save_backends.legacy import builtin
+
+    configs = json.loads((zoo / "builtin_configs.json").read_text())
+    doubted = {
+        attribute: builtin.doubt(entry["class_name"], entry["config"], {})
+        for attribute, entry in configs.items()
+        if builtin.names_builtin(attribute)
+    }
+    assert {a: reason for a, reason in doubted.items() if reason} == {}
+    assert len(doubted) > 100
+    names, keras3_only, keras2_only = derive(configs)
+    assert set(names) == builtin.KERAS2_LAYERS
+    assert keras3_only == {k: list(v) for k, v in builtin.KERAS3_ONLY_KEYS.items()}
+    assert keras2_only == {k: list(v) for k, v in builtin.KERAS2_ONLY_KEYS.items()}
 
 
 def _training_mode_loss(model, xs, ys, state) -> float:

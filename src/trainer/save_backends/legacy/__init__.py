@@ -2,7 +2,8 @@
 
 Modules: ``metadata_proto`` (our definition of ``keras_metadata.pb``), ``reader`` (the
 directory, walked by object path), ``translate`` (Keras 2 -> 3 configs), ``weights``
-(variables by structure), ``standin`` (layers revived from traced functions),
+(variables by structure), ``builtin`` (is a layer named like a Keras class that class?),
+``standin`` (layers revived from traced functions),
 ``compiling`` and ``slots`` (compile config, optimizer state), ``importer`` (all of it).
 """
 

@@ -1,9 +1,10 @@
 """A legacy tf.keras SavedModel -> a compiled, trainable Keras 3 model.
 
 The root's metadata holds the Keras 2 model config: it is translated (``translate``) and
-rebuilt by Keras 3; layers Keras 3 cannot build (class missing, ``Lambda``) become
-stand-ins over their traced functions (``standin``); variables come from the checkpoint by
-object path (``weights``); the compile arguments from ``training_config`` (``compiling``).
+rebuilt by Keras 3; layers Keras 3 cannot build (class missing, ``Lambda``, a custom class
+named like a built-in: ``builtin``) become stand-ins over their traced functions
+(``standin``); variables come from the checkpoint by object path (``weights``); the compile
+arguments from ``training_config`` (``compiling``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import CorruptCheckpointError, TrainerError, UnsupportedLegacyError
-from trainer.save_backends.legacy import compiling, standin, translate, weights
+from trainer.save_backends.legacy import builtin, compiling, standin, translate, weights
 from trainer.save_backends.legacy.reader import (
     GRAPH_CLASSES,
     LegacyDir,
@@ -33,8 +34,9 @@ def plan(legacy: LegacyDir, custom_objects: dict[str, Any]) -> dict[str, str]:
     how it imports: ``config`` (Keras 3 builds it) or ``traces``."""
     how = {}
     for name, node in every_layer(legacy).items():
-        class_name = node.metadata.get("class_name", "")
-        how[name] = "config" if translate.known_class(class_name, custom_objects) else "traces"
+        class_name = str(node.metadata.get("class_name", ""))
+        known = builtin.known_class(class_name, node.metadata.get("config"), custom_objects)
+        how[name] = "config" if known else "traces"
     return how
 
 
@@ -55,6 +57,7 @@ def import_model(
         objects[standin.CLASS_NAME] = standin.factory(legacy, loaded, revived)
         _substitute(config["config"]["layers"], revived, "")
     model = _build(config, objects, where)
+    _warn_impostors(revived, custom_objects, where)
     if loaded is not None:
         object.__setattr__(model, "_trainer_loaded", loaded)  # its functions are in use
     weights.assign_model(legacy, model, legacy.root, where)
@@ -65,6 +68,27 @@ def import_model(
     elif compile:
         log.warning("%s holds no training config; the imported model is not compiled", path)
     return model, info
+
+
+def _warn_impostors(revived: dict[str, Node], custom_objects: dict[str, Any], where: str) -> None:
+    """Say which layers named like a Keras built-in were revived from their traces: a
+    stand-in where the user may have expected Keras' class (h5 and weights refuse it)."""
+    for name, node in revived.items():
+        class_name = str(node.metadata.get("class_name"))
+        if builtin.names_builtin(class_name):
+            reason = builtin.doubt(class_name, node.metadata.get("config"), custom_objects)
+            log.warning(
+                "%s: layer %r is recorded as %s but is not Keras' %s (%s): probably a custom "
+                "class of that name (or a tf.keras older than 2.21 wrote it), so it was "
+                "revived from its traced functions. To rebuild it instead, pass its class in "
+                "custom_objects (keras.layers.%s if it is Keras' own).",
+                where,
+                name,
+                class_name,
+                class_name,
+                reason,
+                class_name,
+            )
 
 
 def _substitute(entries: list[dict[str, Any]], revived: dict[str, Node], prefix: str) -> None:

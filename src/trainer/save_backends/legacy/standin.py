@@ -17,7 +17,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError, UnsupportedLegacyError
-from trainer.save_backends.legacy import translate
+from trainer.save_backends.legacy import builtin, translate
 from trainer.save_backends.legacy.reader import LegacyDir, Node
 from trainer.save_backends.legacy.weights import layer_children, own_legacy_variables
 
@@ -84,7 +84,8 @@ def _rebuilt_sublayer(legacy: LegacyDir, node: Node, obj: Any) -> keras.layers.L
     trainability, in recorded order)."""
     metadata = node.metadata
     class_name = str(metadata.get("class_name"))
-    if layer_children(legacy, node) or not translate.known_class(class_name, {}):
+    known = builtin.known_class(class_name, metadata.get("config"), {})
+    if layer_children(legacy, node) or not known:
         return None
     entry = {"class_name": class_name, "config": metadata.get("config")}
     shape = translate.plain(metadata.get("build_input_shape"))
@@ -135,12 +136,7 @@ class LegacyRevivedLayer(keras.layers.Layer):
         api = getattr(obj, "keras_api", None)
         function = getattr(api, "call_and_return_conditional_losses", None)
         if function is None:
-            raise UnsupportedLegacyError(
-                f"Layer {self.name!r} ({metadata.get('class_name')}) of {legacy.path} has no "
-                f"Python class here and was saved without traced functions "
-                f"(save_traces=False), so it cannot be revived. Pass its class in "
-                f"custom_objects. Received: class_name={metadata.get('class_name')!r}"
-            )
+            raise _untraced(self.name, metadata, legacy)
         object.__setattr__(self, "_trainer_function", function)
         object.__setattr__(self, "_trainer_extra", _extra_arguments(function))
         entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
@@ -183,6 +179,29 @@ class LegacyRevivedLayer(keras.layers.Layer):
     def get_config(self):
         """The original layer's config: a process that has its class rebuilds it."""
         return {**self._trainer_config, "name": self.name, "trainable": self.trainable}
+
+
+def _untraced(name: str, metadata: dict[str, Any], legacy: LegacyDir) -> UnsupportedLegacyError:
+    """The error for a layer to revive that was saved without traced functions."""
+    class_name = str(metadata.get("class_name"))
+    received = f"Received: class_name={class_name!r}"
+    if not builtin.names_builtin(class_name):
+        return UnsupportedLegacyError(
+            f"Layer {name!r} ({class_name}) of {legacy.path} has no Python class here and "
+            f"was saved without traced functions (save_traces=False), so it cannot be "
+            f"revived. Pass its class in custom_objects. {received}"
+        )
+    reason = builtin.doubt(class_name, metadata.get("config"), {})
+    return UnsupportedLegacyError(
+        f"Layer {name!r} ({class_name}) of {legacy.path} is recorded under the name of a "
+        f"Keras layer, but its config does not match Keras 3's built-in {class_name} "
+        f"({reason}): probably a custom class with the same name, which rebuilt as the "
+        f"built-in would compute something else. It was saved without traced functions "
+        f"(save_traces=False), so it cannot be revived from them either. Pass its class in "
+        f"custom_objects (custom_objects={{{class_name!r}: cls}}; keras.layers.{class_name} "
+        f"if it is Keras' own, saved by a tf.keras older than 2.21 whose class lacked those "
+        f"options). {received}, config keys={sorted(metadata.get('config') or {})}"
+    )
 
 
 _classes: dict[str, type] = {}

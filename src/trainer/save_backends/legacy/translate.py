@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
 from trainer.errors import UnsupportedLegacyError
 
 # Options Keras 3 dropped that select an implementation only.
@@ -40,7 +38,7 @@ _REFUSED = {
     "SimpleRNN": {"time_major": False},
 }
 _BN_DROPPED_WITH_RENORM = ("renorm", "renorm_clipping", "renorm_momentum")
-_CONTAINERS = ("Functional", "Model", "Sequential")
+CONTAINERS = ("Functional", "Model", "Sequential")
 _POLICY_CLASSES = ("Policy", "PolicyV1")
 
 
@@ -86,12 +84,12 @@ def layer_config(entry: dict[str, Any], where: str) -> dict[str, Any]:
         if "batch_input_shape" in config:
             config["batch_shape"] = config.pop("batch_input_shape")
         config.pop("ragged", None)
-    elif class_name not in _CONTAINERS:
+    elif class_name not in CONTAINERS:
         config.pop("batch_input_shape", None)
     for key in ("layer", "backward_layer", "cell"):  # wrappers and RNNs hold layers
         if isinstance(config.get(key), dict) and "class_name" in config[key]:
             config[key] = layer_config(config[key], where)
-    if class_name in _CONTAINERS:
+    if class_name in CONTAINERS:
         config = model_config(class_name, config, where)
     entry["config"] = config
     entry.pop("shared_object_id", None)
@@ -181,7 +179,7 @@ def root_config(metadata: dict[str, Any], where: str) -> dict[str, Any]:
     config = plain(metadata.get("config"))
     if class_name == "Model":
         class_name = "Functional"
-    if class_name not in _CONTAINERS or not isinstance(config, dict) or "layers" not in config:
+    if class_name not in CONTAINERS or not isinstance(config, dict) or "layers" not in config:
         raise UnsupportedLegacyError(
             f"{where} holds a subclassed tf.keras model ({class_name}); only Functional and "
             f"Sequential models have the layer graph an import rebuilds. Re-save it as a "
@@ -189,17 +187,3 @@ def root_config(metadata: dict[str, Any], where: str) -> dict[str, Any]:
             f"Received: class_name={class_name!r}"
         )
     return {"class_name": class_name, "config": model_config(class_name, config, where)}
-
-
-def known_class(class_name: str, custom_objects: dict[str, Any]) -> bool:
-    """Whether Keras 3 can build ``class_name`` itself: a custom object, a registered
-    class, or a built-in layer (``Lambda`` is not: its config carries code). Functional and
-    Sequential models nested in the model are rebuilt from their configs, layer by layer."""
-    if class_name in custom_objects or class_name in _CONTAINERS:
-        return True
-    if class_name == "Lambda":
-        return False
-    if keras.saving.get_registered_object(class_name) is not None:
-        return True
-    found = getattr(keras.layers, class_name, None)
-    return isinstance(found, type) and issubclass(found, keras.layers.Layer)
