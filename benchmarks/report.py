@@ -19,8 +19,9 @@ TARGETS = (
      "keras.save", 1.0, None),
     ("second savedmodel save (the first repeat save) <= 1.0x Keras 3 `.keras` save",
      "savedmodel.second_save", "keras.save", 1.0, None),
-    ("repeat savedmodel save <= 2x write+fsync floor (large model)", "savedmodel.repeat_save",
-     "floor", 2.0, ("large", "tiny")),  # tiny: --quick only
+    # Issue 17 set 4x (issue 7 had asked 2x, against 9x then).
+    ("repeat savedmodel save <= 4x write+fsync floor (large model)", "savedmodel.repeat_save",
+     "floor", 4.0, ("large", "tiny")),  # tiny: --quick only
     ("first savedmodel save <= 0.5x tf_keras SavedModel save", "savedmodel.first_save",
      "tf_keras.save", 0.5, None),
     ("load, classes known <= 1.0x Keras 3 `.keras` load", "savedmodel.load", "keras.load",
