@@ -7,6 +7,7 @@ import collections
 import gc
 import os
 import re
+import time
 from pathlib import Path
 
 import keras
@@ -14,7 +15,7 @@ import tensorflow as tf
 
 from benchmarks import exports, models
 from benchmarks.specs import Size
-from benchmarks.timing import Result, not_available, remove, timed
+from benchmarks.timing import Result, disk_bytes, not_available, remove, timed
 
 FLOOR_CHUNK = 8 << 20
 # A fresh model per first-save repeat retraces its train step: expected, not worth a warning.
@@ -128,6 +129,7 @@ def savedmodel_rows(size: Size, model: keras.Model, repeats: int, root: Path, lo
             after=lambda i, _: remove(root / "sm_second"),
         )
     )
+    paired = Result(size.name, "floor_paired", PAIRED_FLOOR_LABEL)
     rows.append(
         timed(
             size.name,
@@ -137,8 +139,10 @@ def savedmodel_rows(size: Size, model: keras.Model, repeats: int, root: Path, lo
             repeats,
             before=lambda i: models.train_step(model, size, seed=100 + i),
             artifact=repeat_dir,
+            after=lambda i, _: paired_floor(paired, disk_bytes(repeat_dir(i)), root),
         )
     )
+    rows.append(paired)
     saved = repeat_dir(repeats - 1)
     notes: dict[str, str] = {}
 
@@ -300,6 +304,24 @@ def write_and_fsync(path: Path, nbytes: int, buffer: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+PAIRED_FLOOR_LABEL = "floor: write + fsync the bytes of each repeat save, right after it"
+
+
+def paired_floor(row: Result, nbytes: int, root: Path) -> None:
+    """Time the floor for ``nbytes`` right after a repeat save, into ``row``: the same disk
+    in the same state (dirty pages, files kept for the loads), so the ratio compares like
+    with like. The size's own floor row runs minutes later, on a disk that may be in
+    another phase (repeat saves and the ``.keras`` saves alike were twice as slow in their
+    later repeats in one run, while that floor was not)."""
+    target = root / "floor_paired.bin"
+    buffer = os.urandom(min(nbytes, FLOOR_CHUNK))  # incompressible, like weights
+    start = time.perf_counter()
+    write_and_fsync(target, nbytes, buffer)
+    row.values.append(time.perf_counter() - start)
+    row.nbytes = nbytes
+    remove(target)
 
 
 def floor_row(size: Size, repeats: int, root: Path, nbytes: int) -> Result:

@@ -20,8 +20,10 @@ TARGETS = (
     ("second savedmodel save (the first repeat save) <= 1.0x Keras 3 `.keras` save",
      "savedmodel.second_save", "keras.save", 1.0, None),
     # Issue 17 set 4x (issue 7 had asked 2x, against 9x then).
+    # The floor timed right after each repeat save (same disk state), not the size's
+    # floor row timed minutes later.
     ("repeat savedmodel save <= 4x write+fsync floor (large model)", "savedmodel.repeat_save",
-     "floor", 4.0, ("large", "tiny")),  # tiny: --quick only
+     "floor_paired", 4.0, ("large", "tiny")),  # tiny: --quick only
     ("first savedmodel save <= 0.5x tf_keras SavedModel save", "savedmodel.first_save",
      "tf_keras.save", 0.5, None),
     ("load, classes known <= 1.0x Keras 3 `.keras` load", "savedmodel.load", "keras.load",
@@ -60,6 +62,7 @@ ROW_ORDER = (
     "tf_keras.save",
     "tf_keras.load",
     "floor",
+    "floor_paired",
 )
 
 
@@ -265,7 +268,9 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "of every operation on the tiny model (imports, first-use costs). "
         "Our backends fsync what they write (atomic publication); Keras 3 and tf_keras do not. "
         "The floor writes and fsyncs as many bytes as our savedmodel checkpoint (or the "
-        "`.keras` file if savedmodel is unavailable) to the same directory.",
+        "`.keras` file if savedmodel is unavailable) to the same directory; the paired floor "
+        "does the same right after each repeat savedmodel save (the disk in the same state), "
+        "and the floor target is measured against it.",
         "",
         "## This run",
         "",

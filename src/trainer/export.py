@@ -39,7 +39,7 @@ from trainer.atomic import (
 )
 from trainer.errors import ExportError, NotACheckpointError, SaveError
 from trainer.save_backends import modelstate
-from trainer.save_backends.base import check_model_ready
+from trainer.save_backends.readiness import check_model_ready
 from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
 from trainer.serving import serving_function as make_serving_function
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size

@@ -32,8 +32,12 @@ _original: Any = None
 def _deferring(variable: Any, initializer: Any) -> None:
     """``Variable._initialize_with_initializer``, deferred inside a block of this thread."""
     block = getattr(_active, "block", None)
-    dtype = tf.as_dtype(variable._dtype)
-    if block is None or not (dtype.is_floating or dtype.is_integer or dtype.is_bool):
+    try:
+        dtype = tf.as_dtype(variable._dtype)
+        numeric = dtype.is_floating or dtype.is_integer or dtype.is_bool
+    except TypeError:  # a dtype TensorFlow has no zeros for: initialize as Keras would
+        numeric = False
+    if block is None or not numeric:
         _original(variable, initializer)
         return
     shape = variable._shape

@@ -26,7 +26,6 @@ from trainer.errors import (
     CorruptCheckpointError,
     IncompatibleFormatError,
     IntegrityError,
-    ModelNotReadyError,
     NotACheckpointError,
     SaveError,
     TrainerError,
@@ -172,7 +171,7 @@ class SaveBackend(abc.ABC):
     def check_savable(self, model: keras.Model) -> None:
         """Refuse, before anything is written, a model this backend could not load back as
         it is: unbuilt, re-applied ``__call__`` overrides, layers revived from traces."""
-        check_model_ready(model)
+        readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
@@ -409,21 +408,3 @@ def checkpoint_state(data: Any, where: Path | str) -> TrainingState:
             f"{where}: the stored training state is invalid; the checkpoint is damaged or "
             f"was written by a newer trainer. Load an older checkpoint. Received error: {error}"
         ) from error
-
-
-def check_model_ready(model: Any) -> None:
-    """Refuse to save what cannot be saved faithfully, before anything is written."""
-    if not isinstance(model, keras.Model):
-        raise ModelNotReadyError(
-            f"Only Keras 3 models can be saved; wrap layers in a keras.Model first. "
-            f"Received an object of type {type(model).__module__}.{type(model).__name__}"
-        )
-    unbuilt = readiness.unbuilt_layers(model)
-    if not model.built or unbuilt:
-        names = ", ".join(unbuilt[:5]) or model.name
-        raise ModelNotReadyError(
-            f"Model {model.name!r} is not built (unbuilt layers: {names}), so its weights do "
-            f"not exist yet. Call the model on a batch of data, call model.build(input_shape), "
-            f"or train it before saving. Received model {model.name!r} "
-            f"({type(model).__name__})"
-        )

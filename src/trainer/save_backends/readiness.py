@@ -172,3 +172,21 @@ def refuse_revived_layers(model: keras.Model, backend: str) -> None:
         f"instead of the class and could not be loaded back faithfully. {remedy} "
         f"Received: layers revived from traces {[layer.name for layer in revived]}"
     )
+
+
+def check_model_ready(model: Any) -> None:
+    """Refuse to save what cannot be saved faithfully, before anything is written."""
+    if not isinstance(model, keras.Model):
+        raise ModelNotReadyError(
+            f"Only Keras 3 models can be saved; wrap layers in a keras.Model first. "
+            f"Received an object of type {type(model).__module__}.{type(model).__name__}"
+        )
+    unbuilt = unbuilt_layers(model)
+    if not model.built or unbuilt:
+        names = ", ".join(unbuilt[:5]) or model.name
+        raise ModelNotReadyError(
+            f"Model {model.name!r} is not built (unbuilt layers: {names}), so its weights do "
+            f"not exist yet. Call the model on a batch of data, call model.build(input_shape), "
+            f"or train it before saving. Received model {model.name!r} "
+            f"({type(model).__name__})"
+        )

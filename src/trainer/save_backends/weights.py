@@ -36,7 +36,8 @@ import keras
 
 from trainer.errors import ConfigMismatchError, LayerStateError
 from trainer.save_backends import hdf5_arrays, layerstate, modelstate
-from trainer.save_backends.base import Checkpoint, SaveBackend, check_model_ready
+from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.readiness import check_model_ready
 from trainer.state import TrainingState
 
 FORMAT = "trainer-weights"

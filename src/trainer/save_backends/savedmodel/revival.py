@@ -39,12 +39,11 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
-from trainer.save_backends.savedmodel import standins
-from trainer.save_backends.savedmodel.records import PLACEHOLDER, is_graph_config
+from trainer.save_backends.savedmodel import graph_revival, standins
+from trainer.save_backends.savedmodel.records import is_graph_config
 from trainer.save_backends.savedmodel.stored_variables import Stored
 
 log = logging.getLogger(__name__)
-TOKEN = "__trainer_revived_{}__"
 
 
 class NeedsTracedFunctions(Exception):
@@ -54,16 +53,6 @@ class NeedsTracedFunctions(Exception):
     def __init__(self, message: str, layer_id: int):
         super().__init__(message)
         self.layer_id = layer_id
-
-
-class _Prebuilt:
-    """Stands in for a class in a config: ``from_config`` returns an existing layer."""
-
-    def __init__(self, layer: keras.layers.Layer):
-        self.layer = layer
-
-    def from_config(self, config: Any) -> keras.layers.Layer:
-        return self.layer
 
 
 class Reviver:
@@ -107,7 +96,7 @@ class Reviver:
         record = self.records[index]
         layer = None
         if _is_graph_config(record):
-            layer = self._rebuild_graph(record)
+            layer = graph_revival.rebuild_graph(self, record)
         elif self._config_allowed(record):
             layer = self._from_config(record)
         if layer is None:
@@ -134,7 +123,7 @@ class Reviver:
             return False
         return not (record["carries_code"] and self.safe_mode)
 
-    def _deserialize(self, config: dict[str, Any], extra: dict[str, Any]) -> Any:
+    def deserialize(self, config: dict[str, Any], extra: dict[str, Any]) -> Any:
         objects = {**self.custom_objects, **extra}
         with keras.saving.custom_object_scope(objects):
             return keras.saving.deserialize_keras_object(
@@ -145,15 +134,15 @@ class Reviver:
         config = record["keras_config"]
         attempts = [(config, {})]
         if record["sublayers"]:
-            attempts.append(self._substituted(record))
+            attempts.append(graph_revival.substituted(self, record))
         fault = None
         for cfg, extra in attempts:
             try:
                 cfg = copy.deepcopy(cfg)
                 cfg.pop("build_config", None)
-                layer = self._deserialize(cfg, extra)
+                layer = self.deserialize(cfg, extra)
                 self._build(layer, record)
-                if self._bind(layer, record, strict=False):
+                if self.bind(layer, record, strict=False):
                     self._load_vocabulary(layer, record)
                     self._adopt_children(layer, record)
                     self.how[record["name"]] = "config"
@@ -234,103 +223,6 @@ class Reviver:
             lines = path.read_text().splitlines()
             layer.set_vocabulary(lines)
 
-    def _substituted(self, record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The config with each child's nested config replaced by a reference to the
-        child revived separately (lets a known Wrapper hold an unknown inner layer)."""
-        extra: dict[str, Any] = {}
-        children = {}
-        for child in record["sublayers"]:
-            child_record = self.records[child["id"]]
-            children[(child_record["class_name"], child_record["name"])] = child["id"]
-
-        def walk(node: Any) -> Any:
-            if isinstance(node, dict):
-                inner = node.get("config")
-                name = inner.get("name") if isinstance(inner, dict) else None
-                key = (node.get("class_name"), name)
-                if key in children:
-                    token = TOKEN.format(children[key])
-                    extra[token] = _Prebuilt(self.revive(children[key]))
-                    return {**node, "class_name": token, "registered_name": token, "config": {}}
-                return {k: walk(v) for k, v in node.items()}
-            if isinstance(node, list):
-                return [walk(v) for v in node]
-            return node
-
-        config = record["keras_config"]
-        return {**config, "config": walk(config["config"])}, extra
-
-    def _rebuild_graph(self, record: dict[str, Any]) -> keras.layers.Layer:
-        """Functional/Sequential: layers first, then Keras' own graph reconstruction."""
-        extra: dict[str, Any] = {}
-        config = copy.deepcopy(record["keras_config"])
-        entries = config["config"]["layers"]
-        for entry, child in zip(entries, self._graph_children(record, entries), strict=True):
-            if child is None:
-                if isinstance(entry.get("config"), dict) and PLACEHOLDER in entry["config"]:
-                    raise CorruptCheckpointError(
-                        f"{self.where}: the graph of {record['name']!r} holds a placeholder "
-                        f"for a layer without config, but no saved layer matches it. The "
-                        f"checkpoint is damaged; load an older one. Received: {entry!r}"[:600]
-                    )
-                continue
-            token = TOKEN.format(child)
-            extra[token] = _Prebuilt(self.revive(child))
-            entry.update(class_name=token, registered_name=token, module=None)
-        try:
-            model = self._deserialize(config, extra)
-        except (TypeError, ValueError) as err:  # what Keras raises for a class it cannot locate
-            if "Could not locate" not in str(err):
-                raise self._graph_error(record, err) from err
-            # A registered Functional subclass whose class is missing: plain Functional.
-            base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
-            with keras.saving.custom_object_scope({**self.custom_objects, **extra}):
-                model = base.from_config(config["config"])
-        self._bind(model, record, strict=True)
-        self.how[record["name"]] = "graph"
-        return model
-
-    def _graph_error(self, record: dict[str, Any], err: Exception) -> Exception:
-        """Why a graph found all its classes and still did not rebuild: a class's own code
-        (``RebuildError``), or the graph itself failing around its revived layers."""
-        rebuilt = rebuild_error(err, self.where, f"model {record['name']!r}")
-        if rebuilt is not None:
-            return rebuilt
-        traced = sorted(name for name, how in self.how.items() if how == "traced")
-        advice = (
-            "Pass the missing classes in custom_objects, or load an older checkpoint"
-            if traced
-            else "The checkpoint is damaged or was edited; load an older checkpoint"
-        )
-        cause = err
-        while cause.__cause__ is not None or cause.__context__ is not None:
-            cause = cause.__cause__ or cause.__context__  # Keras wraps the real error
-        return CorruptCheckpointError(
-            f"{self.where}: the graph of model {record['name']!r} could not be rebuilt from "
-            f"its config around its layers (revived from traced functions: {traced or 'none'}"
-            f"). {advice}. Received: {type(cause).__name__}: {str(cause)[:400]}"
-        )
-
-    def _graph_children(
-        self, record: dict[str, Any], entries: list[dict[str, Any]]
-    ) -> list[int | None]:
-        """The saved layer of each graph entry: by name, or for a Sequential whose layer's
-        config has no name (its own get_config leaves it out), by position."""
-        by_name = {self.records[c["id"]]["name"]: c["id"] for c in record["sublayers"]}
-        found: list[int | None] = []
-        for entry in entries:
-            inner = entry.get("config")
-            name = entry.get("name") or (inner.get("name") if isinstance(inner, dict) else None)
-            found.append(by_name.get(name))
-        if record["model_kind"] == "sequential":
-            unique = list(dict.fromkeys(c["id"] for c in record["sublayers"]))
-            if len(unique) == len(entries):
-                for position, (entry, child) in enumerate(zip(entries, unique, strict=True)):
-                    same_class = self.records[child]["class_name"] == entry.get("class_name")
-                    if found[position] is None and same_class:
-                        found[position] = child
-        return found
-
     def _require_functions(self, record: dict[str, Any], why: str) -> None:
         if self.nodes[record["id"]] is None:
             raise NeedsTracedFunctions(f"layer {record['name']!r}: {why}", record["id"])
@@ -387,7 +279,7 @@ class Reviver:
         for variable, function in zip(with_reg, functions, strict=False):
             variable.regularizer = standins.TracedRegularizer(function)
 
-    def _bind(self, layer: keras.layers.Layer, record: dict[str, Any], *, strict: bool) -> bool:
+    def bind(self, layer: keras.layers.Layer, record: dict[str, Any], *, strict: bool) -> bool:
         """Point every Keras variable of ``layer`` at the loaded storage, by position."""
         variables = list(layer.variables)
         saved = record["variables"]
