@@ -13,7 +13,7 @@ from pathlib import Path
 import keras
 
 from benchmarks.specs import Size
-from benchmarks.timing import ERROR, Result, not_available, remove, timed
+from benchmarks.timing import ERROR, Result, disk_bytes, not_available, remove, timed
 
 RSS_SIZES = ("large", "tiny")  # tiny: --quick only
 SAMPLE_SECONDS = 0.002
@@ -36,6 +36,12 @@ def export_rows(size: Size, model: keras.Model, repeats: int, root: Path) -> lis
         made[i] = export_serving(model, root / f"ours_export_{i}", keep=1)
         return made[i]
 
+    paired = Result(size.name, "keras.export_paired", PAIRED_LABEL)
+
+    def then_keras(i: int, _: Path) -> None:
+        remove(root / f"ours_export_{i}")
+        keras_export(paired, model, root)
+
     row = timed(
         size.name,
         "savedmodel.export",
@@ -44,10 +50,34 @@ def export_rows(size: Size, model: keras.Model, repeats: int, root: Path) -> lis
         repeats,
         before=lambda i: trace_cache.clear(),
         artifact=lambda i: made[i],
-        after=lambda i, _: remove(root / f"ours_export_{i}"),
+        after=then_keras,
     )
     trace_cache.clear()
-    return [row]
+    return [row, paired]
+
+
+PAIRED_LABEL = "Keras 3 model.export(dir), right after each of ours"
+
+
+def keras_export(row: Result, model: keras.Model, root: Path) -> None:
+    """Keras' ``model.export`` of the same model timed right after each of our exports, so
+    that the export-time target compares exports made back to back, in the same state of
+    the machine (the separate ``keras.export`` row runs a minute later; in one run the two
+    rows' ratio moved from 0.81x to 1.18x between machines while each export alone moved
+    less). A failure makes the row an error row, never a number."""
+    if row.status == ERROR:
+        return
+    target = root / "keras_export_paired"
+    try:
+        gc.collect()
+        start = time.perf_counter()
+        model.export(str(target), verbose=False)
+        row.values.append(time.perf_counter() - start)
+        row.nbytes = disk_bytes(target)
+    except Exception as err:  # reported in the table
+        row.status, row.note, row.values = ERROR, f"{type(err).__name__}: {err}"[:200], []
+    finally:
+        remove(target)
 
 
 def variable_bytes(model: keras.Model) -> int:
