@@ -54,6 +54,9 @@ REQUIRED = {
     "HashedCrossing": {"num_bins": 4},
     "Hashing": {"num_bins": 4},
     "InputLayer": {"input_shape": (2,)},
+    # A lookup without a vocabulary (adapted later) is refused by the import (its
+    # vocabulary is in a lookup table it cannot read): one given here is in the config.
+    "IntegerLookup": {"vocabulary": [1]},
     "LSTM": {"units": 2},
     "LSTMCell": {"units": 2},
     "LocallyConnected1D": {"filters": 2, "kernel_size": 3},
@@ -80,8 +83,10 @@ REQUIRED = {
     "SpatialDropout1D": {"rate": 0.1},
     "SpatialDropout2D": {"rate": 0.1},
     "SpatialDropout3D": {"rate": 0.1},
+    "StringLookup": {"vocabulary": ["a"]},
     "SpectralNormalization": {"layer": ("Dense", {"units": 2})},
     "StackedRNNCells": {"cells": [("SimpleRNNCell", {"units": 2})]},
+    "TextVectorization": {"vocabulary": ["a"]},
     "TimeDistributed": {"layer": ("Dense", {"units": 2})},
 }
 # Abstract bases: a legacy file never names them for a layer of Keras' own.

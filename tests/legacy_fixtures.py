@@ -154,6 +154,33 @@ def impostor():
     return model, [x], np.random.rand(16, 1).astype("float32"), True
 
 
+def convattn():
+    """The layers Keras 3 refused to rebuild from tf_keras' default configs before (issue
+    18): RandomFlip, SeparableConv2D, Conv2DTranspose, SpatialDropout2D, a self-attention
+    MultiHeadAttention whose value and attention mask are call kwargs (tensors Keras 3 must
+    resolve), and a Dense with Keras 2's ``hard_sigmoid`` (another function in Keras 3).
+    The attention has no biases: softmax ignores the key bias, whose gradient is rounding
+    noise (the fit test wants every variable trained)."""
+    image = k.Input((8, 8, 3), name="ca_image")
+    mask = k.Input((16, 16), dtype="bool", name="ca_mask")
+    h = L.RandomFlip("horizontal", name="ca_flip")(image)
+    h = L.Conv2D(4, 3, strides=2, padding="same", activation="relu", name="ca_conv")(h)
+    h = L.SeparableConv2D(6, 3, padding="same", activation="relu", name="ca_sep")(h)
+    h = L.Conv2DTranspose(4, 3, strides=2, padding="same", name="ca_up")(h)
+    h = L.MaxPooling2D(name="ca_pool")(L.SpatialDropout2D(0.2, name="ca_drop")(h))
+    h = L.Reshape((16, 4), name="ca_seq")(h)
+    attention = L.MultiHeadAttention(2, 4, use_bias=False, name="ca_mha")
+    h = attention(h, h, attention_mask=mask)
+    h = L.GlobalAveragePooling1D(name="ca_gap")(h)
+    h = L.Dense(8, activation="hard_sigmoid", name="ca_hard")(h)
+    model = k.Model([image, mask], L.Dense(2, name="ca_out")(h))
+    model.compile(k.optimizers.Adam(0.01), k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.rand(8, 8, 8, 3).astype("float32")
+    keep = np.random.rand(8, 16, 16) > 0.3
+    keep |= np.eye(16, dtype=bool)  # every query keeps a key: see translate's MHA note
+    return model, [x, keep], np.random.randint(0, 2, 8), False
+
+
 CASES = {
     "mlp": mlp,
     "functional": functional,
@@ -163,6 +190,7 @@ CASES = {
     "mobilenet": mobilenet,
     "lambda": lam,
     "impostor": impostor,  # after the others: tf_keras numbers default layer names globally
+    "convattn": convattn,
 }
 
 

@@ -37,6 +37,7 @@ ZOO = [
     "lambda",
     "mobilenet",
     "impostor",
+    "convattn",
 ]
 
 
@@ -347,7 +348,7 @@ def test_no_slots_saved_is_reported(zoo):
     ("case", "backend"),
     [
         (case, backend)
-        for case in ["mlp", "functional", "cnn", "rnn", "custom_known", "mobilenet"]
+        for case in ["mlp", "functional", "cnn", "rnn", "custom_known", "mobilenet", "convattn"]
         for backend in ["savedmodel", "h5", "weights"]
     ],
 )
@@ -448,6 +449,92 @@ def _edit_root(zoo: Path, case: str, tmp_path: Path, old: str, new: str) -> Path
 def test_unsupported_is_a_trainer_error_naming_the_layer(zoo, tmp_path, case, old, new, message):
     with pytest.raises(UnsupportedLegacyError, match=message):
         load_checkpoint(_edit_root(zoo, case, tmp_path, old, new))
+
+
+_CONV_LSTM = {"filters": 2, "kernel_size": [3], "return_sequences": False}
+
+
+@pytest.mark.parametrize(
+    ("class_name", "config", "option"),
+    [
+        # Keras 2's ConvRNN ran time-major inputs; Keras 3's cannot.
+        ("ConvLSTM2D", {**_CONV_LSTM, "kernel_size": [3, 3], "time_major": True}, "time_major"),
+        (
+            "RNN",
+            {"cell": {"class_name": "SimpleRNNCell", "config": {}}, "time_major": True},
+            "time_major",
+        ),
+        # Adapted lookups: the model's config has no vocabulary (it was in a lookup table).
+        ("StringLookup", {"vocabulary": None, "output_mode": "int"}, "vocabulary"),
+        ("TextVectorization", {"vocabulary": None, "max_tokens": None}, "vocabulary"),
+        ("IntegerLookup", {"vocabulary": None, "has_input_vocabulary": False}, "vocabulary"),
+        # An adapted Discretization's boundaries were in a variable Keras 3's lacks.
+        ("Discretization", {"bin_boundaries": None, "num_bins": 3}, "bin_boundaries"),
+    ],
+)
+def test_refused_legacy_options_name_the_layer(class_name, config, option):
+    """Issue 18: what Keras 3 cannot compute (or would compute without its state) is an
+    error naming the layer, its class, the option and what was received; never a guess."""
+    from trainer.save_backends.legacy import translate
+
+    entry = {"class_name": class_name, "config": {"name": "odd", "trainable": True, **config}}
+    with pytest.raises(UnsupportedLegacyError) as caught:
+        translate.layer_config(entry, "old_model")
+    message = str(caught.value)
+    for part in (f"'odd' ({class_name}) of old_model", option, "TensorFlow 2.x", "Received:"):
+        assert part in message
+
+
+@pytest.mark.parametrize(
+    ("class_name", "config", "dropped"),
+    [
+        # Keras 2's transposed convolutions never read `groups` (the full kernel).
+        ("Conv2DTranspose", {"filters": 4, "kernel_size": [3, 3], "groups": 2}, ["groups"]),
+        # Keras 2's SeparableConv never read Conv's kernel_* or groups.
+        (
+            "SeparableConv2D",
+            {"filters": 4, "kernel_size": [3, 3], "groups": 1, "kernel_regularizer": "l2"},
+            ["groups", "kernel_regularizer"],
+        ),
+        # Build shapes, and a masking Keras 3's is (robust) or equals on kept keys.
+        (
+            "MultiHeadAttention",
+            {"num_heads": 2, "key_dim": 2, "query_shape": [None, 3, 4]}
+            | {"softmax_robust_masking": True},
+            ["query_shape", "softmax_robust_masking"],
+        ),
+        ("SpatialDropout1D", {"rate": 0.1, "noise_shape": [None, 1, 4]}, ["noise_shape"]),
+        ("RandomFlip", {"mode": "horizontal", "rng_type": "stateless"}, ["rng_type"]),
+        ("ConvLSTM1D", {**_CONV_LSTM, "time_major": False}, ["time_major"]),
+        ("Discretization", {"bin_boundaries": [0.0, 1.0]}, ["trainable"]),
+    ],
+)
+def test_options_keras2_never_read_are_dropped(class_name, config, dropped):
+    """Issue 18: the options tf_keras records that changed nothing (read in its source,
+    checked for groups and the separable kernel regularizer) are dropped, so Keras 3
+    rebuilds the layer."""
+    from trainer.save_backends.legacy import translate
+
+    entry = {"class_name": class_name, "config": {"name": "ok", "trainable": True, **config}}
+    translated = translate.layer_config(entry, "old_model")["config"]
+    assert not set(dropped) & set(translated)
+    getattr(keras.layers, class_name).from_config(translated)
+
+
+def test_rnn_cells_and_hard_sigmoid_are_keras3s():
+    """A cell inside an RNN's config gets the module Keras 3 finds it by (Keras 2 wrote
+    none); Keras 2's ``hard_sigmoid`` (slope 0.2, ConvLSTM's default recurrent activation)
+    becomes trainer's registered copy of it, not Keras 3's (slope 1/6)."""
+    from trainer.save_backends.legacy import translate
+
+    cell = {"class_name": "SimpleRNNCell", "config": {"units": 2, "activation": "hard_sigmoid"}}
+    stacked = {"class_name": "StackedRNNCells", "config": {"cells": [cell, cell]}}
+    entry = {"class_name": "RNN", "config": {"name": "r", "cell": stacked}}
+    layer = keras.layers.RNN.from_config(translate.layer_config(entry, "m")["config"])
+    inner = layer.cell.cells[0]
+    assert type(inner) is keras.layers.SimpleRNNCell
+    x = np.array([-3.0, -1.0, 0.0, 1.0, 3.0], "float32")
+    np.testing.assert_array_equal(inner.activation(x), np.clip(0.2 * x + 0.5, 0.0, 1.0))
 
 
 def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):

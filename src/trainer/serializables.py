@@ -15,8 +15,9 @@ import logging
 from importlib.metadata import entry_points
 
 ENTRY_POINT_GROUP = "trainer.serializables"
-# The project's own modules whose import registers classes (with keras.saving).
-BUILTIN_MODULES = ("trainer.models", "trainer.wrapping")
+# The project's own modules whose import registers classes (with keras.saving); the legacy
+# import's activations are named by the checkpoints of the models it imported.
+BUILTIN_MODULES = ("trainer.models", "trainer.wrapping", "trainer.save_backends.legacy.activations")
 log = logging.getLogger(__name__)
 _done = False
 

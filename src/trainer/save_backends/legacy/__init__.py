@@ -1,7 +1,8 @@
 """Import legacy tf.keras (TensorFlow 2.x ``model.save(dir)``) SavedModels into Keras 3.
 
 Modules: ``metadata_proto`` (our definition of ``keras_metadata.pb``), ``reader`` (the
-directory, walked by object path), ``translate`` (Keras 2 -> 3 configs), ``weights``
+directory, walked by object path), ``translate`` (Keras 2 -> 3 configs; ``nodes``: their
+call graphs, ``activations``: Keras 2's ``hard_sigmoid``), ``weights``
 (variables by structure), ``builtin`` (is a layer named like a Keras class that class?),
 ``standin`` (layers revived from traced functions),
 ``compiling`` and ``slots`` (compile config, optimizer state), ``importer`` (all of it).

@@ -106,6 +106,7 @@ KERAS2_ONLY_KEYS: dict[str, tuple[str, ...]] = {
     "Dense": ("activity_regularizer",),
     "DepthwiseConv1D": ("groups",),
     "DepthwiseConv2D": ("groups",),
+    "Discretization": ("trainable",),
     "Embedding": ("batch_input_shape", "input_length"),
     "GRU": ("implementation", "time_major"),
     "GRUCell": ("implementation",),

@@ -10,19 +10,65 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.errors import UnsupportedLegacyError
+import keras
 
-# Options Keras 3 dropped that select an implementation only.
+from trainer.errors import UnsupportedLegacyError
+from trainer.save_backends.legacy import activations, nodes
+
+# Options Keras 3 dropped, removed whatever their value: they only chose an implementation,
+# or the Keras 2 class accepted and recorded them but never read them (read in tf_keras 2.21's
+# source, and checked there where noted).
+_CONV_TRANSPOSE = ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
+_RANDOM = ("RandomBrightness", "RandomContrast", "RandomCrop", "RandomFlip", "RandomRotation")
+_RANDOM += ("RandomTranslation", "RandomZoom")
 _DROPPED = {
     "BatchNormalization": ("fused",),
     "LSTM": ("implementation", "time_major"),
     "GRU": ("implementation", "time_major"),
     "SimpleRNN": ("time_major",),
+    "RNN": ("time_major",),
+    "ConvLSTM1D": ("time_major",),
+    "ConvLSTM2D": ("time_major",),
+    "ConvLSTM3D": ("time_major",),
     "LSTMCell": ("implementation",),
     "GRUCell": ("implementation",),
     "Embedding": ("input_length",),
     "DepthwiseConv2D": ("groups",),
     "DepthwiseConv1D": ("groups",),
+    # Keras 2's transposed convolutions take `groups` through Conv.__init__ and never read
+    # it: build makes the full (*kernel_size, filters, in) kernel and call runs
+    # conv_transpose, which has no groups (a groups=2 layer computes what groups=1 does,
+    # checked). Keras 3's have no such option.
+    **dict.fromkeys(_CONV_TRANSPOSE, ("groups",)),
+    # Keras 2's SeparableConv inherits Conv's `groups` and `kernel_*` (its config lists
+    # them) but its build creates only the depthwise and pointwise kernels, and its call runs
+    # separable_conv2d without groups: the kernel regularizer adds no loss (checked).
+    **dict.fromkeys(
+        ("SeparableConv1D", "SeparableConv2D"),
+        ("groups", "kernel_initializer", "kernel_regularizer", "kernel_constraint"),
+    ),
+    # query/key/value_shape: the input shapes Keras 2's from_config built the layer with
+    # before its weights were restored; Keras 3 builds it from the graph's tensors, which
+    # have those shapes. softmax_robust_masking: Keras 3's masked softmax (and its fused
+    # dot_product_attention) is Keras 2's robust one, `where(mask, scores, -1e9)`. Keras 2's
+    # default adds `(1 - mask) * -1e9` instead: a kept score is unchanged (+0.0) and a masked
+    # one underflows to exactly 0 after exp in both, so every query row that keeps a key is
+    # the same; only a row whose keys are ALL masked differs (Keras 3: uniform weights;
+    # Keras 2: softmax of `score - 1e9` rounded, uniform only while |score| < 32) -- padding
+    # rows whose output the model is not supposed to use.
+    "MultiHeadAttention": ("query_shape", "key_shape", "value_shape", "softmax_robust_masking"),
+    # Keras 2's SpatialDropout overrides _get_noise_shape (whole channels): the noise_shape
+    # its Dropout base records is never read. Keras 3's takes no `trainable` (no **kwargs)
+    # and, like Discretization below, has no variables for it to change.
+    **dict.fromkeys(
+        ("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D"), ("noise_shape", "trainable")
+    ),
+    # Which random number generator draws the augmentation: identity at inference, and no
+    # value reproduces Keras 2's random stream in Keras 3 (its SeedGenerator draws).
+    **dict.fromkeys(_RANDOM, ("rng_type",)),
+    # Keras 3's __init__ takes no `trainable` (no **kwargs); the layer has no variables (its
+    # bin boundaries are config), so trainability changes nothing.
+    "Discretization": ("trainable",),
 }
 # Options whose non-default value changes the math and has no Keras 3 counterpart.
 _REFUSED = {
@@ -36,7 +82,17 @@ _REFUSED = {
     "LSTM": {"time_major": False},
     "GRU": {"time_major": False},
     "SimpleRNN": {"time_major": False},
+    # Keras 2's RNN base, ConvLSTM's included, ran time-major inputs (`[time, batch, ...]`,
+    # a ConvLSTM1D built with time_major=True runs); Keras 3's have no such option.
+    "RNN": {"time_major": False},
+    "ConvLSTM1D": {"time_major": False},
+    "ConvLSTM2D": {"time_major": False},
+    "ConvLSTM3D": {"time_major": False},
 }
+# Kept as they are: CategoryEncoding's `sparse` (Keras 3's __init__ takes it with the same
+# meaning, only its get_config omits it); the lookups' `has_input_vocabulary` (Keras 3's
+# IndexLookup and TextVectorization read it), but see ``_refuse_lost_state``.
+_LOOKUPS = ("StringLookup", "IntegerLookup", "TextVectorization")
 _BN_DROPPED_WITH_RENORM = ("renorm", "renorm_clipping", "renorm_momentum")
 CONTAINERS = ("Functional", "Model", "Sequential")
 _POLICY_CLASSES = ("Policy", "PolicyV1")
@@ -60,18 +116,9 @@ def layer_config(entry: dict[str, Any], where: str) -> dict[str, Any]:
     class_name = entry.get("class_name")
     if class_name == "Model":
         class_name = entry["class_name"] = "Functional"
-    config = dict(entry.get("config") or {})
-    name = config.get("name", "?")
-    for option, default in _REFUSED.get(class_name, {}).items():
-        if config.get(option, default) not in (default, False, None):
-            raise UnsupportedLegacyError(
-                f"Layer {name!r} ({class_name}) of {where} uses {option}="
-                f"{config[option]!r}, which Keras 3 has no counterpart for; importing it would "
-                f"compute something else. Re-save the model without it in TensorFlow 2.x. "
-                f"Received: {option}={config[option]!r}"
-            )
-    for option in _DROPPED.get(class_name, ()):
-        config.pop(option, None)
+    config = _options(class_name, dict(entry.get("config") or {}), where)
+    if class_name not in CONTAINERS:
+        config = activations.translated(config)
     if class_name == "BatchNormalization":
         for option in _BN_DROPPED_WITH_RENORM:
             config.pop(option, None)
@@ -86,13 +133,72 @@ def layer_config(entry: dict[str, Any], where: str) -> dict[str, Any]:
         config.pop("ragged", None)
     elif class_name not in CONTAINERS:
         config.pop("batch_input_shape", None)
-    for key in ("layer", "backward_layer", "cell"):  # wrappers and RNNs hold layers
-        if isinstance(config.get(key), dict) and "class_name" in config[key]:
-            config[key] = layer_config(config[key], where)
+    for key in ("layer", "backward_layer", "cell", "cells"):  # wrappers and RNNs hold layers
+        value = config.get(key)
+        if isinstance(value, dict) and "class_name" in value:
+            config[key] = _nested(value, where)
+        elif key == "cells" and isinstance(value, list):
+            config[key] = [_nested(v, where) if isinstance(v, dict) else v for v in value]
     if class_name in CONTAINERS:
         config = model_config(class_name, config, where)
     entry["config"] = config
     entry.pop("shared_object_id", None)
+    return entry
+
+
+def _options(class_name: Any, config: dict[str, Any], where: str) -> dict[str, Any]:
+    """``config`` without the options Keras 3 dropped; an error for one whose value would
+    make the rebuilt layer compute something else (``_REFUSED``, ``_refuse_lost_state``)."""
+    name = config.get("name", "?")
+    for option, default in _REFUSED.get(class_name, {}).items():
+        if config.get(option, default) not in (default, False, None):
+            raise UnsupportedLegacyError(
+                f"Layer {name!r} ({class_name}) of {where} uses {option}="
+                f"{config[option]!r}, which Keras 3 has no counterpart for; importing it would "
+                f"compute something else. Re-save the model without it in TensorFlow 2.x. "
+                f"Received: {option}={config[option]!r}"
+            )
+    _refuse_lost_state(class_name, config, where)
+    for option in _DROPPED.get(class_name, ()):
+        config.pop(option, None)
+    return config
+
+
+def _refuse_lost_state(class_name: Any, config: dict[str, Any], where: str) -> None:
+    """Preprocessing state Keras 2 kept where the import cannot read it. A lookup's
+    vocabulary from ``adapt()`` or ``set_vocabulary()`` lived only in a lookup table of the
+    SavedModel, neither config nor variable (the model's config lists the vocabulary a layer
+    was built with; the layer's own saved config never does, but says
+    ``has_input_vocabulary``): Keras 3 would rebuild the layer without one, and its call
+    fails ("Table not initialized"). An adapted ``Discretization`` (no ``bin_boundaries``)
+    kept its quantile summary in a variable Keras 3's class does not have."""
+    name = config.get("name", "?")
+    if class_name in _LOOKUPS and config.get("vocabulary") is None:
+        if config.get("has_input_vocabulary"):
+            return
+        lost, remedy = "vocabulary", "vocabulary=layer.get_vocabulary()"
+        received = "vocabulary=None"
+    elif class_name == "Discretization" and config.get("bin_boundaries") is None:
+        lost, remedy = "bin boundaries", "bin_boundaries=layer.bin_boundaries"
+        received = f"bin_boundaries=None, num_bins={config.get('num_bins')!r}"
+    else:
+        return
+    raise UnsupportedLegacyError(
+        f"Layer {name!r} ({class_name}) of {where} got its {lost} from adapt() in TensorFlow "
+        f"2.x, and Keras 2 kept it where Keras 3 cannot read it, so the imported layer would "
+        f"have none. In TensorFlow 2.x, rebuild the layer with {remedy} (the same values) and "
+        f"save the model again. Received: {received}"
+    )
+
+
+def _nested(entry: dict[str, Any], where: str) -> dict[str, Any]:
+    """A layer held in a wrapper's or RNN's config, translated. Keras 3 deserializes it by
+    ``module`` (none in Keras 2's configs), so a built-in's is named; a class in
+    ``custom_objects`` or registered under the same name still wins (it is looked up first)."""
+    entry = layer_config(entry, where)
+    found = getattr(keras.layers, str(entry.get("class_name")), None)
+    if "module" not in entry and isinstance(found, type) and issubclass(found, keras.layers.Layer):
+        entry["module"] = "keras.layers"
     return entry
 
 
@@ -121,56 +227,13 @@ def model_config(class_name: str, config: dict[str, Any], where: str) -> dict[st
             )
     config["layers"] = layers
     if class_name != "Sequential":
-        _renumber_nested_model_nodes(config, config.get("layers") or [])
+        nodes.renumber_nested_model_nodes(config, layers)
+        nodes.resolve_tensor_arguments(layers)
     for key in ("input_layers", "output_layers"):  # one tensor: not a list of one
         ends = config.get(key)
         if isinstance(ends, list) and len(ends) == 1 and isinstance(ends[0], list):
             config[key] = ends[0]
     return config
-
-
-def _skips_first_node(entry: dict[str, Any]) -> bool:
-    """Keras 2 gave a nested Functional model (and a Sequential starting with an
-    ``InputLayer``) a node of its own when it was built, and its config counts the calls in
-    the outer graph from 1; Keras 3 gives it none and counts from 0."""
-    if entry.get("class_name") in ("Functional", "Model"):
-        return True
-    if entry.get("class_name") == "Sequential":
-        inner = (entry.get("config") or {}).get("layers") or [{}]
-        return inner[0].get("class_name") == "InputLayer"
-    return False
-
-
-def _renumber_nested_model_nodes(config: dict[str, Any], layers: list[dict[str, Any]]) -> None:
-    """References ``[name, node_index, tensor_index, ...]`` to such nested models, in the
-    layers' ``inbound_nodes`` and the model's ``output_layers``, renumbered for Keras 3.
-    (The entries are already translated: a Keras 2 Sequential's ``InputLayer`` is kept.)"""
-    shifted = {
-        (entry.get("config") or {}).get("name") for entry in layers if _skips_first_node(entry)
-    }
-    if not shifted:
-        return
-
-    def renumber(value: Any) -> Any:
-        if isinstance(value, list):
-            if (
-                len(value) >= 3
-                and isinstance(value[0], str)
-                and value[0] in shifted
-                and isinstance(value[1], int)
-                and isinstance(value[2], int)
-            ):
-                return [value[0], max(value[1] - 1, 0), *value[2:]]
-            return [renumber(v) for v in value]
-        if isinstance(value, dict):
-            return {k: renumber(v) for k, v in value.items()}
-        return value
-
-    for entry in layers:
-        if "inbound_nodes" in entry:
-            entry["inbound_nodes"] = renumber(entry["inbound_nodes"])
-    if "output_layers" in config:
-        config["output_layers"] = renumber(config["output_layers"])
 
 
 def root_config(metadata: dict[str, Any], where: str) -> dict[str, Any]:
