@@ -306,15 +306,17 @@ def write_and_fsync(path: Path, nbytes: int, buffer: bytes) -> None:
         os.close(dir_fd)
 
 
-PAIRED_FLOOR_LABEL = "floor: write + fsync the bytes of each repeat save, right after it"
+PAIRED_FLOOR_LABEL = (
+    "floor, informational: write + fsync the bytes of each repeat save, right after it"
+)
 
 
 def paired_floor(row: Result, nbytes: int, root: Path) -> None:
-    """Time the floor for ``nbytes`` right after a repeat save, into ``row``: the same disk
-    in the same state (dirty pages, files kept for the loads), so the ratio compares like
-    with like. The size's own floor row runs minutes later, on a disk that may be in
-    another phase (repeat saves and the ``.keras`` saves alike were twice as slow in their
-    later repeats in one run, while that floor was not)."""
+    """Time the floor for ``nbytes`` right after a repeat save, into ``row``: what the same
+    write costs on the disk as the save leaves it. Informational: in the run that added it,
+    this took 0.29-0.40 s against the quiet floor's 0.06 s and the save's own 0.21 s (it
+    pays the journal and discard work the save and the previous removals left), so it
+    shows the disk's state, and the floor target stays against the quiet floor row."""
     target = root / "floor_paired.bin"
     buffer = os.urandom(min(nbytes, FLOOR_CHUNK))  # incompressible, like weights
     start = time.perf_counter()

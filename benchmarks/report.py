@@ -20,17 +20,18 @@ TARGETS = (
     ("second savedmodel save (the first repeat save) <= 1.0x Keras 3 `.keras` save",
      "savedmodel.second_save", "keras.save", 1.0, None),
     # Issue 17 set 4x (issue 7 had asked 2x, against 9x then).
-    # The floor timed right after each repeat save (same disk state), not the size's
-    # floor row timed minutes later.
+    # Against the quiet floor (the size's floor row). The floor timed right after each
+    # repeat save (floor_paired) pays the disk's backlog and took longer than the save
+    # itself in one run: shown, not used as the floor.
     ("repeat savedmodel save <= 4x write+fsync floor (large model)", "savedmodel.repeat_save",
-     "floor_paired", 4.0, ("large", "tiny")),  # tiny: --quick only
+     "floor", 4.0, ("large", "tiny")),  # tiny: --quick only
     ("first savedmodel save <= 0.5x tf_keras SavedModel save", "savedmodel.first_save",
      "tf_keras.save", 0.5, None),
     ("load, classes known <= 1.0x Keras 3 `.keras` load", "savedmodel.load", "keras.load",
      1.0, None),
     ("load, custom class missing <= 1.0x tf_keras SavedModel load",
      "savedmodel.load_missing", "tf_keras.load", 1.0, None),
-    ("serving export time <= 1.0x Keras 3 `model.export` (timed right after each of ours)",
+    ("serving export time <= 1.0x Keras 3 `model.export` (paired with each of ours)",
      "savedmodel.export", "keras.export_paired", 1.0, None),
 )  # fmt: skip
 # Issue 17 targets on bytes: (target, row key, anchor key or None = the row's own
@@ -269,9 +270,10 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "of every operation on the tiny model (imports, first-use costs). "
         "Our backends fsync what they write (atomic publication); Keras 3 and tf_keras do not. "
         "The floor writes and fsyncs as many bytes as our savedmodel checkpoint (or the "
-        "`.keras` file if savedmodel is unavailable) to the same directory; the paired floor "
-        "does the same right after each repeat savedmodel save (the disk in the same state), "
-        "and the floor target is measured against it.",
+        "`.keras` file if savedmodel is unavailable) to the same directory; the floor target is "
+        "measured against it. The paired floor does the same right after each repeat "
+        "savedmodel save: it pays whatever the disk still owes for the save (journal, "
+        "discards), so it is informational, not a floor.",
         "",
         "## This run",
         "",
