@@ -175,8 +175,9 @@ def doubt(class_name: str, config: Any, custom_objects: dict[str, Any]) -> str |
                 inner = str(entry["class_name"])
                 if not known_class(inner, entry.get("config"), custom_objects):
                     return f"its {key} ({inner}) is not a layer Keras 3 rebuilds as such"
-    expected = keras3_keys(class_name, config) - set(KERAS3_ONLY_KEYS.get(class_name, ()))
-    missing = expected - set(config) - translated_keys(class_name, config)
+    translated = _translated(class_name, config)  # once: it also translates nested layers
+    expected = _keys_of_keras3(class_name, translated) - set(KERAS3_ONLY_KEYS.get(class_name, ()))
+    missing = expected - set(config) - set(translated or {})
     if expected:  # Keras 3 could tell: the options Keras 2 had and Keras 3 dropped too
         missing |= set(KERAS2_ONLY_KEYS.get(class_name, ())) - set(config)
     if missing:
@@ -188,7 +189,11 @@ def keras3_keys(class_name: str, config: dict[str, Any]) -> set[str]:
     """The keys of Keras 3's ``class_name`` config: an instance with default options, built
     from the required ones the (translated) legacy config gives, else from all of it.
     Empty where Keras 3 builds neither (the import's build then says what it refuses)."""
-    translated = _translated(class_name, config)
+    return _keys_of_keras3(class_name, _translated(class_name, config))
+
+
+def _keys_of_keras3(class_name: str, translated: dict[str, Any] | None) -> set[str]:
+    """``keras3_keys`` from the already translated legacy config (``None``: refused)."""
     if translated is None:
         return set()
     required = _required(getattr(keras.layers, class_name))

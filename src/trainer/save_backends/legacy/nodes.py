@@ -36,13 +36,7 @@ def renumber_nested_model_nodes(config: dict[str, Any], layers: list[dict[str, A
 
     def renumber(value: Any) -> Any:
         if isinstance(value, list):
-            if (
-                len(value) >= 3
-                and isinstance(value[0], str)
-                and value[0] in shifted
-                and isinstance(value[1], int)
-                and isinstance(value[2], int)
-            ):
+            if len(value) >= 3 and _is_reference(value[:3], shifted):
                 return [value[0], max(value[1] - 1, 0), *value[2:]]
             return [renumber(v) for v in value]
         if isinstance(value, dict):
