@@ -228,3 +228,28 @@ def test_cards_from_a_background_thread_land_next_to_main_thread_scalars(tmp_pat
     steps = event_steps(board.event_file)
     assert all(f"checkpoints/c{s}" in steps[s] for s in range(1, 21))
     assert all("batch/loss" in steps[s] for s in range(1, 201))
+
+
+def test_a_restart_within_the_second_of_the_old_events_still_purges_them(tmp_path):
+    """A short run resumed at once: its event files and the restart marker share a second,
+    where the marker's name ("<second>.0session...") sorted before the old file and was
+    read first, so the re-trained steps showed twice (seen in CI under load)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator as PluginAccumulator,
+    )
+
+    from trainer.callbacks import mark_session_start
+
+    def session(first_step, last_step):
+        mark_session_start(tmp_path, first_step - 1)
+        writer = tf.summary.create_file_writer(str(tmp_path))
+        with writer.as_default():
+            for step in range(first_step, last_step + 1):
+                tf.summary.scalar("batch/loss", float(step), step=step)
+        writer.close()
+
+    session(1, 6)
+    session(4, 6)  # resumed from step 3, right away
+    events = PluginAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Tensors("batch/loss")] == [1, 2, 3, 4, 5, 6]

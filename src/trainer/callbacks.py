@@ -220,10 +220,17 @@ def mark_session_start(log_dir: Path, step: int) -> None:
     discards earlier events at or after its step; so every session writes one, at
     ``step + 1``. It goes into its own event file whose name sorts before the writer's
     next file (same timestamp prefix, then "0" before any host name), so it is read in
-    between the old events and the new ones.
+    between the old events and the new ones. That order holds only if its timestamp is
+    later than every older event file's: within the second an earlier session's file was
+    made (a short run resumed at once), "0session" would sort before that file and the
+    restart would be read first, purging nothing. It then waits for the next second.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
+    newest = max(map(_event_file_second, log_dir.glob("events.out.tfevents.*")), default=-1)
     now = time.time()
+    if int(now) <= newest:
+        time.sleep(newest + 1 - now)
+        now = time.time()
     name = f"events.out.tfevents.{int(now)}.0session.{step}.start"
     with tf.io.TFRecordWriter(str(log_dir / name)) as records:
         records.write(
@@ -232,3 +239,10 @@ def mark_session_start(log_dir: Path, step: int) -> None:
         start = event_pb2.Event(wall_time=now, step=step + 1)
         start.session_log.status = event_pb2.SessionLog.START
         records.write(start.SerializeToString())
+
+
+def _event_file_second(path: Path) -> int:
+    """The whole second in an event file's name (``events.out.tfevents.<second>.<rest>``),
+    by which TensorBoard orders a run's files; -1 for a name without one."""
+    field = path.name.split(".")[3:4]
+    return int(field[0]) if field and field[0].isdigit() else -1
