@@ -143,6 +143,15 @@ def test_forget_call_nodes():
     assert dense._inbound_nodes == [] and dense._outbound_nodes == []
 
 
+def test_unchanged_object_names_puts_the_name_counters_back():
+    first = keras.layers.Dense(1).name
+    with keras_compat.unchanged_object_names():
+        inside = [keras.layers.Dense(1).name for _ in range(3)]
+    after = keras.layers.Dense(1).name
+    assert len(set(inside)) == 3 and first not in inside
+    assert after == inside[0]  # the name the first Dense inside the block had
+
+
 def test_build_shapes_where_get_build_config_says_nothing():
     dense = built(keras.layers.Dense(2))
     assert keras_compat.build_shapes(dense) == {"input_shape": (2, 4)}

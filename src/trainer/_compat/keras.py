@@ -9,6 +9,7 @@ relies on. Workarounds of Keras bugs live in ``keras_bugs``.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -343,3 +344,24 @@ def optimizer_built_for(optimizer: Any) -> list[Any]:
     Uses ``BaseOptimizer._trainable_variables``. Checked: Keras 3.15.1.
     """
     return list(optimizer._trainable_variables)
+
+
+@contextlib.contextmanager
+def unchanged_object_names() -> Iterator[None]:
+    """Within the block, Keras objects created get their usual automatic names, but the
+    counters behind those names are put back afterwards: objects made only to be inspected
+    and dropped (a save rebuilding a layer from its config to see whether a load could) do
+    not shift the names of the objects the user creates next (``dense_3`` for ``dense_2``).
+
+    Uses ``keras.src.backend.common.global_state``'s ``object_name_uids``, the per-thread
+    counter map ``keras.backend.get_uid`` and automatic names advance; Keras has a public
+    ``reset_uids`` but no way to restore a previous state. Checked: Keras 3.15.1.
+    """
+    from keras.src.backend.common import global_state
+
+    saved = global_state.get_global_attribute("object_name_uids")
+    saved = None if saved is None else copy.copy(saved)  # a defaultdict(int)
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("object_name_uids", saved)

@@ -19,6 +19,7 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import modelstate, readiness
 from trainer.save_backends.savedmodel import (
+    config_rebuilt,
     endpoints,
     input_signature,
     records,
@@ -86,7 +87,11 @@ def trace_model(model: keras.Model) -> TracedModel:
     tf_vars, var_records, var_index = _variable_table(layers)
     args = endpoints.model_call_args(model)
     recorder = tracing.CallRecorder(layers)
+    # No call functions for layers a load only ever rebuilds from their class: those
+    # whose __call__ replays in a Sequential, and Keras' own layers that rebuild from
+    # their config (``config_rebuilt``; their parents' traces hold their ops inline).
     recorder.class_only = readiness.replayed_by_sequential(model)
+    recorder.class_only |= config_rebuilt.layers_rebuilt_from_config(layers)
     concrete = _record_call_specs(model, recorder, args)
     integer = input_signature.integer_inputs(model, args, concrete)
     if integer is not None:  # served as the integer ids it takes; floats still accepted
@@ -202,7 +207,6 @@ def _trace_node(
     extra = state_variables.state_variables(layer)
     if extra:  # read or updated by its traced calls: the graph must reach them
         node.state_variables = extra
-    # A layer whose __call__ replays in a Sequential is revived from its class only.
     calls = id(layer) not in recorder.class_only
     serialized = records.keras_config(layer) if li == 0 else None
     # Nothing calls the root in training mode but its own revival, and a root revived as
