@@ -6,7 +6,8 @@ What must hold: a layer left untraced is one that a load can always rebuild from
 ``build_from_config``); every other layer keeps its traces; a custom parent revived from
 its traces still infers and trains like the original, with its Keras sublayers' ops
 inline; and the check leaves no trace of its own in the process (Python's random state,
-Keras' automatic names).
+Keras' automatic names). Also: a block of Keras layers whose ``call`` ignores ``training``
+(``Dense`` declares it and never reads it) gets one trace, not two identical ones.
 """
 
 from __future__ import annotations
@@ -149,3 +150,62 @@ def test_the_check_leaves_random_state_and_automatic_names_as_they_were(tmp_path
     assert random.getstate() == state
     prefix, number = before.rsplit("_", 1) if before[-1].isdigit() else (before, "0")
     assert after == f"{prefix}_{int(number) + 1}", (before, after)
+
+
+@keras.saving.register_keras_serializable(PKG)
+class DenseOnly(layers.Layer):
+    """Two Keras Dense layers: ``Dense.call`` takes ``training`` but never reads it."""
+
+    def __init__(self, units=4, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.first = layers.Dense(units, activation="relu")
+        self.second = layers.Dense(units)
+
+    def build(self, input_shape):
+        self.first.build(input_shape)
+        self.second.build((*input_shape[:-1], self.units))
+
+    def call(self, x):
+        return x[..., : self.units] + self.second(self.first(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def test_a_block_whose_keras_layers_ignore_training_gets_one_trace(tmp_path):
+    inputs = keras.Input((6,))
+    x = DenseOnly(4, name="plain")(inputs)
+    x = Block(4, name="block")(x)  # its Dropout and BatchNormalization read ``training``
+    model = _trained(keras.Model(inputs, layers.Dense(1, name="head")(x)))
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    records = _records(path)
+    assert set(records["plain"]["functions"]) == {"call_infer"}
+    assert {"call_infer", "call_train"} <= set(records["block"]["functions"])
+    known = get_backend("savedmodel").load(path).model
+    with classes_hidden(["DenseOnly", "Block"], PKG):
+        checkpoint = get_backend("savedmodel").load(path)
+    assert checkpoint.metadata["revived_from"]["plain"] == "traced"
+    revived = checkpoint.model
+    x, y = _data()
+    for each in (known, revived):
+        each.fit(x, y, epochs=2, batch_size=8, verbose=0, shuffle=False)
+    for a, b in zip(known.variables, revived.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5, err_msg=a.path)
+    for training in (False, True):
+        np.testing.assert_allclose(
+            revived(x, training=training).numpy(), known(x, training=training).numpy(), atol=1e-5
+        )
+
+
+def test_training_counts_unless_a_keras_call_never_reads_it():
+    from trainer.save_backends.savedmodel import tracing
+
+    class UsersDense(layers.Dense):  # the user's class: taken at its signature
+        pass
+
+    ignored = [layers.Dense(2), layers.EinsumDense("ab,bc->ac", 3)]
+    read = [layers.Dropout(0.1), layers.BatchNormalization(), layers.GaussianNoise(0.1)]
+    read += [layers.LSTM(2), layers.RandomFlip(), UsersDense(2)]
+    assert [tracing.training_matters(x) for x in ignored] == [False] * len(ignored)
+    assert [tracing.training_matters(x) for x in read] == [True] * len(read)

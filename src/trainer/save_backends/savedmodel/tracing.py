@@ -11,7 +11,10 @@ shapes from build configs (which miss masks, multiple inputs and nested structur
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
+import textwrap
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -75,11 +78,44 @@ def takes_training(layer: keras.layers.Layer) -> bool:
 
 
 def training_matters(layer: keras.layers.Layer) -> bool:
-    """Whether the layer can behave differently in training: its own ``call`` takes
-    ``training``, or a sublayer at any depth does. Keras hands ``training`` down to
+    """Whether the layer can behave differently in training: its own ``call`` uses
+    ``training``, or a sublayer's at any depth does. Keras hands ``training`` down to
     sublayers even through a parent whose ``call`` does not declare it (a block of Dense,
     Dropout and BatchNormalization), so such a parent needs a training trace too."""
-    return any(takes_training(x) for x in keras_compat.sublayers(layer, include_self=True))
+    return any(_uses_training(x) for x in keras_compat.sublayers(layer, include_self=True))
+
+
+def _uses_training(layer: keras.layers.Layer) -> bool:
+    """Whether ``training`` can change what the layer's own ``call`` computes: it takes the
+    argument, unless it is one of Keras' own classes whose ``call`` never reads it. Keras'
+    ``Dense``, ``EinsumDense`` and ``Embedding`` declare ``training`` and ignore it, and by
+    the signature alone every block of them got a second, identical trace. Keras' layers
+    get ``training`` only as that argument (none of them reads the call context), so a body
+    that never names it cannot depend on it. A user's ``call`` is taken at its signature."""
+    if not takes_training(layer):
+        return False
+    cls = type(layer)
+    if not cls.__module__.startswith("keras.src."):
+        return True
+    return _body_names_training(cls.call)
+
+
+@functools.cache
+def _body_names_training(call: Callable) -> bool:
+    """Whether the function's body names ``training`` (or reads ``locals()`` / ``vars()``,
+    which could pass it on); True if its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(call)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    function = tree.body[0]
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return True
+    for statement in function.body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and node.id in ("training", "locals", "vars"):
+                return True
+    return False
 
 
 # ----------------------------------------------------------------------- call recording
