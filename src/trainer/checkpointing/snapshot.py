@@ -52,19 +52,24 @@ def copy_state(state: TrainingState) -> TrainingState:
     return copy.deepcopy(state, memo)
 
 
-def refresh_snapshot(model: keras.Model, shadow: keras.Model, copier: Callable | None = None):
+def refresh_snapshot(
+    model: keras.Model,
+    shadow: keras.Model,
+    copier: Callable | None = None,
+    pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] | None = None,
+):
     """Copy into ``shadow`` everything a backend would save from ``model``: every variable
     (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
     (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
     the background write of the shadow holds what a synchronous save would. ``copier``:
     from ``variable_copier`` for these two models (one traced call instead of one eager
-    assign per variable)."""
+    assign per variable); ``pairs``: ``layerstate.own_state_pairs`` of the two, if known."""
     if copier is not None:
         copier()
     else:
         for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
             target.assign(source)
-    layerstate.copy_own_state(model, shadow)
+    layerstate.copy_own_state(model, shadow, pairs)
 
 
 def variable_copier(model: keras.Model, shadow: keras.Model) -> Callable[[], None] | None:
@@ -84,11 +89,13 @@ def variable_copier(model: keras.Model, shadow: keras.Model) -> Callable[[], Non
             target.assign(source.value)
 
     try:
-        copy_all.get_concrete_function()
+        concrete = copy_all.get_concrete_function()
     except (TypeError, ValueError, tf.errors.OpError) as error:  # an unusual variable type
         log.debug("Snapshot copy not traced (%s); assigning variable by variable", error)
         return None
-    return copy_all
+    # The concrete function itself: calling the tf.function would look it up again on
+    # every save, hashing every captured variable (a sixth of the training thread's wait).
+    return concrete
 
 
 def clone_for_snapshot(model: keras.Model) -> keras.Model:

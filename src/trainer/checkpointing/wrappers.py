@@ -25,7 +25,7 @@ from trainer.checkpointing.snapshot import (
     refresh_snapshot,
     variable_copier,
 )
-from trainer.save_backends import modelstate
+from trainer.save_backends import layerstate, modelstate
 from trainer.save_backends.base import SaveBackend
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,9 @@ class AsyncBackend(WrappingBackend):
         self._shadow: keras.Model | None = None
         self._source: keras.Model | None = None
         self._copier: Callable[[], None] | None = None
+        # With the copier: the layers whose state is copied through the layer-state
+        # protocol (``layerstate.own_state_pairs``), found once instead of every save.
+        self._own_state: list[tuple[Any, Any]] | None = None
         self._copied: tuple[int, ...] = ()  # ids of the variables the copier assigns
         self._checked: tuple[int, ...] = ()  # ids of the variables last found savable
 
@@ -163,10 +166,11 @@ class AsyncBackend(WrappingBackend):
             copier = variable_copier(model, shadow)
             if copier is not None:
                 copier()
+            own_state = layerstate.own_state_pairs(model, shadow)
         except Exception as error:  # the saves copy variable by variable instead
             log.info("No traced snapshot copy: %s", error)
             return
-        self._copier, self._copied = copier, ids
+        self._copier, self._own_state, self._copied = copier, own_state, ids
 
     def snapshot(self, model: keras.Model) -> keras.Model:
         """The shadow model (built once per source model), brought to ``model``'s state."""
@@ -178,7 +182,8 @@ class AsyncBackend(WrappingBackend):
             self._copier, self._copied = None, ()
         if current != self._copied:
             self._copier, self._copied = None, ()  # variables created since: copy eagerly
-        refresh_snapshot(model, self._shadow, self._copier)
+        own_state = self._own_state if self._copied else None
+        refresh_snapshot(model, self._shadow, self._copier, own_state)
         return self._shadow
 
     def _fits(self, model: keras.Model, current: tuple[int, ...]) -> bool:

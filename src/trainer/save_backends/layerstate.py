@@ -166,14 +166,27 @@ def restore_rnn_state_arrays(model: keras.Model, arrays: list[np.ndarray], where
         start += count
 
 
-def copy_own_state(source: keras.Model, target: keras.Model) -> None:
+def own_state_pairs(
+    source: keras.Model, target: keras.Model
+) -> list[tuple[keras.layers.Layer, keras.layers.Layer]]:
+    """The (layer of ``source``, its counterpart in ``target``) pairs whose state a copy
+    of the variables does not carry (``keeps_own_state``), for ``copy_own_state``: the
+    same for as long as the two models' layers are (an async save copies every epoch)."""
+    pairs = zip(stateful_layers(source), stateful_layers(target), strict=True)
+    return [(mine, theirs) for mine, theirs in pairs if keeps_own_state(mine)]
+
+
+def copy_own_state(
+    source: keras.Model,
+    target: keras.Model,
+    pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] | None = None,
+) -> None:
     """Give each layer of ``target`` (the same architecture) the state its counterpart in
     ``source`` keeps its own way, through the protocol, as a save and load would. Plain
-    layers are skipped: their variables are copied directly by the caller."""
-    pairs = zip(stateful_layers(source), stateful_layers(target), strict=True)
-    for mine, theirs in pairs:
-        if keeps_own_state(mine):
-            restore_one(theirs, collect_one(mine))  # the same path as a save and a load
+    layers are skipped: their variables are copied directly by the caller. ``pairs``:
+    ``own_state_pairs(source, target)`` if the caller kept it."""
+    for mine, theirs in own_state_pairs(source, target) if pairs is None else pairs:
+        restore_one(theirs, collect_one(mine))  # the same path as a save and a load
 
 
 def write_assets(model: keras.Model, directory: Path) -> None:
