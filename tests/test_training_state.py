@@ -44,3 +44,30 @@ def test_a_state_from_before_the_typed_fields_still_loads():
 def test_wrong_types_are_refused(field, value):
     with pytest.raises(ValueError, match=field):
         TrainingState.from_dict({field: value})
+
+
+def test_to_dict_is_a_copy_equal_to_dataclasses_asdict():
+    """``to_dict`` copies lists of plain values at once (NumPy's RNG record): the same
+    dict as ``dataclasses.asdict``, sharing nothing mutable with the state."""
+    import dataclasses
+
+    import numpy as np
+
+    np.random.seed(3)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = TrainingState(
+        epoch=2,
+        metrics={"loss": 0.5},
+        history=[{"epoch": 1, "loss": 0.7}],
+        numpy_rng=[kind, keys.tolist(), pos, has_gauss, cached],
+        callbacks={"early_stopping": {"wait": 1, "best": 0.4}},
+        extra={"mine": [1, {"nested": (1, 2)}, None]},
+    )
+    copied = state.to_dict()
+    assert copied == dataclasses.asdict(state)
+    copied["numpy_rng"][1][0] += 1
+    copied["extra"]["mine"][1]["nested"] = ()
+    copied["callbacks"]["early_stopping"]["wait"] = 9
+    assert state.numpy_rng[1][0] == keys[0]
+    assert state.extra["mine"][1]["nested"] == (1, 2)
+    assert state.callbacks["early_stopping"]["wait"] == 1
