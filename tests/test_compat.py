@@ -351,6 +351,30 @@ def test_write_fingerprint_writes_what_the_save_wrote(tmp_path):
     assert rewritten.checkpoint_hash == saved.checkpoint_hash
 
 
+def test_fingerprint_for_new_variables_is_the_one_tensorflow_computes(tmp_path):
+    """After the variables change under the same saved_model.pb, the derived fingerprint
+    equals TensorFlow's own, field by field, but for the random uuid."""
+    from tensorflow.core.protobuf import fingerprint_pb2
+
+    module = tf.Module()
+    module.variable = tf.Variable(np.arange(40, dtype="float32"))
+    tf.saved_model.save(module, str(tmp_path))
+    previous = (tmp_path / "fingerprint.pb").read_bytes()
+    module.variable.assign(module.variable * 3.0 + 1.0)
+    tf.train.Checkpoint(module).write(str(tmp_path / "variables" / "variables"))
+    derived = fingerprint_pb2.FingerprintDef.FromString(
+        tf_compat.fingerprint_for_new_variables(str(tmp_path), previous)
+    )
+    tf_compat.write_fingerprint(str(tmp_path))
+    computed = fingerprint_pb2.FingerprintDef.FromString((tmp_path / "fingerprint.pb").read_bytes())
+    old = fingerprint_pb2.FingerprintDef.FromString(previous)
+    assert computed.checkpoint_hash != old.checkpoint_hash  # the variables did change
+    assert derived.uuid and derived.uuid != old.uuid
+    for fingerprint in (derived, computed):
+        fingerprint.ClearField("uuid")
+    assert derived == computed
+
+
 def test_input_signature_of_a_built_model():
     model = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
     (structure,) = keras_compat.get_input_signature(model)

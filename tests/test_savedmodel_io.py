@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests import savedmodel_zoo as zoo
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError, NotACheckpointError
 from trainer.save_backends import detect_backend, get_backend
 from trainer.save_backends.savedmodel import trace_cache
@@ -97,6 +98,19 @@ def test_repeat_save_reuses_the_trace_and_stays_complete(tmp_path):
     assert json.loads(metadata_path(first).read_text())["full_save"] is True
     assert meta["full_save"] is False
     assert (first / "saved_model.pb").read_bytes() == (second / "saved_model.pb").read_bytes()
+    # its fingerprint is the one TensorFlow computes for it (derived from the first's)
+    fingerprint = tf.saved_model.experimental.read_fingerprint(str(second))
+    copy = tmp_path / "refingerprinted"
+    shutil.copytree(second, copy)
+    (copy / "fingerprint.pb").unlink()
+    tf_compat.write_fingerprint(str(copy))
+    recomputed = tf.saved_model.experimental.read_fingerprint(str(copy))
+    assert fingerprint.checkpoint_hash == recomputed.checkpoint_hash
+    assert fingerprint.saved_model_checksum == recomputed.saved_model_checksum
+    assert (
+        fingerprint.checkpoint_hash
+        != tf.saved_model.experimental.read_fingerprint(str(first)).checkpoint_hash
+    )
     # the checkpoint written by tf.train.Checkpoint(root) restores under the SavedModel
     loaded = tf.saved_model.load(str(second))
     expected = [v.numpy() for v in trace_cache.cached(model).traced.root.model_variables]

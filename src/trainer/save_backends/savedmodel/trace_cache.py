@@ -104,7 +104,12 @@ def _fast_write(entry: Entry, directory: Path) -> None:
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
-        tf_compat.write_fingerprint(str(directory))
+        previous = entry.files.get("fingerprint.pb")
+        if previous is None:
+            tf_compat.write_fingerprint(str(directory))
+        else:  # the same saved_model.pb: only the checkpoint's hash is new
+            fingerprint = tf_compat.fingerprint_for_new_variables(str(directory), previous)
+            (directory / "fingerprint.pb").write_bytes(fingerprint)
     except (OSError, ValueError, TypeError, tf.errors.OpError) as err:  # pragma: no cover
         log.info("SavedModel fingerprint not written: %s", err)  # optional for loaders
 
