@@ -156,3 +156,27 @@ def test_unmanaged_directories_get_no_lease(tmp_path):
     with read_lease(loose) as held:
         assert not held
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", loose.name])
+
+
+def test_a_new_manager_removes_the_leases_of_dead_readers_only(tmp_path, other_process):
+    """The newest checkpoint is never pruned, so retention never looked at its leases: a
+    reader killed while reading it (a resume killed at start-up) left its lease for good."""
+    model, x, y = small_model()
+    directory = tmp_path / "ckpt"
+    policy = CheckpointPolicy(async_save=False)
+    manager = CheckpointManager(directory, backend="weights", policy=policy)
+    model.fit(x, y, verbose=0)
+    checkpoint = manager.save(model)
+    dead, live = other_process(), other_process()
+    host = os.uname().nodename
+    leases = {}
+    for name, reader in (("dead", dead), ("live", live)):
+        leases[name] = directory / f"{LEASE_PREFIX}{checkpoint.name}.{reader.pid}-0123abcd"
+        leases[name].write_text(host)
+    elsewhere = directory / f"{LEASE_PREFIX}{checkpoint.name}.{dead.pid}-4567cdef"
+    elsewhere.write_text("another-host")  # its PID means nothing here: kept
+    dead.kill()
+    dead.wait()
+    CheckpointManager(directory, backend="weights", policy=policy)
+    assert not leases["dead"].exists()
+    assert leases["live"].exists() and elsewhere.exists()

@@ -29,7 +29,7 @@ from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
 from trainer.checkpointing.snapshot import all_variables, copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
-from trainer.locks import LATEST, remove_unless_read
+from trainer.locks import LATEST, remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
     detect_backend,
@@ -84,6 +84,8 @@ class CheckpointManager:
         self._done_lock = threading.Lock()
         for stale in clean_stale_temporaries(self.directory):
             log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
+        for lease in remove_dead_leases(self.directory):
+            log.info("Removed the read lease of a reader that died: %s", lease.name)
 
     # ------------------------------------------------------------------ queries
     def all(self) -> list[Path]:
