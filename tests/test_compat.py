@@ -375,6 +375,34 @@ def test_fingerprint_for_new_variables_is_the_one_tensorflow_computes(tmp_path):
     assert derived == computed
 
 
+def test_exported_variable_handles_name_each_variables_own_node(tmp_path):
+    """Variables named alike get handle nodes made unique in an order that is not the
+    object graph's (``alpha`` was the second ``alpha`` here): the map says which is which."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    module = tf.Module()
+    module.a = tf.Variable([1.0, 2.0], name="alpha")
+    module.b = [tf.Variable(3, name="beta"), tf.Variable([[1.0]], name="alpha")]
+    variables = [module.a, *module.b]
+    options = tf.saved_model.SaveOptions(experimental_skip_saver=True)
+    with tf_compat.exported_variable_handles() as handles:
+        tf.saved_model.save(module, str(tmp_path), options=options)
+    graph = saved_model_pb2.SavedModel.FromString((tmp_path / "saved_model.pb").read_bytes())
+    nodes = {n.name: n for n in graph.meta_graphs[0].graph_def.node}
+    names = [handles[id(v)] for v in variables]
+    assert len(set(names)) == 3
+    for variable, name in zip(variables, names, strict=True):
+        node = nodes[name]
+        assert node.op == "VarHandleOp"
+        assert [d.size for d in node.attr["shape"].shape.dim] == variable.shape.as_list()
+        assert node.attr["dtype"].type == variable.dtype.as_datatype_enum
+    with tf_compat.exported_variable_handles() as outside_thread:
+        thread = threading.Thread(target=tf.saved_model.save, args=(module, str(tmp_path / "t")))
+        thread.start()
+        thread.join()
+    assert outside_thread == {}  # another thread's save is not recorded here
+
+
 def test_input_signature_of_a_built_model():
     model = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
     (structure,) = keras_compat.get_input_signature(model)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -29,6 +30,71 @@ def saving_context(options: tf.saved_model.SaveOptions) -> contextlib.AbstractCo
     from tensorflow.python.saved_model import save_context
 
     return save_context.save_context(options)
+
+
+_exported = threading.local()
+_export_hook_lock = threading.Lock()
+_export_hook_installed = False
+
+
+@contextlib.contextmanager
+def exported_variable_handles() -> Iterator[dict[int, str]]:
+    """Within the block, a ``tf.saved_model.save`` in this thread records, for each plain
+    ``tf.Variable`` it writes, the name of the ``VarHandleOp`` node standing for it in the
+    SavedModel's graph; yields ``{id(variable): node name}``, filled when the save returns.
+
+    A SaverDef (what TF Serving and the C++ and TF1 loaders run to restore the variables)
+    is written by trainer itself (``savedmodel.saver_def``), and its restore op must assign
+    each value to the right handle node. The graph names those nodes after the variables,
+    made unique in an order that is not the object graph's, so names cannot be matched
+    back; the save's own map from each variable to its copy in the exported graph says it.
+    Uses ``tensorflow.python.saved_model.save._SaveableView.map_resources``, wrapped once
+    per process; outside a block, and in other threads, it is unchanged. Checked:
+    TensorFlow 2.21.0 (``tests/test_compat.py``).
+    """
+    _install_export_hook()
+    found: dict[int, str] = {}
+    outer = getattr(_exported, "handles", None)
+    _exported.handles = found
+    try:
+        yield found
+    finally:
+        _exported.handles = outer
+
+
+def _install_export_hook() -> None:
+    global _export_hook_installed
+    from tensorflow.python.saved_model import save
+
+    with _export_hook_lock:
+        if _export_hook_installed:
+            return
+        original = save._SaveableView.map_resources
+
+        def map_resources(view: Any) -> Any:
+            mapped = original(view)
+            found = getattr(_exported, "handles", None)
+            if found is not None:
+                for source, copy in mapped[0].items():
+                    if isinstance(source, tf.Variable) and hasattr(copy, "handle"):
+                        found[id(source)] = copy.handle.op.name
+            return mapped
+
+        save._SaveableView.map_resources = map_resources
+        _export_hook_installed = True
+
+
+def op_defs(names: list[str]) -> list[Any]:
+    """The registered ``OpDef`` of each op in ``names``: what a MetaGraphDef lists in its
+    ``stripped_op_list`` for the ops its graph uses (nodes trainer adds to a SavedModel's
+    graph must be listed there as TensorFlow's own are).
+
+    Uses ``tensorflow.python.framework.op_def_registry.get``; no public API returns an
+    op's definition. Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    return [op_def_registry.get(name) for name in names]
 
 
 def map_structure_with_tuple_paths(func: Callable[[tuple, Any], Any], structure: Any) -> Any:

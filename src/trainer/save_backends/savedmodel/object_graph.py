@@ -28,7 +28,13 @@ from trainer.save_backends.savedmodel import (
 )
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
 
-SAVE_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+# No SaverDef from TensorFlow: trainer writes its own (``saver_def``), TensorFlow's traced
+# save and restore functions over every variable were a quarter of a first save.
+SAVE_OPTIONS = tf.saved_model.SaveOptions(
+    experimental_custom_gradients=False, experimental_skip_saver=True
+)
+# Where trainer's cannot be written (checkpoint entries that are not plain variables).
+TF_SAVER_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
 
 @dataclasses.dataclass

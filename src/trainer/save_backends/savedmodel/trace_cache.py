@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.save_backends.savedmodel import object_graph, variables_writer
+from trainer.save_backends.savedmodel import object_graph, saver_def, variables_writer
 
 log = logging.getLogger(__name__)
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -58,12 +58,7 @@ def write_saved_model(
         write_vocabularies(model, directory)
         return entry.traced, False
     traced = object_graph.trace_model(model)
-    tf.saved_model.save(
-        traced.root,
-        str(directory),
-        signatures={"serving_default": traced.serving},
-        options=object_graph.SAVE_OPTIONS,
-    )
+    writer = _save_with_our_saver(traced, directory)
     write_vocabularies(model, directory)
     files = {}
     for path in directory.rglob("*"):
@@ -71,9 +66,33 @@ def write_saved_model(
         if path.is_file() and not relative.startswith("variables/"):
             files[relative] = path.read_bytes()
     _annotate_node_ids(traced, files["saved_model.pb"])
-    writer = variables_writer.from_first_save(traced.root, str(directory / "variables/variables"))
     _CACHE[model] = Entry(traced=traced, files=files, writer=writer)
     return traced, True
+
+
+def _save_with_our_saver(
+    traced: object_graph.TracedModel, directory: Path
+) -> variables_writer.VariablesWriter | None:
+    """``tf.saved_model.save`` without TensorFlow's SaverDef, then ours (``saver_def``);
+    where ours cannot be written (a checkpoint entry that is not a plain variable), the
+    save again with TensorFlow's. Returns the one-op variables writer, if there is one."""
+    signatures = {"serving_default": traced.serving}
+    with tf_compat.exported_variable_handles() as handles:
+        tf.saved_model.save(
+            traced.root, str(directory), signatures=signatures, options=object_graph.SAVE_OPTIONS
+        )
+    prefix = str(directory / "variables/variables")
+    writer = variables_writer.from_first_save(traced.root, prefix)
+    if writer is not None and saver_def.add_saver(
+        directory, writer.keys, writer.variables, writer.object_graph, handles
+    ):
+        tf_compat.write_fingerprint(str(directory))  # it hashes saved_model.pb
+        return writer
+    log.info("SaverDef left to TensorFlow: the checkpoint is not plain variables only")
+    tf.saved_model.save(
+        traced.root, str(directory), signatures=signatures, options=object_graph.TF_SAVER_OPTIONS
+    )
+    return variables_writer.from_first_save(traced.root, prefix)
 
 
 VOCAB_DIR = "assets/keras"

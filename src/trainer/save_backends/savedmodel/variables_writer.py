@@ -40,7 +40,8 @@ class VariablesWriter:
 
     def __init__(self, keys: list[str], variables: list[tf.Variable], graph: bytes):
         self.keys = keys
-        self._variables = variables
+        self.variables = variables
+        self.object_graph = graph  # serialized TrackableObjectGraph
         self._names = tf.constant([tf_compat.OBJECT_GRAPH_KEY, *keys])
         self._slices = tf.constant([""] * (len(keys) + 1))
         self._graph = tf.constant(graph)
@@ -48,7 +49,7 @@ class VariablesWriter:
     def write(self, prefix: str) -> None:
         # The reads run where each variable lives; the bundle is written from the host.
         values = [
-            tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for v in self._variables
+            tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for v in self.variables
         ]
         with tf.device("/cpu:0"):
             tf.raw_ops.SaveV2(
