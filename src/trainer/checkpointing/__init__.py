@@ -10,19 +10,15 @@
 * ``snapshot.py``: the shadow model an async write works from; ``rehearsal.py``: the
   start-of-training rehearsal write that pays a backend's first-save work outside the
   checkpoint directory; ``callback_state.py``: the state of Keras callbacks, saved with
-  each checkpoint.
+  each checkpoint; ``listing.py``: a directory's complete checkpoints, the newest, the
+  ``latest`` link; ``restoring.py``: a loaded checkpoint into an existing model.
 """
 
 from trainer.checkpointing.callback import Checkpoint
-from trainer.checkpointing.manager import (
-    LATEST,
-    CheckpointManager,
-    find_latest,
-    numpy_rng_record,
-    point_latest,
-    restore_into,
-)
+from trainer.checkpointing.listing import find_latest, point_latest
+from trainer.checkpointing.manager import CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, name_fields, retained
+from trainer.checkpointing.restoring import numpy_rng_record, restore_into
 from trainer.checkpointing.snapshot import (
     AsyncWriter,
     all_variables,
@@ -30,6 +26,7 @@ from trainer.checkpointing.snapshot import (
     refresh_snapshot,
 )
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
+from trainer.locks import LATEST
 
 __all__ = [
     "LATEST",

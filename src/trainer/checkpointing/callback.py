@@ -29,8 +29,9 @@ import keras
 
 from trainer._compat.keras import set_initial_epoch
 from trainer.checkpointing.callback_state import load_state, state_of
-from trainer.checkpointing.manager import CheckpointManager, numpy_rng_record, set_numpy_rng
+from trainer.checkpointing.manager import CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy
+from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
 from trainer.checkpointing.snapshot import all_variables
 from trainer.errors import ConfigError, TrainerError
 from trainer.state import TrainingState

@@ -22,20 +22,19 @@ from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
 
-from trainer.atomic import clean_stale_temporaries, temporary_sibling
+from trainer.atomic import clean_stale_temporaries
+from trainer.checkpointing.listing import complete, point_latest
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
-from trainer.checkpointing.snapshot import all_variables, copy_state
+from trainer.checkpointing.restoring import restore_into
+from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
-from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError, TrainerError
-from trainer.locks import LATEST, remove_dead_leases, remove_unless_read
+from trainer.errors import NotACheckpointError, SaveError
+from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
-    detect_backend,
     get_backend,
     load_checkpoint,
-    modelstate,
 )
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState
@@ -90,11 +89,11 @@ class CheckpointManager:
     # ------------------------------------------------------------------ queries
     def all(self) -> list[Path]:
         """Every complete checkpoint in the directory, oldest (lowest step) first."""
-        return [path for _, path in _complete(self.directory, self._configured())]
+        return [path for _, path in complete(self.directory, self._configured())]
 
     def latest(self) -> Path | None:
         """The complete checkpoint with the highest step, or None."""
-        found = _complete(self.directory, self._configured())
+        found = complete(self.directory, self._configured())
         return found[-1][1] if found else None
 
     def _configured(self) -> type[SaveBackend]:
@@ -321,87 +320,3 @@ class _Blocking:
     def seconds(self) -> float:
         self._set.wait()
         return self._seconds
-
-
-def _complete(
-    directory: Path, configured: type[SaveBackend] | None = None
-) -> list[tuple[tuple[int, int, str], Path]]:
-    """Complete checkpoints with their sort key (step recorded inside, mtime, name);
-    ``configured``: also in this (maybe unregistered) backend's format.
-
-    Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
-    (not by file times or the ``latest`` link) stays right after a crash between the
-    rename and the link update, and after the run directory was copied.
-    """
-    found = []
-    if directory.is_dir():
-        for child in directory.iterdir():
-            if child.name == LATEST or child.name.startswith("."):  # temporaries, leases
-                continue
-            try:
-                cls = detect_backend(child, configured=configured)
-                state = cls.read_metadata(child).get("state") or {}
-                step = int(state.get("global_step", -1))
-            except (TrainerError, OSError, ValueError, KeyError, TypeError):
-                continue
-            found.append(((step, child.stat().st_mtime_ns, child.name), child))
-    return sorted(found, key=lambda item: item[0])
-
-
-def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
-    """The complete checkpoint in ``directory`` with the highest global step (raises);
-    ``configured``: see ``_complete``."""
-    found = _complete(Path(directory), configured)
-    if not found:
-        raise NotACheckpointError(
-            f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
-            f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
-            f"Received directory {str(directory)!r}"
-        )
-    return found[-1][1]
-
-
-def point_latest(directory: Path, checkpoint: Path) -> None:
-    """Atomically repoint ``directory/latest`` (a relative symlink) at ``checkpoint``."""
-    link = directory / LATEST
-    tmp = temporary_sibling(link)
-    os.symlink(checkpoint.name, tmp)
-    os.replace(tmp, link)
-
-
-def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
-    """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
-    seed states, optimizer slots and counters) and NumPy's global RNG; return its state."""
-    modelstate.build_optimizer(model)
-    source, target = all_variables(checkpoint.model), all_variables(model)
-    shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
-    if shapes[0] != shapes[1]:
-        first = next(
-            (i for i, (a, b) in enumerate(zip(*shapes, strict=False)) if a != b),
-            min(len(shapes[0]), len(shapes[1])),
-        )
-        detail = (
-            f"variable #{first} ({target[first].path if first < len(target) else 'none'}) "
-            f"has shape {shapes[1][first] if first < len(target) else None} in the model but "
-            f"{shapes[0][first] if first < len(source) else None} in the checkpoint"
-        )
-        raise ConfigMismatchError(
-            f"Checkpoint {checkpoint.path} does not fit the configured model: {detail} "
-            f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
-            f"was trained with, or start a fresh run."
-        )
-    for src, dst in zip(source, target, strict=True):
-        dst.assign(src)
-    set_numpy_rng(checkpoint.state.numpy_rng)
-    return checkpoint.state
-
-
-def numpy_rng_record() -> list[Any]:
-    """NumPy's global RNG state as JSON values (``set_numpy_rng`` puts it back)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def set_numpy_rng(record: list[Any] | None) -> None:
-    if record:
-        np.random.set_state((record[0], np.asarray(record[1], dtype=np.uint32), *record[2:]))

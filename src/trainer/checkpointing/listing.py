@@ -1,0 +1,59 @@
+"""What a checkpoint directory holds: its complete checkpoints in step order, the newest,
+and the ``latest`` link. Read by the manager, by resume, and by readers that own no manager."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainer.atomic import temporary_sibling
+from trainer.errors import NotACheckpointError, TrainerError
+from trainer.locks import LATEST
+from trainer.save_backends import detect_backend
+from trainer.save_backends.base import SaveBackend
+
+
+def complete(
+    directory: Path, configured: type[SaveBackend] | None = None
+) -> list[tuple[tuple[int, int, str], Path]]:
+    """Complete checkpoints with their sort key (step recorded inside, mtime, name);
+    ``configured``: also in this (maybe unregistered) backend's format.
+
+    Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
+    (not by file times or the ``latest`` link) stays right after a crash between the
+    rename and the link update, and after the run directory was copied.
+    """
+    found = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name == LATEST or child.name.startswith("."):  # temporaries, leases
+                continue
+            try:
+                cls = detect_backend(child, configured=configured)
+                state = cls.read_metadata(child).get("state") or {}
+                step = int(state.get("global_step", -1))
+            except (TrainerError, OSError, ValueError, KeyError, TypeError):
+                continue
+            found.append(((step, child.stat().st_mtime_ns, child.name), child))
+    return sorted(found, key=lambda item: item[0])
+
+
+def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
+    """The complete checkpoint in ``directory`` with the highest global step (raises);
+    ``configured``: see ``complete``."""
+    found = complete(Path(directory), configured)
+    if not found:
+        raise NotACheckpointError(
+            f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
+            f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
+            f"Received directory {str(directory)!r}"
+        )
+    return found[-1][1]
+
+
+def point_latest(directory: Path, checkpoint: Path) -> None:
+    """Atomically repoint ``directory/latest`` (a relative symlink) at ``checkpoint``."""
+    link = directory / LATEST
+    tmp = temporary_sibling(link)
+    os.symlink(checkpoint.name, tmp)
+    os.replace(tmp, link)
