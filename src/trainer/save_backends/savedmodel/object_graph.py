@@ -8,7 +8,6 @@ without tracing anything.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from typing import Any
 
 import keras
@@ -24,6 +23,7 @@ from trainer.save_backends.savedmodel import (
     input_signature,
     records,
     state_variables,
+    structure,
     tracing,
 )
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
@@ -59,26 +59,6 @@ def optimizer_variables(model: keras.Model) -> list[Any]:
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
     return list(optimizer.variables)
-
-
-def structure_fingerprint(model: keras.Model) -> str:
-    """Changes whenever a save could no longer reuse the traced graph: layers added or
-    rebuilt, variables replaced, trainable flags or the optimizer changed."""
-    parts = []
-    for layer in tracing.all_layers(model):
-        parts.append(f"L{id(layer)}:{type(layer).__name__}:{layer.name}:{layer.trainable}")
-        parts.append(layer.dtype_policy.name)
-        for v in layer.variables:
-            storage = tracing.variable_storage(v)
-            parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
-        parts.extend(f"m{id(v)}" for v in state_variables.state_variables(layer))
-    optimizer = getattr(model, "optimizer", None)
-    if not modelstate.saving_optimizer():  # a serving export's graph has no optimizer
-        optimizer = None
-    parts.append(f"O{id(optimizer)}:{getattr(optimizer, 'built', None)}")
-    if optimizer is not None and optimizer.built:
-        parts.extend(f"o{id(v)}:{id(tracing.variable_storage(v))}" for v in optimizer.variables)
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def _spec_summary(spec: tuple[Any, Any]) -> str:
@@ -144,7 +124,7 @@ def trace_model(model: keras.Model) -> TracedModel:
             for i, v in enumerate(opt_vars)
         ],
         signature=_signature(specs, serving, args, composite),
-        fingerprint=structure_fingerprint(model),
+        fingerprint=structure.fingerprint(model),
     )
 
 

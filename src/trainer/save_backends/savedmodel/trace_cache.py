@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.save_backends.savedmodel import object_graph, saver_def, variables_writer
+from trainer.save_backends.savedmodel import object_graph, saver_def, structure, variables_writer
 
 log = logging.getLogger(__name__)
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -53,7 +53,7 @@ def write_saved_model(
     """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save)."""
     directory = Path(directory)
     entry = _CACHE.get(model) if reuse else None
-    if entry is not None and entry.traced.fingerprint == object_graph.structure_fingerprint(model):
+    if entry is not None and entry.traced.fingerprint == structure.fingerprint(model):
         _fast_write(entry, directory)
         write_vocabularies(model, directory)
         return entry.traced, False
