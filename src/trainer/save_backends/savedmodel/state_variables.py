@@ -25,28 +25,33 @@ def state_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
     ``tf.saved_model.save`` refuses a function capturing a variable that the object graph
     does not reach. Keras' own bookkeeping attributes (a model's compiled metrics and loss
     tracker, never touched by ``call``) are left out."""
-    weights = {id(variable_storage(v)) for v in layer.variables}
-    found: dict[int, tf.Variable] = {}
-
-    def add(variable: Any) -> None:
-        storage = variable_storage(variable)
-        if storage is not None and id(storage) not in weights:
-            found.setdefault(id(storage), storage)
-
+    candidates: list[Any] = []
     for name, value in list(vars(layer).items()):
-        if name not in keras_compat.LAYER_STATE_ATTRIBUTES:
-            for item in _flat_attribute(value):
-                if isinstance(item, keras.metrics.Metric):
-                    for variable in item.variables:
-                        add(variable)
-                elif isinstance(item, keras.Variable | tf.Variable):
-                    add(item)
+        # Plain values are most of a layer's attributes; every save walks them all (the
+        # structure fingerprint), so they are passed over before any further check.
+        if type(value) in _PLAIN or name in keras_compat.LAYER_STATE_ATTRIBUTES:
+            continue
+        for item in _flat_attribute(value) if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, keras.metrics.Metric):
+                candidates.extend(item.variables)
+            elif isinstance(item, keras.Variable | tf.Variable):
+                candidates.append(item)
     for attribute in ("_trainer_call_infer", "_trainer_call_train"):
         function = getattr(layer, attribute, None)
         for concrete in tf_compat.concrete_functions(function) if function is not None else []:
-            for variable in concrete.variables:
-                add(variable)
+            candidates.extend(concrete.variables)
+    if not candidates:
+        return []
+    weights = {id(variable_storage(v)) for v in layer.variables}
+    found: dict[int, tf.Variable] = {}
+    for variable in candidates:
+        storage = variable_storage(variable)
+        if storage is not None and id(storage) not in weights:
+            found.setdefault(id(storage), storage)
     return list(found.values())
+
+
+_PLAIN = (str, int, float, bool, type(None), dict)  # never holds a variable (as before)
 
 
 def _flat_attribute(value: Any, depth: int = 0) -> list[Any]:
