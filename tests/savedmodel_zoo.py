@@ -278,3 +278,20 @@ def classes_hidden(names: list[str], package: str = PKG) -> Iterator[None]:
             objects[key] = cls
             if registered is not None:
                 names_map[cls] = registered
+
+
+def assert_trains_alike(known, revived, x, y, *, epochs: int = 1, atol: float = 1e-5) -> None:
+    """Fit both models the same way: every variable moves alike, and both compute the same
+    outputs afterwards with ``training`` False and True (a revived layer must train and
+    infer as its class does)."""
+    for each in (known, revived):
+        each.fit(x, y, epochs=epochs, batch_size=8, verbose=0, shuffle=False)
+    for a, b in zip(known.variables, revived.variables, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=atol, err_msg=a.path)
+    for training in (False, True):
+        np.testing.assert_allclose(
+            revived(x, training=training).numpy(),
+            known(x, training=training).numpy(),
+            atol=atol,
+            err_msg=f"training={training}",
+        )

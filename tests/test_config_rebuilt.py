@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
-from tests.savedmodel_zoo import classes_hidden
+from tests.savedmodel_zoo import assert_trains_alike, classes_hidden
 from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel import layout
 
@@ -112,10 +112,7 @@ def test_a_custom_parent_revived_from_traces_holds_its_keras_layers_inline(tmp_p
             atol=1e-5,
             err_msg=f"training={training}",
         )
-    for each in (known, revived):
-        each.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    for a, b in zip(known.variables, revived.variables, strict=True):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5, err_msg=a.path)
+    assert_trains_alike(known, revived, x, y)
 
 
 def test_a_keras_layer_whose_build_config_does_not_rebuild_it_keeps_its_traces(tmp_path):
@@ -186,16 +183,8 @@ def test_a_block_whose_keras_layers_ignore_training_gets_one_trace(tmp_path):
     with classes_hidden(["DenseOnly", "Block"], PKG):
         checkpoint = get_backend("savedmodel").load(path)
     assert checkpoint.metadata["revived_from"]["plain"] == "traced"
-    revived = checkpoint.model
     x, y = _data()
-    for each in (known, revived):
-        each.fit(x, y, epochs=2, batch_size=8, verbose=0, shuffle=False)
-    for a, b in zip(known.variables, revived.variables, strict=True):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5, err_msg=a.path)
-    for training in (False, True):
-        np.testing.assert_allclose(
-            revived(x, training=training).numpy(), known(x, training=training).numpy(), atol=1e-5
-        )
+    assert_trains_alike(known, checkpoint.model, x, y, epochs=2)
 
 
 def test_training_counts_unless_a_keras_call_never_reads_it():

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from keras import layers
 
-from tests.savedmodel_zoo import classes_hidden
+from tests.savedmodel_zoo import assert_trains_alike, classes_hidden
 from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel import layout, trace_cache
 
@@ -103,17 +103,7 @@ def test_graph_root_stores_no_training_trace_and_its_layers_still_train(build, t
     assert checkpoint.metadata["revived_from"]["block"] == "traced"
     x, y = _data()
     # the same fit (training=True through the revived block) moves the same statistics
-    for each in (known, revived):
-        each.fit(x, y, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    for a, b in zip(known.variables, revived.variables, strict=True):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5, err_msg=a.path)
-    for training in (False, True):
-        np.testing.assert_allclose(
-            revived(x, training=training).numpy(),
-            known(x, training=training).numpy(),
-            atol=1e-5,
-            err_msg=f"training={training}",
-        )
+    assert_trains_alike(known, revived, x, y)
     assert not np.allclose(revived(x, training=True).numpy(), revived(x, training=False).numpy())
     served = loaded.signatures["serving_default"]
     (output,) = served(**{served.structured_input_signature[1].popitem()[0]: x}).values()
