@@ -96,3 +96,21 @@ def test_a_checkpoint_with_more_than_variables_gets_tensorflows_own_saverdef(tmp
     assert not _saver(path).restore_op_name.startswith(saver_def.SCOPE)
     x = np.array([[1, 2], [2, 3]], dtype="int64")
     np.testing.assert_allclose(_served_by_tf1(path, x), model.predict(x, verbose=0), atol=1e-6)
+
+
+def test_if_our_saverdef_cannot_be_built_the_save_keeps_tensorflows(tmp_path, monkeypatch):
+    """Should a TensorFlow release move what ``saver_def`` relies on (here: no OpDef for
+    its ops), the save is not lost: it is written again with TensorFlow's own SaverDef."""
+    from trainer._compat import tensorflow as tf_compat
+
+    def moved(names):
+        raise KeyError(f"no OpDef for {names[0]!r}")
+
+    monkeypatch.setattr(tf_compat, "op_defs", moved)
+    keras.utils.set_random_seed(6)
+    model, x, _, _ = zoo.nested_three_deep()
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    assert not _saver(path).restore_op_name.startswith(saver_def.SCOPE)
+    np.testing.assert_allclose(_served_by_tf1(path, x), model.predict(x, verbose=0), atol=1e-6)
+    loaded = get_backend("savedmodel").load(path).model
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))

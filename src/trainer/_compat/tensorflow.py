@@ -63,13 +63,18 @@ def exported_variable_handles() -> Iterator[dict[int, str]]:
 
 
 def _install_export_hook() -> None:
+    """Wrap ``map_resources`` once. Where this TensorFlow has no such method, nothing is
+    wrapped: the map stays empty and the save keeps TensorFlow's own SaverDef."""
     global _export_hook_installed
     from tensorflow.python.saved_model import save
 
     with _export_hook_lock:
         if _export_hook_installed:
             return
-        original = save._SaveableView.map_resources
+        original = getattr(getattr(save, "_SaveableView", None), "map_resources", None)
+        if original is None:
+            _export_hook_installed = True
+            return
 
         def map_resources(view: Any) -> Any:
             mapped = original(view)

@@ -83,9 +83,14 @@ def _save_with_our_saver(
         )
     prefix = str(directory / "variables/variables")
     writer = variables_writer.from_first_save(traced.root, prefix)
-    if writer is not None and saver_def.add_saver(
-        directory, writer.keys, writer.variables, writer.object_graph, handles
-    ):
+    try:
+        ours = writer is not None and saver_def.add_saver(
+            directory, writer.keys, writer.variables, writer.object_graph, handles
+        )
+    except Exception as err:  # TensorFlow's internals moved: its own SaverDef is right
+        log.warning("SaverDef left to TensorFlow: %s: %s", type(err).__name__, err)
+        ours = False
+    if ours:
         tf_compat.write_fingerprint(str(directory))  # it hashes saved_model.pb
         return writer
     log.info("SaverDef left to TensorFlow: the checkpoint is not plain variables only")
