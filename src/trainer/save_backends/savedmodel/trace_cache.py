@@ -77,6 +77,8 @@ def _save_with_our_saver(
     where ours cannot be written (a checkpoint entry that is not a plain variable), the
     save again with TensorFlow's. Returns the one-op variables writer, if there is one."""
     signatures = {"serving_default": traced.serving}
+    if not _plain_variables_only(traced):  # known now: no first save to throw away
+        return _save_with_tensorflows_saver(traced, directory)
     with tf_compat.exported_variable_handles() as handles:
         tf.saved_model.save(
             traced.root, str(directory), signatures=signatures, options=object_graph.SAVE_OPTIONS
@@ -94,10 +96,31 @@ def _save_with_our_saver(
         tf_compat.write_fingerprint(str(directory))  # it hashes saved_model.pb
         return writer
     log.info("SaverDef left to TensorFlow: the checkpoint is not plain variables only")
+    return _save_with_tensorflows_saver(traced, directory)
+
+
+def _save_with_tensorflows_saver(
+    traced: object_graph.TracedModel, directory: Path
+) -> variables_writer.VariablesWriter | None:
     tf.saved_model.save(
-        traced.root, str(directory), signatures=signatures, options=object_graph.TF_SAVER_OPTIONS
+        traced.root,
+        str(directory),
+        signatures={"serving_default": traced.serving},
+        options=object_graph.TF_SAVER_OPTIONS,
     )
-    return variables_writer.from_first_save(traced.root, prefix)
+    return variables_writer.from_first_save(traced.root, str(directory / "variables/variables"))
+
+
+def _plain_variables_only(traced: object_graph.TracedModel) -> bool:
+    """Whether the checkpoint can hold only plain variables, as ``saver_def`` needs: no
+    distributed variable (saved through its strategy's saveables) and no layer resource
+    (a table may have checkpoint entries of its own). A False here saves once with
+    TensorFlow's SaverDef instead of writing a SavedModel twice."""
+    root = traced.root
+    variables = [*root.model_variables, *root.optimizer_variables]
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
+        return False
+    return not any(getattr(node, "resources", None) for node in root.layer_nodes)
 
 
 VOCAB_DIR = "assets/keras"
