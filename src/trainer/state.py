@@ -68,7 +68,13 @@ class TrainingState:
         """The fields as a new dict of copies, as ``dataclasses.asdict`` gives them, but a
         list of plain values is copied at once: asdict copied NumPy's RNG record (624
         ints) one int at a time, most of the state's cost in every save."""
-        return {f.name: _copied(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: _copied(getattr(self, f.name), True) for f in dataclasses.fields(self)}
+
+    def copy(self) -> TrainingState:
+        """A deep copy sharing nothing mutable, lists of plain values copied at once as in
+        ``to_dict`` (an async save copies the state while the training thread waits)."""
+        fields = {f.name: _copied(getattr(self, f.name), False) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **fields)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -112,15 +118,17 @@ class TrainingState:
 _PLAIN = (int, float, str, bool, type(None))
 
 
-def _copied(value: Any) -> Any:
-    """A copy of ``value`` like ``dataclasses.asdict`` makes of a field's value."""
+def _copied(value: Any, as_dicts: bool) -> Any:
+    """A deep copy of a field's value, a list or tuple of plain values copied at once;
+    a dataclass in it becomes a dict if ``as_dicts`` (as ``dataclasses.asdict`` makes it),
+    else a deep copy of it."""
     if isinstance(value, dict):
-        return {key: _copied(item) for key, item in value.items()}
+        return {key: _copied(item, as_dicts) for key, item in value.items()}
     if type(value) in (list, tuple):
         if all(type(item) in _PLAIN for item in value):
             return type(value)(value)
-        return type(value)(_copied(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value)(_copied(item, as_dicts) for item in value)
+    if as_dicts and dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     return value if type(value) in _PLAIN else copy.deepcopy(value)
 

@@ -15,11 +15,9 @@ save waited for it.)
 from __future__ import annotations
 
 import _thread
-import copy
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import keras
 import numpy as np
@@ -42,14 +40,9 @@ def all_variables(model: keras.Model) -> list:
 
 def copy_state(state: TrainingState) -> TrainingState:
     """A deep copy of ``state`` for a background write, made while the training thread
-    waits. NumPy's RNG record holds a list of 624 ints, which ``copy.deepcopy`` copies one by
-    one (most of a 0.4 ms copy): a list of ints only is copied shallowly (ints are
-    immutable), everything else deeply."""
-    memo: dict[int, Any] = {}
-    for item in state.numpy_rng or ():
-        if isinstance(item, list) and all(type(x) is int for x in item):
-            memo[id(item)] = list(item)
-    return copy.deepcopy(state, memo)
+    waits: ``TrainingState.copy`` copies NumPy's RNG record (624 ints) at once, where
+    ``copy.deepcopy`` copied it int by int (most of a 0.4 ms copy)."""
+    return state.copy()
 
 
 def refresh_snapshot(
