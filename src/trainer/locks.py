@@ -147,7 +147,6 @@ def is_read(checkpoint: Path) -> bool:
     """Whether a live reader holds a lease on ``checkpoint``; removes leases of readers that
     died on this host. A lease from another host counts as live (its PID cannot be checked)."""
     prefix = f"{LEASE_PREFIX}{checkpoint.name}."
-    host = socket.gethostname()
     try:
         names = [n for n in os.listdir(checkpoint.parent) if n.startswith(prefix)]
     except OSError:
@@ -156,16 +155,8 @@ def is_read(checkpoint: Path) -> bool:
         match = _LEASE_SUFFIX.search(name)
         if match is None or match.start() != len(prefix) - 1:
             continue  # a lease of a longer checkpoint name that starts with this one
-        lease = checkpoint.parent / name
-        try:
-            lease_host = lease.read_text()
-        except OSError:
-            continue  # released meanwhile
-        if lease_host == host and not process_alive(int(match.group(1))):
-            with contextlib.suppress(OSError):
-                lease.unlink()
-            continue
-        return True
+        if _check_lease(checkpoint.parent / name, int(match.group(1))):
+            return True
     return False
 
 
@@ -175,21 +166,29 @@ def remove_dead_leases(directory: Path) -> list[Path]:
     checkpoint gone, but the newest checkpoint, read by every resume, is never pruned: its
     dead leases stayed behind for good (a crash test found one)."""
     removed = []
-    host = socket.gethostname()
     with contextlib.suppress(OSError):
         for lease in directory.iterdir():
             match = _LEASE_SUFFIX.search(lease.name)
             if not lease.name.startswith(LEASE_PREFIX) or match is None:
                 continue
-            try:
-                dead = lease.read_text() == host and not process_alive(int(match.group(1)))
-            except OSError:
-                continue  # released meanwhile
-            if dead:
-                with contextlib.suppress(FileNotFoundError):
-                    lease.unlink()
+            if _check_lease(lease, int(match.group(1))) is False:
                 removed.append(lease)
     return removed
+
+
+def _check_lease(lease: Path, pid: int) -> bool | None:
+    """True if a live reader holds ``lease`` (a reader on another host counts as live: its
+    PID cannot be checked); False if its reader died on this host, the lease now removed;
+    None if it was released meanwhile."""
+    try:
+        lease_host = lease.read_text()
+    except OSError:
+        return None
+    if lease_host == socket.gethostname() and not process_alive(pid):
+        with contextlib.suppress(OSError):
+            lease.unlink()
+        return False
+    return True
 
 
 def remove_unless_read(checkpoint: Path) -> bool:
