@@ -179,12 +179,15 @@ class AsyncBackend(WrappingBackend):
     def _refresh(self, model: keras.Model, current: tuple[int, ...]) -> keras.Model:
         if self._shadow is None or self._source is not model or not self._fits(model, current):
             self._shadow, self._source = clone_for_snapshot(model), model
-            self._copier, self._copied = None, ()
+            self._forget_copier()
         if current != self._copied:
-            self._copier, self._copied = None, ()  # variables created since: copy eagerly
-        own_state = self._own_state if self._copied else None
-        refresh_snapshot(model, self._shadow, self._copier, own_state)
+            self._forget_copier()  # variables created since: copy eagerly
+        refresh_snapshot(model, self._shadow, self._copier, self._own_state)
         return self._shadow
+
+    def _forget_copier(self) -> None:
+        """The traced copy and what was found with it no longer fit the models."""
+        self._copier, self._own_state, self._copied = None, None, ()
 
     def _fits(self, model: keras.Model, current: tuple[int, ...]) -> bool:
         """The shadow still has a twin of every variable of ``model`` (shapes checked only
