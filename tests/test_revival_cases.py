@@ -214,3 +214,63 @@ def test_graph_holding_a_layer_without_config_revives(tmp_path, kind):
     again = _save_load(loaded, tmp_path / "again").model
     np.testing.assert_allclose(again.predict(x, verbose=0), expected, atol=1e-5)
     _assert_trains(loaded)
+
+
+@register
+class ScaleWithConfig(layers.Layer):
+    """A custom layer with its own ``get_config`` (so Keras' auto config is not used)."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.w
+
+    def get_config(self):
+        return {**super().get_config(), "tag": "scale"}
+
+    @classmethod
+    def from_config(cls, config):
+        config.pop("tag")
+        return cls(**config)
+
+
+@register
+class HoldsScale(layers.Layer):
+    """Its config holds its child's, serialized when the save records it."""
+
+    def __init__(self, inner=None, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = inner or ScaleWithConfig(activity_regularizer="l2")
+
+    def call(self, x):
+        return self.inner(x)
+
+    def get_config(self):
+        return {**super().get_config(), "inner": keras.saving.serialize_keras_object(self.inner)}
+
+    @classmethod
+    def from_config(cls, config):
+        config["inner"] = keras.saving.deserialize_keras_object(config["inner"])
+        return cls(**config)
+
+
+def test_a_traced_childs_activity_regularizer_survives_in_its_parents_config(tmp_path):
+    """While the save traces, a traced child's activity regularizer is muted (its traced
+    function returns that loss itself). A parent's config recorded then held the child
+    without it, and the model rebuilt from config lost the loss silently."""
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, HoldsScale(name="holder")(inputs))
+    x = np.ones((2, 4), "float32")
+    model(x)
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    loaded = load_checkpoint(path)
+    assert loaded.metadata["revived_from"]["holder"] == "config"
+    revived = loaded.model
+    assert revived.get_layer("holder").inner.activity_regularizer is not None
+    model(x)
+    revived(x)
+    np.testing.assert_allclose(
+        [float(v) for v in revived.losses], [float(v) for v in model.losses], rtol=1e-6
+    )
+    assert revived.losses

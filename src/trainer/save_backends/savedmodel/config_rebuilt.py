@@ -36,9 +36,13 @@ from trainer.save_backends.savedmodel import records, state_variables, tracing
 log = logging.getLogger(__name__)
 
 
-def layers_rebuilt_from_config(layers: list[keras.layers.Layer]) -> set[int]:
-    """Ids of the layers in ``layers`` that every load rebuilds from their config."""
-    candidates = [layer for layer in layers if _keras_own_layer(layer)]
+def layers_rebuilt_from_config(
+    layers: list[keras.layers.Layer], configs: list[tuple[dict[str, Any] | None, str | None]]
+) -> set[int]:
+    """Ids of the layers in ``layers`` that every load rebuilds from their config;
+    ``configs``: ``records.keras_config`` of each, what the save records."""
+    pairs = zip(layers, configs, strict=True)
+    candidates = [(layer, config) for layer, (config, _) in pairs if _keras_own_layer(layer)]
     if not candidates:
         return set()
     found: set[int] = set()
@@ -46,8 +50,7 @@ def layers_rebuilt_from_config(layers: list[keras.layers.Layer]) -> set[int]:
     python_random = random.getstate()
     try:
         with keras_compat.unchanged_object_names():
-            for layer in candidates:
-                config, _ = records.keras_config(layer)
+            for layer, config in candidates:
                 if records.carries_code(config, layer) or not _names_only_keras(config):
                     continue
                 key = _alike_key(layer, config)

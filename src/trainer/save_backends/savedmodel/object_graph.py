@@ -73,11 +73,6 @@ def trace_model(model: keras.Model) -> TracedModel:
     tf_vars, var_records, var_index = _variable_table(layers)
     args = endpoints.model_call_args(model)
     recorder = tracing.CallRecorder(layers)
-    # No call functions for layers a load only ever rebuilds from their class: those
-    # whose __call__ replays in a Sequential, and Keras' own layers that rebuild from
-    # their config (``config_rebuilt``; their parents' traces hold their ops inline).
-    recorder.class_only = readiness.replayed_by_sequential(model)
-    recorder.class_only |= config_rebuilt.layers_rebuilt_from_config(layers)
     concrete = _record_call_specs(model, recorder, args)
     integer = input_signature.integer_inputs(model, args, concrete)
     if integer is not None:  # served as the integer ids it takes; floats still accepted
@@ -86,6 +81,14 @@ def trace_model(model: keras.Model) -> TracedModel:
         wide = input_signature.widened_integers(args)
         if wide is not None:  # int64 ids (NumPy's default) too, once revived
             _record_call_specs(model, recorder, wide)
+    # Every layer's config once, before any tracing mutes a regularizer: the records and
+    # the check below read the same one.
+    configs = [records.keras_config(layer) for layer in layers]
+    # No call functions for layers a load only ever rebuilds from their class: those
+    # whose __call__ replays in a Sequential, and Keras' own layers that rebuild from
+    # their config (``config_rebuilt``; their parents' traces hold their ops inline).
+    recorder.class_only = readiness.replayed_by_sequential(model)
+    recorder.class_only |= config_rebuilt.layers_rebuilt_from_config(layers, configs)
     nodes: list[Node | None] = [None] * len(layers)
     layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
@@ -93,8 +96,9 @@ def trace_model(model: keras.Model) -> TracedModel:
     with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
         for li in _children_first(layers, layer_index):
             nodes[li], layer_records[li] = _trace_node(
-                layers[li], li, layer_index, var_index, var_records, recorder, dispatcher
-            )
+                layers[li], li, configs[li], layer_index, var_index, var_records, recorder,
+                dispatcher,
+            )  # fmt: skip
         # serve calls the model's traced function, serving_default calls serve: the
         # model's ops are stored once, under the root layer's call_infer.
         named, specs, composite = endpoints.named_args(args, model)
@@ -178,13 +182,15 @@ def _record_call_specs(
 def _trace_node(
     layer: keras.layers.Layer,
     li: int,
+    serialized: tuple[dict[str, Any] | None, str | None],
     layer_index: dict[int, int],
     var_index: dict[int, int],
     var_records: list[dict[str, Any]],
     recorder: tracing.CallRecorder,
     dispatcher: tracing.Dispatcher,
 ) -> tuple[Node, dict[str, Any]]:
-    """One layer's node (its variables, resources and traced functions) and record."""
+    """One layer's node (its variables, resources and traced functions) and record;
+    ``serialized``: ``records.keras_config(layer)``."""
     node = Node(name=f"layer_{li}")
     node.layer_variables = [tf_variable(v) for v in layer.variables]
     resources = tracing.trackable_resources(layer)
@@ -194,7 +200,6 @@ def _trace_node(
     if extra:  # read or updated by its traced calls: the graph must reach them
         node.state_variables = extra
     calls = id(layer) not in recorder.class_only
-    serialized = records.keras_config(layer) if li == 0 else None
     # Nothing calls the root in training mode but its own revival, and a root revived as
     # a graph (Functional, Sequential) is rebuilt from its config around its layers: its
     # training trace (every variable captured again) would never run.
