@@ -32,6 +32,7 @@ from tensorflow.core.framework import attr_value_pb2, tensor_shape_pb2
 from tensorflow.core.protobuf import saved_model_pb2, saver_pb2
 
 from trainer._compat import tensorflow as tf_compat
+from trainer.save_backends.savedmodel.variables_writer import VariablesWriter
 
 FILENAME = "saver_filename"
 SCOPE = "trainer_saver/"
@@ -40,13 +41,11 @@ OPS = ["AssignVariableOp", "Const", "Identity", "NoOp", "Placeholder", "ReadVari
 OPS += ["RestoreV2", "SaveV2"]
 
 
-def add_saver(
-    directory: Path, keys: list[str], variables: list[tf.Variable], object_graph: bytes,
-    handles: dict[int, str],
-) -> bool:  # fmt: skip
+def add_saver(directory: Path, writer: VariablesWriter, handles: dict[int, str]) -> bool:
     """Add the SaverDef and its nodes to ``directory/saved_model.pb`` (written without
-    one); False, and nothing changed, if a variable's handle node is unknown or the graph
-    already uses the names."""
+    one), over the keys and variables ``writer`` writes; False, and nothing changed, if a
+    variable's handle node is unknown or the graph already uses the names."""
+    keys, variables = writer.keys, writer.variables
     nodes = [handles.get(id(v)) for v in variables]
     if None in nodes:
         return False
@@ -60,7 +59,7 @@ def add_saver(
     graph = meta_graph.graph_def
     _placeholder(graph)
     restore_op = _restore(graph, keys, nodes, dtypes)
-    save_tensor = _save(graph, keys, nodes, dtypes, object_graph)
+    save_tensor = _save(graph, keys, nodes, dtypes, writer.object_graph)
     meta_graph.saver_def.CopyFrom(
         saver_pb2.SaverDef(
             filename_tensor_name=f"{FILENAME}:0",

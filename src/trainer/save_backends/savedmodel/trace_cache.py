@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import weakref
 from pathlib import Path
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -74,21 +75,15 @@ def _save_with_our_saver(
     traced: object_graph.TracedModel, directory: Path
 ) -> variables_writer.VariablesWriter | None:
     """``tf.saved_model.save`` without TensorFlow's SaverDef, then ours (``saver_def``);
-    where ours cannot be written (a checkpoint entry that is not a plain variable), the
-    save again with TensorFlow's. Returns the one-op variables writer, if there is one."""
-    signatures = {"serving_default": traced.serving}
+    where ours cannot be written (a checkpoint entry that is not a plain variable), it
+    saves again with TensorFlow's. Returns the one-op variables writer, if there is one."""
     if not _plain_variables_only(traced):  # known now: no first save to throw away
         return _save_with_tensorflows_saver(traced, directory)
     with tf_compat.exported_variable_handles() as handles:
-        tf.saved_model.save(
-            traced.root, str(directory), signatures=signatures, options=object_graph.SAVE_OPTIONS
-        )
-    prefix = str(directory / "variables/variables")
-    writer = variables_writer.from_first_save(traced.root, prefix)
+        _save(traced, directory, object_graph.SAVE_OPTIONS)
+    writer = variables_writer.from_first_save(traced.root, _variables_prefix(directory))
     try:
-        ours = writer is not None and saver_def.add_saver(
-            directory, writer.keys, writer.variables, writer.object_graph, handles
-        )
+        ours = writer is not None and saver_def.add_saver(directory, writer, handles)
     except Exception as err:  # TensorFlow's internals moved: its own SaverDef is right
         log.warning("SaverDef left to TensorFlow: %s: %s", type(err).__name__, err)
         ours = False
@@ -102,13 +97,17 @@ def _save_with_our_saver(
 def _save_with_tensorflows_saver(
     traced: object_graph.TracedModel, directory: Path
 ) -> variables_writer.VariablesWriter | None:
-    tf.saved_model.save(
-        traced.root,
-        str(directory),
-        signatures={"serving_default": traced.serving},
-        options=object_graph.TF_SAVER_OPTIONS,
-    )
-    return variables_writer.from_first_save(traced.root, str(directory / "variables/variables"))
+    _save(traced, directory, object_graph.TF_SAVER_OPTIONS)
+    return variables_writer.from_first_save(traced.root, _variables_prefix(directory))
+
+
+def _save(traced: object_graph.TracedModel, directory: Path, options: Any) -> None:
+    signatures = {"serving_default": traced.serving}
+    tf.saved_model.save(traced.root, str(directory), signatures=signatures, options=options)
+
+
+def _variables_prefix(directory: Path) -> str:
+    return str(directory / "variables" / "variables")
 
 
 def _plain_variables_only(traced: object_graph.TracedModel) -> bool:
@@ -145,7 +144,7 @@ def _fast_write(entry: Entry, directory: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     (directory / "variables").mkdir(exist_ok=True)
-    prefix = str(directory / "variables" / "variables")
+    prefix = _variables_prefix(directory)
     if entry.writer is not None:
         entry.writer.write(prefix)
     else:

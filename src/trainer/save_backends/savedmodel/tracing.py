@@ -88,8 +88,8 @@ def training_matters(layer: keras.layers.Layer) -> bool:
 def _uses_training(layer: keras.layers.Layer) -> bool:
     """Whether ``training`` can change what the layer's own ``call`` computes: it takes the
     argument, unless it is one of Keras' own classes whose ``call`` never reads it. Keras'
-    ``Dense``, ``EinsumDense`` and ``Embedding`` declare ``training`` and ignore it, and by
-    the signature alone every block of them got a second, identical trace. Keras' layers
+    ``Dense`` and ``EinsumDense`` declare ``training`` and ignore it, and by the signature
+    alone every block of them got a second, identical trace. Keras' layers
     get ``training`` only as that argument (none of them reads the call context), so a body
     that never names it cannot depend on it. A user's ``call`` is taken at its signature."""
     if not takes_training(layer):
