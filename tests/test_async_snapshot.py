@@ -71,3 +71,33 @@ def test_async_saves_carry_state_adapted_again_between_them(backend, tmp_path):
     np.testing.assert_allclose(loaded.predict(probe, verbose=0), expected, atol=1e-5)
     older = load_checkpoint(first).model.predict(probe, verbose=0)
     assert not np.allclose(older, expected)  # the probe does tell the two tables apart
+
+
+@pytest.mark.parametrize("backend", ["h5", "savedmodel"])
+def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
+    """The shadow follows the live model's ``trainable`` flags save by save, and its
+    optimizer is built for the live optimizer's variables: a layer frozen after the first
+    async save (fine-tuning) is saved frozen, with the optimizer as it is, like a sync save."""
+    from trainer.checkpointing import AsyncBackend
+    from trainer.save_backends import modelstate
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4, name="base"), keras.layers.Dense(1)]
+    )
+    x = np.random.default_rng(3).normal(size=(16, 4)).astype("float32")
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    saver = AsyncBackend(get_backend(backend))
+    saver.save(model, tmp_path / "before")
+    model.get_layer("base").trainable = False
+    model.compile(optimizer=model.optimizer, loss="mse")
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    after = saver.save(model, tmp_path / "after")
+    saver.wait()
+    loaded = load_checkpoint(after).model
+    assert not loaded.get_layer("base").trainable
+    assert len(loaded.trainable_variables) == 2
+    assert modelstate.optimizer_built_for(loaded) == modelstate.optimizer_built_for(model)
+    for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

@@ -281,3 +281,36 @@ def test_resume_finds_a_custom_checkpoint_directory(compose_cfg, tmp_path):
     state = load_checkpoint(run / "saved" / "ckpt" / "latest").state
     assert (state.epoch, state.global_step) == (2, 6)
     assert not (run / "checkpoints").exists()
+
+
+def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_path):
+    """Resuming into the model built from the config (every layer trainable, a fresh
+    optimizer) after a layer was frozen mid-run: the layer comes back frozen and the
+    optimizer is built for the variables it was saved for, so training goes on alike."""
+    import keras
+
+    from trainer.resume import restore_into
+    from trainer.save_backends import get_backend, modelstate
+
+    def build():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential(
+            [keras.Input((3,)), keras.layers.Dense(3, name="base"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    x = np.random.default_rng(5).normal(size=(16, 3)).astype("float32")
+    model = build()
+    model.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)
+    model.get_layer("base").trainable = False
+    model.compile(optimizer=model.optimizer, loss="mse")
+    path = get_backend("weights").save(model, tmp_path / "ckpt")
+    fresh = build()
+    restore_into(fresh, load_checkpoint(path))
+    assert not fresh.get_layer("base").trainable
+    assert modelstate.optimizer_built_for(fresh) == modelstate.optimizer_built_for(model)
+    for each in (model, fresh):
+        each.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)
+    for mine, theirs in zip(all_variables(model), all_variables(fresh), strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

@@ -16,8 +16,9 @@ from trainer.state import TrainingState
 
 def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
-    seed states, optimizer slots and counters) and NumPy's global RNG; return its state."""
-    modelstate.build_optimizer(model)
+    seed states, optimizer slots and counters), which layers are trainable, and NumPy's
+    global RNG; return its state."""
+    modelstate.build_optimizer(model, modelstate.optimizer_built_for(checkpoint.model))
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
     if shapes[0] != shapes[1]:
@@ -37,6 +38,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
         )
     for src, dst in zip(source, target, strict=True):
         dst.assign(src)
+    modelstate.match_trainable(checkpoint.model, model)
     set_numpy_rng(checkpoint.state.numpy_rng)
     return checkpoint.state
 

@@ -19,7 +19,13 @@ import pytest
 
 from trainer.atomic import clean_stale_temporaries, is_temporary, temporary_sibling
 from trainer.errors import ModelNotReadyError, NotACheckpointError, TrainerError
-from trainer.save_backends import SaveBackend, available_backends, detect_backend, load_checkpoint
+from trainer.save_backends import (
+    SaveBackend,
+    available_backends,
+    detect_backend,
+    load_checkpoint,
+    modelstate,
+)
 from trainer.state import TrainingState
 from trainer.testing.models import (
     BATCH,
@@ -79,6 +85,47 @@ def check_round_trip(backend: SaveBackend, directory: Path, kind: str) -> None:
     train(loaded, kind, epochs=1)
     assert int(loaded.optimizer.iterations) == 12
     assert_bitwise_equal(all_values(model), all_values(loaded), f"{kind} after more training")
+
+
+def check_layer_frozen_after_first_step(backend: SaveBackend, directory: Path) -> None:
+    """A layer frozen or unfrozen after the optimizer was built (fine-tuning: change
+    ``trainable``, then ``compile`` with the same optimizer) leaves the optimizer's slots
+    as they were. The load must build the optimizer for the same variables, with the same
+    values, and train on alike. Built for the trainable variables it finds instead, it gets
+    another count of slots or, where the count and shapes agree, slots on the wrong
+    variables without a word."""
+    keras.utils.set_random_seed(SEED)
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(4, name="first"),
+            keras.layers.Dense(4, name="second"),
+            keras.layers.Dense(1, name="head"),
+        ]
+    )
+    x = np.random.default_rng(SEED).normal(size=(32, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    fit = {"batch_size": 8, "epochs": 1, "shuffle": False, "verbose": 0}
+    first, second = model.get_layer("first"), model.get_layer("second")
+    first.trainable = False
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(x, y, **fit)  # the optimizer is built for "second" and "head"
+    first.trainable, second.trainable = True, False  # as many variables, of the same shapes
+    for step in ("swapped", "subset"):
+        if step == "subset":  # both frozen: the optimizer trains "head" alone
+            first.trainable = False
+            model.compile(optimizer=model.optimizer, loss="mse")
+            model.fit(x, y, **fit)
+        loaded = backend.load(backend.save(model, Path(directory) / step)).model
+        flags = [[layer.trainable for layer in m.layers] for m in (model, loaded)]
+        assert flags[0] == flags[1], f"{step}: trainable flags did not round-trip"
+        built_for = [modelstate.optimizer_built_for(m) for m in (model, loaded)]
+        assert built_for[0] is not None, "the check no longer builds what it tests"
+        assert built_for[0] == built_for[1], f"{step}: optimizer built for other variables"
+        assert_bitwise_equal(all_values(model), all_values(loaded), f"{step}: after load")
+    model.fit(x, y, **fit)
+    loaded.fit(x, y, **fit)
+    assert_bitwise_equal(all_values(model), all_values(loaded), "after more training")
 
 
 def check_unbuilt_model_rejected(backend: SaveBackend, directory: Path) -> None:
@@ -153,6 +200,7 @@ def check_crash_leftovers_not_loadable(backend: SaveBackend, directory: Path) ->
 
 
 SAFETY_CHECKS = (
+    check_layer_frozen_after_first_step,
     check_unbuilt_model_rejected,
     check_atomic_replace,
     check_crash_leftovers_not_loadable,
@@ -214,6 +262,9 @@ class BackendSuite:
 
     def test_round_trip(self, backend, kind, tmp_path):
         check_round_trip(_checked(backend), tmp_path, kind)
+
+    def test_layer_frozen_after_first_step(self, backend, tmp_path):
+        check_layer_frozen_after_first_step(_checked(backend), tmp_path)
 
     def test_unbuilt_model_rejected(self, backend, tmp_path):
         check_unbuilt_model_rejected(_checked(backend), tmp_path)
