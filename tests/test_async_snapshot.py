@@ -79,7 +79,7 @@ def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     optimizer is built for the live optimizer's variables: a layer frozen after the first
     async save (fine-tuning) is saved frozen, with the optimizer as it is, like a sync save."""
     from trainer.checkpointing import AsyncBackend
-    from trainer.save_backends import modelstate
+    from trainer.save_backends import trainable
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential(
@@ -98,6 +98,6 @@ def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     loaded = load_checkpoint(after).model
     assert not loaded.get_layer("base").trainable
     assert len(loaded.trainable_variables) == 2
-    assert modelstate.optimizer_built_for(loaded) == modelstate.optimizer_built_for(model)
+    assert trainable.optimizer_built_for(loaded) == trainable.optimizer_built_for(model)
     for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

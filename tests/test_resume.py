@@ -290,7 +290,7 @@ def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_pa
     import keras
 
     from trainer.resume import restore_into
-    from trainer.save_backends import get_backend, modelstate
+    from trainer.save_backends import get_backend, trainable
 
     def build():
         keras.utils.set_random_seed(5)
@@ -309,7 +309,7 @@ def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_pa
     fresh = build()
     restore_into(fresh, load_checkpoint(path))
     assert not fresh.get_layer("base").trainable
-    assert modelstate.optimizer_built_for(fresh) == modelstate.optimizer_built_for(model)
+    assert trainable.optimizer_built_for(fresh) == trainable.optimizer_built_for(model)
     for each in (model, fresh):
         each.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)
     for mine, theirs in zip(all_variables(model), all_variables(fresh), strict=True):

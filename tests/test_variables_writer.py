@@ -80,3 +80,48 @@ def test_checkpoints_the_walk_cannot_match_exactly_get_no_writer(tmp_path):
     extra = str(tmp_path / "extra" / "variables")
     tf.train.Checkpoint(bigger).write(extra)
     assert variables_writer.from_first_save(root, extra) is None
+
+
+def test_traced_write_holds_each_moments_values_like_the_eager_one(tmp_path):
+    """``prepare_repeat_saves`` (async checkpointing's rehearsal) traces the repeat-save
+    write: each later save is one call that reads the variables when called, and writes
+    the keys and values the eager write does."""
+    model = _trained_model()
+    backend = get_backend("savedmodel")
+    backend.save(model, tmp_path / "first")
+    writer = trace_cache.cached(model).writer
+    eager = tmp_path / "eager" / "variables"
+    writer.write(str(eager))
+    assert backend.prepare_repeat_saves(model, tmp_path / "scratch") and writer.traced
+    traced = tmp_path / "traced" / "variables"
+    writer.write(str(traced))
+    expected = _values(str(eager))
+    assert set(_values(str(traced))) == set(expected)
+    for key, value in _values(str(traced)).items():
+        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    x, y = np.ones((8, 5)), np.zeros((8, 1))
+    for step in range(2):  # new values each time: read at the call, not at the trace
+        model.train_on_batch(x, y)
+        path = backend.save(model, tmp_path / f"repeat{step}")
+        revived = backend.load(path).model
+        for a, b in zip(model.variables, revived.variables, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+        for a, b in zip(model.optimizer.variables, revived.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)
+
+
+def test_async_rehearsal_traces_the_shadows_repeat_writes(tmp_path):
+    from trainer.checkpointing import AsyncBackend
+
+    model = _trained_model()
+    saver = AsyncBackend(get_backend("savedmodel"))
+    saver.prepare(model)
+    saver.wait()
+    shadow_entry = trace_cache.cached(saver.snapshot(model))
+    assert shadow_entry is not None and shadow_entry.writer.traced
+    model.train_on_batch(np.ones((8, 5)), np.zeros((8, 1)))
+    path = saver.save(model, tmp_path / "ckpt")
+    saver.wait()
+    revived = get_backend("savedmodel").load(path).model
+    for a, b in zip(model.optimizer.variables, revived.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=a.path)

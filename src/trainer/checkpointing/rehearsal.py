@@ -5,8 +5,8 @@ later save of the same model (``reuse_traces``). For async checkpointing that fi
 (1.5-3 s of CPU on the default model) used to run right after the first epoch's save and
 make the *second* save wait for it (issue 17). Rehearsing it on the shadow model at the
 start of training moves that work into the first epoch, where nothing waits for it. One
-write is enough: it traces the model, and the repeat-save variables writer runs eagerly
-and needs no trace of its own.
+write traces the model; a backend that can also trace its repeat-save writes
+(``prepare_repeat_saves``) does so next, in the same directory.
 
 The rehearsal writes into a fresh directory under the system's temporary directory, never
 into the checkpoint directory (whose contents crash, disk-full and concurrent-reader tests
@@ -42,14 +42,18 @@ def worth_rehearsing(backend: Any) -> bool:
     )
 
 
-def rehearse(backend: Any, model: keras.Model) -> None:
+def rehearse(backend: Any, model: keras.Model, real: Any = None) -> None:
     """Write ``model`` through ``backend`` once into a temporary directory outside any
     checkpoint directory, then remove it. Nothing is published or sealed (``write_into``):
-    no manifest hashing, no rename, no ``latest``."""
+    no manifest hashing, no rename, no ``latest``. ``real``: the backend under
+    ``backend``'s wrappers, asked to ``prepare_repeat_saves`` if it can."""
     remove_stale()
     root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
     try:
         backend.write_into(model, root / "write")
+        prepare = getattr(real if real is not None else backend, "prepare_repeat_saves", None)
+        if prepare is not None:
+            prepare(model, root / "repeat")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from trainer.checkpointing.snapshot import all_variables
 from trainer.errors import ConfigMismatchError
-from trainer.save_backends import Checkpoint, modelstate
+from trainer.save_backends import Checkpoint, modelstate, trainable
 from trainer.state import TrainingState
 
 
@@ -18,7 +18,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
     seed states, optimizer slots and counters), which layers are trainable, and NumPy's
     global RNG; return its state."""
-    modelstate.build_optimizer(model, modelstate.optimizer_built_for(checkpoint.model))
+    modelstate.build_optimizer(model, trainable.optimizer_built_for(checkpoint.model))
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
     if shapes[0] != shapes[1]:
@@ -38,7 +38,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
         )
     for src, dst in zip(source, target, strict=True):
         dst.assign(src)
-    modelstate.match_trainable(checkpoint.model, model)
+    trainable.match_trainable(checkpoint.model, model)
     set_numpy_rng(checkpoint.state.numpy_rng)
     return checkpoint.state
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from trainer._compat.keras import get_input_signature
 from trainer.errors import SaveError
-from trainer.save_backends import layerstate, modelstate
+from trainer.save_backends import layerstate, modelstate, trainable
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def refresh_snapshot(
     the background write of the shadow holds what a synchronous save would. ``copier``:
     from ``variable_copier`` for these two models (one traced call instead of one eager
     assign per variable); ``pairs``: ``layerstate.own_state_pairs`` of the two, if known."""
-    modelstate.match_trainable(model, shadow)  # a layer frozen since: saved as frozen
+    trainable.match_trainable(model, shadow)  # a layer frozen since: saved as frozen
     if copier is not None:
         copier()
     else:
@@ -97,7 +97,7 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
     _call_once_like(model, clone)
     modelstate.build_optimizer(model)
-    modelstate.build_optimizer(clone, modelstate.optimizer_built_for(model))
+    modelstate.build_optimizer(clone, trainable.optimizer_built_for(model))
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SaveError(

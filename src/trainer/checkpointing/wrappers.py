@@ -148,7 +148,7 @@ class AsyncBackend(WrappingBackend):
         def warm():
             if rehearsal.worth_rehearsing(real):
                 try:
-                    rehearsal.rehearse(self.inner, shadow)
+                    rehearsal.rehearse(self.inner, shadow, real)
                 except Exception as error:  # the first real save traces and reports it
                     log.info("No rehearsal write before the first save: %s", error)
             self._trace_copier(model, shadow, current)

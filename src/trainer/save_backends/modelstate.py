@@ -17,7 +17,7 @@ after the layer paths at creation time) differently in the process that loads th
 Position is stable because both sides build the same model and optimizer over the same
 variables in the same order: ``model.trainable_variables``, or, when a layer was frozen or
 unfrozen after the optimizer was built, the weights it was built for, whose positions the
-compile config records (:func:`optimizer_built_for`).
+compile config records (``trainable.optimizer_built_for``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import keras
 import numpy as np
 
 from trainer import limits
-from trainer._compat import keras as keras_compat
 from trainer.errors import (
     CorruptCheckpointError,
     MissingClassError,
@@ -46,6 +45,11 @@ from trainer.errors import (
 )
 from trainer.save_backends import rebuild
 from trainer.save_backends.base import checkpoint_state
+from trainer.save_backends.trainable import (  # build_optimizer: part of this kit
+    BUILT_FOR,
+    build_optimizer,
+    optimizer_built_for,
+)
 from trainer.state import TrainingState
 
 # ------------------------------------------------------------------ compile and optimizer
@@ -89,80 +93,6 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
         config[BUILT_FOR] = built_for
     json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
     return config
-
-
-# Key of the compile config (never passed to ``compile``) holding optimizer_built_for.
-BUILT_FOR = "trainer_optimizer_built_for"
-
-
-def optimizer_built_for(model: keras.Model) -> list[int] | None:
-    """Positions in ``model.weights`` of the variables the optimizer was built for, when
-    they are not ``model.trainable_variables`` now, else None (also when unbuilt).
-
-    Keras builds an optimizer once, for the variables trainable at the first step; a layer
-    frozen or unfrozen later (then ``compile`` with the same optimizer, as fine-tuning
-    does) leaves its slots as they were. A load building the optimizer for the trainable
-    variables it finds would get another count of slots (refused as damaged) or, with
-    the same count and shapes, put every slot on the wrong variable without a word.
-    """
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not optimizer.built:
-        return None
-    try:
-        tracked = keras_compat.optimizer_built_for(optimizer)
-    except AttributeError:  # not a Keras BaseOptimizer: built for the trainable variables
-        return None
-    if [id(v) for v in tracked] == [id(v) for v in model.trainable_variables]:
-        return None
-    positions = {id(v): i for i, v in enumerate(model.weights)}
-    strangers = [v.path for v in tracked if id(v) not in positions]
-    if strangers:
-        raise SaveError(
-            f"The optimizer of model {model.name!r} was built for variables that are not the "
-            f"model's weights, so no load could rebuild it. Compile the model with a new "
-            f"optimizer instance for this model. Received: {strangers[:5]}"
-        )
-    return [positions[id(v)] for v in tracked]
-
-
-def build_optimizer(
-    model: keras.Model, built_for: list[int] | None = None, where: Any = None
-) -> None:
-    """Create the optimizer's variables (iteration count, slots) if it has none yet, so they
-    can be read or assigned: Keras builds an optimizer lazily on the first training step.
-    ``built_for``: the positions ``optimizer_built_for`` recorded (None: the trainable
-    variables)."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or optimizer.built:
-        return
-    if built_for is None:
-        optimizer.build(model.trainable_variables)
-        return
-    weights = model.weights
-    valid = isinstance(built_for, list) and all(
-        isinstance(i, int) and 0 <= i < len(weights) for i in built_for
-    )
-    if not valid or len(set(built_for)) != len(built_for):
-        raise CorruptCheckpointError(
-            f"{where}: the stored positions of the variables the optimizer was built for "
-            f"must be distinct positions among the model's {len(weights)} weights; the "
-            f"checkpoint is damaged. Load an older one. Received: {str(built_for)[:200]}"
-        )
-    optimizer.build([weights[i] for i in built_for])
-
-
-def match_trainable(source: keras.Model, target: keras.Model) -> None:
-    """Give every layer of ``target`` the ``trainable`` flag of its twin in ``source`` (same
-    architecture, layers in the same order). Parents first: Keras' setter also sets every
-    sublayer, whose own flag is then set after it."""
-    pairs = zip(
-        keras_compat.sublayers(source, include_self=True),
-        keras_compat.sublayers(target, include_self=True),
-        strict=True,
-    )
-    for mine, theirs in pairs:
-        if theirs.trainable != mine.trainable:
-            theirs.trainable = mine.trainable
 
 
 def compile_model(

@@ -24,8 +24,8 @@ from trainer.save_backends import (
     available_backends,
     detect_backend,
     load_checkpoint,
-    modelstate,
 )
+from trainer.save_backends.trainable import optimizer_built_for
 from trainer.state import TrainingState
 from trainer.testing.models import (
     BATCH,
@@ -119,7 +119,7 @@ def check_layer_frozen_after_first_step(backend: SaveBackend, directory: Path) -
         loaded = backend.load(backend.save(model, Path(directory) / step)).model
         flags = [[layer.trainable for layer in m.layers] for m in (model, loaded)]
         assert flags[0] == flags[1], f"{step}: trainable flags did not round-trip"
-        built_for = [modelstate.optimizer_built_for(m) for m in (model, loaded)]
+        built_for = [optimizer_built_for(m) for m in (model, loaded)]
         assert built_for[0] is not None, "the check no longer builds what it tests"
         assert built_for[0] == built_for[1], f"{step}: optimizer built for other variables"
         assert_bitwise_equal(all_values(model), all_values(loaded), f"{step}: after load")

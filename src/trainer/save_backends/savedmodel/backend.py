@@ -105,6 +105,23 @@ class SavedModelBackend(SaveBackend):
         layer_state.write(model, tmp)  # before the metadata, which marks completeness
         layout.write_metadata(tmp, metadata, encoded={"savedmodel": traced.encoded})
 
+    def prepare_repeat_saves(self, model: keras.Model, scratch: Path) -> bool:
+        """After a first save of ``model``: trace its repeat-save variables write now (into
+        ``scratch``, a throwaway directory), which would otherwise run op by op on every
+        save. For callers that can pay a trace ahead of the saves, off the training thread:
+        async checkpointing's rehearsal. Returns whether the write is traced."""
+        entry = trace_cache.cached(model)
+        if entry is None or entry.writer is None:
+            return False
+        if not entry.writer.traced:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+            try:
+                entry.writer.trace(str(Path(scratch) / "variables"))
+            except (TypeError, ValueError, tf.errors.OpError) as err:  # eager writes remain
+                log.info("Repeat-save write not traced: %s", err)
+                return False
+        return True
+
     # ---------------------------------------------------------------------- load
     def load(
         self,

@@ -31,11 +31,13 @@ class VariablesWriter:
     """``write(prefix)`` writes the checkpoint of ``root`` that the first save wrote.
 
     The write runs eagerly: one raw ``ReadVariableOp`` per variable, then one ``SaveV2``.
-    A ``tf.function`` around the same ops saved a few milliseconds per write but had to be
-    traced on the first repeat save, and that trace (capturing every variable, then graph
-    optimization on first call) cost 1.5-2 s on an 800-variable model: a second save that
-    took ten times the steady one. Eager is within 0.01 s of the traced write at that size
-    and costs nothing up front (issue 17's benchmark, ``savedmodel.second_save``).
+    A ``tf.function`` around the same ops costs less per write but must be traced first,
+    which costs 0.4-2 s on an 800-variable model: done on the first repeat save, it made a
+    second save take ten times the steady one (issue 17's ``savedmodel.second_save``). So
+    the traced write is made only ahead of time, by ``trace`` (async checkpointing calls it
+    in its writer thread when training starts): from then on each write is one call, whose
+    Python (the writer thread's share of the GIL, which the training loop waits for) is a
+    tenth of the eager loop's on the default model and a twentieth on 800 variables.
     """
 
     def __init__(self, keys: list[str], variables: list[tf.Variable], graph: bytes):
@@ -45,19 +47,44 @@ class VariablesWriter:
         self._names = tf.constant([tf_compat.OBJECT_GRAPH_KEY, *keys])
         self._slices = tf.constant([""] * (len(keys) + 1))
         self._graph = tf.constant(graph)
+        self._traced: Any = None  # the concrete function ``trace`` made
+
+    def trace(self, scratch_prefix: str) -> None:
+        """Make every later ``write`` one call of a traced function, and call it once (into
+        ``scratch_prefix``, a throwaway location): the first call instantiates it in
+        TensorFlow's runtime. The function reads the variables when called, so each write
+        holds the values of that moment, as the eager one does."""
+        traced = tf.function(self._write_eagerly, autograph=False)
+        concrete = traced.get_concrete_function(tf.TensorSpec([], tf.string))
+        concrete(tf.constant(scratch_prefix))
+        self._traced = concrete
+
+    @property
+    def traced(self) -> bool:
+        return self._traced is not None
 
     def write(self, prefix: str) -> None:
+        if self._traced is not None:
+            self._traced(tf.constant(prefix))
+        else:
+            self._write_eagerly(tf.constant(prefix))
+
+    def _write_eagerly(self, prefix: Any) -> Any:
         # The reads run where each variable lives; the bundle is written from the host.
         values = [
             tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for v in self.variables
         ]
         with tf.device("/cpu:0"):
-            tf.raw_ops.SaveV2(
-                prefix=tf.constant(prefix),
+            save = tf.raw_ops.SaveV2(
+                prefix=prefix,
                 tensor_names=self._names,
                 shape_and_slices=self._slices,
                 tensors=[self._graph, *values],
             )
+        # Traced, an op nothing depends on is pruned (SaveV2 is not among the ops a
+        # function keeps by itself): the output depends on it, as in TensorFlow's saver.
+        with tf.control_dependencies([save]):
+            return tf.identity(prefix)
 
 
 def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
