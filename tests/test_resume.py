@@ -314,3 +314,36 @@ def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_pa
         each.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)
     for mine, theirs in zip(all_variables(model), all_variables(fresh), strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_path):
+    """Variables restored into a model with a layer added that holds none: nothing to carry
+    while every layer is trainable; with a frozen layer, the flags cannot be mapped and the
+    restore is refused before any variable is assigned."""
+    import keras
+
+    from trainer.resume import restore_into
+    from trainer.save_backends import get_backend
+
+    def build(extra: bool):
+        keras.utils.set_random_seed(6)
+        layers = [keras.layers.Dense(3, name="base")]
+        layers += [keras.layers.Activation("relu")] if extra else []
+        model = keras.Sequential([keras.Input((3,)), *layers, keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    x = np.random.default_rng(6).normal(size=(8, 3)).astype("float32")
+    model = build(extra=False)
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    plain = get_backend("weights").save(model, tmp_path / "plain")
+    other = build(extra=True)
+    restore_into(other, load_checkpoint(plain))
+    np.testing.assert_array_equal(other.layers[0].kernel.numpy(), model.layers[0].kernel.numpy())
+    model.get_layer("base").trainable = False
+    frozen = get_backend("weights").save(model, tmp_path / "frozen")
+    other = build(extra=True)
+    before = other.layers[0].kernel.numpy()
+    with pytest.raises(ConfigMismatchError, match=r"layers \['base'\] were frozen"):
+        restore_into(other, load_checkpoint(frozen))
+    np.testing.assert_array_equal(other.layers[0].kernel.numpy(), before)

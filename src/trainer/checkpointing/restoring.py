@@ -18,7 +18,15 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
     seed states, optimizer slots and counters), which layers are trainable, and NumPy's
     global RNG; return its state."""
-    modelstate.build_optimizer(model, trainable.optimizer_built_for(checkpoint.model))
+    built_for = trainable.optimizer_built_for(checkpoint.model)
+    if built_for is not None and max(built_for, default=-1) >= len(model.weights):
+        raise ConfigMismatchError(
+            f"Checkpoint {checkpoint.path} does not fit the configured model: its optimizer "
+            f"was built for weight #{max(built_for)}, and the model has "
+            f"{len(model.weights)} weights. Use the model config the checkpoint was trained "
+            f"with, or start a fresh run. Received: {type(model).__name__} {model.name!r}"
+        )
+    modelstate.build_optimizer(model, built_for)
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
     if shapes[0] != shapes[1]:
@@ -36,9 +44,17 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
             f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
             f"was trained with, or start a fresh run."
         )
+    try:
+        trainable.match_trainable(checkpoint.model, model)
+    except ValueError as error:
+        raise ConfigMismatchError(
+            f"Checkpoint {checkpoint.path} does not fit the configured model: {error}, so "
+            f"which layers are trainable cannot be carried over. Use the model config the "
+            f"checkpoint was trained with, or start a fresh run. Received: "
+            f"{type(model).__name__} {model.name!r}"
+        ) from None
     for src, dst in zip(source, target, strict=True):
         dst.assign(src)
-    trainable.match_trainable(checkpoint.model, model)
     set_numpy_rng(checkpoint.state.numpy_rng)
     return checkpoint.state
 

@@ -57,7 +57,14 @@ def refresh_snapshot(
     the background write of the shadow holds what a synchronous save would. ``copier``:
     from ``variable_copier`` for these two models (one traced call instead of one eager
     assign per variable); ``pairs``: ``layerstate.own_state_pairs`` of the two, if known."""
-    trainable.match_trainable(model, shadow)  # a layer frozen since: saved as frozen
+    try:
+        trainable.match_trainable(model, shadow)  # a layer frozen since: saved as frozen
+    except ValueError as error:
+        raise SaveError(
+            f"Async saving keeps a copy of model {model.name!r}, and its layers no longer "
+            f"match the model's: {error}. Set checkpoint.async_save=false. Received: "
+            f"{type(model).__name__}"
+        ) from None
     if copier is not None:
         copier()
     else:

@@ -80,12 +80,25 @@ def build_optimizer(
 def match_trainable(source: keras.Model, target: keras.Model) -> None:
     """Give every layer of ``target`` the ``trainable`` flag of its twin in ``source`` (same
     architecture, layers in the same order). Parents first: Keras' setter also sets every
-    sublayer, whose own flag is then set after it."""
-    pairs = zip(
-        keras_compat.sublayers(source, include_self=True),
-        keras_compat.sublayers(target, include_self=True),
-        strict=True,
-    )
-    for mine, theirs in pairs:
-        if theirs.trainable != mine.trainable:
-            theirs.trainable = mine.trainable
+    sublayer, whose own flag is then set after it.
+
+    Where the two have different layers (variables restored into a model with a layer
+    added that holds none), there is nothing to carry if every layer of ``source`` is
+    trainable; if one is frozen, ValueError, changing nothing: training it in ``target``
+    would silently differ from the run that froze it."""
+    mine = keras_compat.sublayers(source, include_self=True)
+    theirs = keras_compat.sublayers(target, include_self=True)
+    kinds = [[type(layer).__name__ for layer in layers] for layers in (mine, theirs)]
+    if kinds[0] != kinds[1]:
+        frozen = [layer.name for layer in mine if not layer.trainable]
+        if not frozen:
+            return
+        pairs = zip(*kinds, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(map(len, kinds)))
+        raise ValueError(
+            f"their layers differ ({len(mine)} vs {len(theirs)} layers, the first difference "
+            f"at layer #{first}) and layers {frozen[:5]} were frozen"
+        )
+    for source_layer, target_layer in zip(mine, theirs, strict=True):
+        if target_layer.trainable != source_layer.trainable:
+            target_layer.trainable = source_layer.trainable
