@@ -101,3 +101,52 @@ def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     assert trainable.optimizer_built_for(loaded) == trainable.optimizer_built_for(model)
     for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_async_save_keeps_weight_decay_exclusions(tmp_path):
+    """The shadow is rebuilt from the model's config, which does not hold the variables left
+    out of weight decay: its optimizer gets them from the live one, so the async checkpoint
+    trains on like the model."""
+    from trainer.checkpointing import AsyncBackend
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    model.compile(optimizer=optimizer, loss="mse")
+    x = np.random.default_rng(4).normal(size=(16, 4)).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, shuffle=False, verbose=0)
+    saver = AsyncBackend(get_backend("savedmodel"))
+    path = saver.save(model, tmp_path / "ckpt")
+    saver.wait()
+    loaded = load_checkpoint(path).model
+    for each in (model, loaded):
+        each.fit(x, x[:, :1], batch_size=8, shuffle=False, verbose=0)
+    for mine, theirs in zip(model.weights, loaded.weights, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("backend", ["weights", "savedmodel"])
+def test_async_saving_that_starts_after_a_layer_was_frozen(backend, tmp_path):
+    """The shadow is first built after the freeze: Keras compiles it from the config and
+    builds its optimizer for the trainable variables, fewer than the live optimizer's.
+    It is compiled again the way a load is, so the save works and keeps the slots."""
+    from trainer.checkpointing import AsyncBackend
+    from trainer.save_backends import trainable
+
+    keras.utils.set_random_seed(8)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4, name="base"), keras.layers.Dense(1)]
+    )
+    x = np.random.default_rng(8).normal(size=(16, 4)).astype("float32")
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    model.get_layer("base").trainable = False
+    model.compile(optimizer=model.optimizer, loss="mse")
+    saver = AsyncBackend(get_backend(backend))
+    path = saver.save(model, tmp_path / "ckpt")
+    saver.wait()
+    loaded = load_checkpoint(path).model
+    assert trainable.optimizer_built_for(loaded) == trainable.optimizer_built_for(model)
+    for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

@@ -196,6 +196,16 @@ def test_add_losses_also_on_functional_models():
 
 
 # ------------------------------------------------------------------------ variables
+def test_optimizer_built_for_and_uses_weight_decay_read_what_keras_set():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.AdamW(weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_list=[model.layers[1].kernel], var_names=["bias"])
+    optimizer.build(model.trainable_variables[:3])
+    assert keras_compat.optimizer_built_for(optimizer) == model.trainable_variables[:3]
+    decayed = [keras_compat.uses_weight_decay(optimizer, v) for v in model.trainable_variables]
+    assert decayed == [True, False, False, False]  # kernel, bias, the listed kernel, bias
+
+
 def test_own_variables_exclude_sublayers_and_ignore_freezing():
     block = built(Block())
     own = keras_compat.own_variables(block)

@@ -347,3 +347,31 @@ def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_
     with pytest.raises(ConfigMismatchError, match=r"layers \['base'\] were frozen"):
         restore_into(other, load_checkpoint(frozen))
     np.testing.assert_array_equal(other.layers[0].kernel.numpy(), before)
+
+
+def test_restore_into_carries_weight_decay_exclusions_or_refuses_other_ones(tmp_path):
+    import keras
+
+    from trainer.resume import restore_into
+    from trainer.save_backends import get_backend, trainable
+
+    def build(excluded: list[str] | None):
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+        if excluded:
+            optimizer.exclude_from_weight_decay(var_names=excluded)
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
+
+    x = np.random.default_rng(7).normal(size=(8, 3)).astype("float32")
+    model = build(["bias"])
+    model.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)
+    checkpoint = load_checkpoint(get_backend("h5").save(model, tmp_path / "ckpt"))
+    fresh = build(None)  # the optimizer not built yet: it takes the checkpoint's choice
+    restore_into(fresh, checkpoint)
+    assert trainable.no_weight_decay(fresh) == trainable.no_weight_decay(model) == [1, 3]
+    built = build(["kernel"])
+    built.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)  # built: it cannot change
+    with pytest.raises(ConfigMismatchError, match="out of weight decay"):
+        restore_into(built, checkpoint)

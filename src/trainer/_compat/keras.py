@@ -346,6 +346,16 @@ def optimizer_built_for(optimizer: Any) -> list[Any]:
     return list(optimizer._trainable_variables)
 
 
+def uses_weight_decay(optimizer: Any, variable: Any) -> bool:
+    """Whether ``optimizer`` applies its weight decay to ``variable`` (False for those
+    ``exclude_from_weight_decay`` left out, by variable or by name pattern).
+
+    Uses ``BaseOptimizer._use_weight_decay``: Keras stores the exclusions in private
+    attributes, outside ``get_config``, and has no public query. Checked: Keras 3.15.1.
+    """
+    return bool(optimizer._use_weight_decay(variable))
+
+
 @contextlib.contextmanager
 def unchanged_object_names() -> Iterator[None]:
     """Within the block, Keras objects created get their usual automatic names, but the

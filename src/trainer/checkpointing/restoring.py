@@ -18,15 +18,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
     seed states, optimizer slots and counters), which layers are trainable, and NumPy's
     global RNG; return its state."""
-    built_for = trainable.optimizer_built_for(checkpoint.model)
-    if built_for is not None and max(built_for, default=-1) >= len(model.weights):
-        raise ConfigMismatchError(
-            f"Checkpoint {checkpoint.path} does not fit the configured model: its optimizer "
-            f"was built for weight #{max(built_for)}, and the model has "
-            f"{len(model.weights)} weights. Use the model config the checkpoint was trained "
-            f"with, or start a fresh run. Received: {type(model).__name__} {model.name!r}"
-        )
-    modelstate.build_optimizer(model, built_for)
+    _build_optimizer_like(model, checkpoint)
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
     if shapes[0] != shapes[1]:
@@ -57,6 +49,32 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
         dst.assign(src)
     set_numpy_rng(checkpoint.state.numpy_rng)
     return checkpoint.state
+
+
+def _build_optimizer_like(model: keras.Model, checkpoint: Checkpoint) -> None:
+    """Build ``model``'s optimizer for the variables the checkpoint's was built for, with
+    the same ones left out of weight decay (Keras keeps both outside the config)."""
+    built_for = trainable.optimizer_built_for(checkpoint.model)
+    no_decay = trainable.no_weight_decay(checkpoint.model)
+    mismatch = None
+    highest = max([*(built_for or []), *(no_decay or [])], default=-1)
+    if highest >= len(model.weights):
+        mismatch = f"its optimizer refers to weight #{highest}, and the model has "
+    elif _built(model) and trainable.no_weight_decay(model) != no_decay:
+        mismatch = "its optimizer leaves other variables out of weight decay than "
+    if mismatch is not None:
+        raise ConfigMismatchError(
+            f"Checkpoint {checkpoint.path} does not fit the configured model: {mismatch}"
+            f"the model's ({len(model.weights)} weights). Use the model and optimizer config "
+            f"the checkpoint was trained with, or start a fresh run. Received: "
+            f"{type(model).__name__} {model.name!r}"
+        )
+    modelstate.build_optimizer(model, built_for, no_decay=no_decay)
+
+
+def _built(model: keras.Model) -> bool:
+    """The optimizer exists and has its variables (weight decay can no longer change)."""
+    return getattr(model, "optimizer", None) is not None and model.optimizer.built
 
 
 def numpy_rng_record() -> list[Any]:

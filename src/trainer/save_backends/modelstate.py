@@ -47,7 +47,9 @@ from trainer.save_backends import rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.save_backends.trainable import (  # build_optimizer: part of this kit
     BUILT_FOR,
+    NO_DECAY,
     build_optimizer,
+    no_weight_decay,
     optimizer_built_for,
 )
 from trainer.state import TrainingState
@@ -88,9 +90,8 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
         # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
         # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
         config["optimizer"] = keras.saving.serialize_keras_object(model.optimizer)
-    built_for = optimizer_built_for(model)
-    if built_for is not None:
-        config[BUILT_FOR] = built_for
+    recorded = {BUILT_FOR: optimizer_built_for(model), NO_DECAY: no_weight_decay(model)}
+    config.update({key: value for key, value in recorded.items() if value is not None})
     json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
     return config
 
@@ -114,19 +115,20 @@ def compile_model(
     """
     compile_config = dict(compile_config)
     built_for = compile_config.pop(BUILT_FOR, None)
+    no_decay = compile_config.pop(NO_DECAY, None)
     if _overrides(model, "compile_from_config"):
         with keras.saving.custom_object_scope(custom_objects):
             try:
                 model.compile_from_config(copy.deepcopy(compile_config))
             except Exception as error:
                 raise rebuild.method_error(error, model, "compile_from_config", where) from error
-        build_optimizer(model, built_for, where)
+        build_optimizer(model, built_for, where, no_decay=no_decay)
         return
     kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
     with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
         if not (_overrides(model, "compile") and _own_compile(model, kwargs, compile_config)):
             keras.Model.compile(model, **kwargs)
-    build_optimizer(model, built_for, where)
+    build_optimizer(model, built_for, where, no_decay=no_decay)
 
 
 def _overrides(model: keras.Model, method: str) -> bool:

@@ -1,11 +1,13 @@
-"""Which variables a model's optimizer is built for, and which layers are trainable.
+"""Which variables a model's optimizer is built for and decays, and which layers are
+trainable: optimizer state that Keras keeps outside the optimizer's config.
 
 Keras builds an optimizer once, for the variables trainable at the first training step,
 and keeps it so when a layer is frozen or unfrozen later (fine-tuning then calls
-``compile`` with the same optimizer). A checkpoint records those variables' positions
-(:func:`optimizer_built_for`), and a load, a resume into a fresh model or an async
-snapshot builds the optimizer for the same ones (:func:`build_optimizer`) and copies the
-``trainable`` flags (:func:`match_trainable`).
+``compile`` with the same optimizer); ``exclude_from_weight_decay`` is a call, not a
+config entry. A checkpoint records both as positions in ``model.weights``
+(:func:`optimizer_built_for`, :func:`no_weight_decay`), and a load, a resume into a fresh
+model or an async snapshot builds the optimizer alike (:func:`build_optimizer`) and
+copies the ``trainable`` flags (:func:`match_trainable`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import keras
 from trainer._compat import keras as keras_compat
 from trainer.errors import CorruptCheckpointError, SaveError
 
-# Key of the compile config (never passed to ``compile``) holding optimizer_built_for.
+# Keys of the compile config (never passed to ``compile``) holding optimizer_built_for
+# and no_weight_decay.
 BUILT_FOR = "trainer_optimizer_built_for"
+NO_DECAY = "trainer_no_weight_decay"
 
 
 def optimizer_built_for(model: keras.Model) -> list[int] | None:
@@ -51,30 +55,63 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
     return [positions[id(v)] for v in tracked]
 
 
+def no_weight_decay(model: keras.Model) -> list[int] | None:
+    """Positions in ``model.weights`` of the variables the optimizer leaves out of weight
+    decay (``exclude_from_weight_decay``, by variable or by name), or None when it has no
+    weight decay or decays every variable. Keras keeps that choice out of the optimizer's
+    config: a load from the config alone would decay them, and train differently."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not getattr(optimizer, "weight_decay", None):
+        return None
+    try:
+        candidates = (
+            keras_compat.optimizer_built_for(optimizer)
+            if optimizer.built
+            else list(model.trainable_variables)
+        )
+        excluded = {id(v) for v in candidates if not keras_compat.uses_weight_decay(optimizer, v)}
+    except AttributeError:  # not a Keras BaseOptimizer
+        return None
+    positions = [i for i, v in enumerate(model.weights) if id(v) in excluded]
+    return positions or None
+
+
 def build_optimizer(
-    model: keras.Model, built_for: list[int] | None = None, where: Any = None
+    model: keras.Model,
+    built_for: list[int] | None = None,
+    where: Any = None,
+    *,
+    no_decay: list[int] | None = None,
 ) -> None:
     """Create the optimizer's variables (iteration count, slots) if it has none yet, so they
     can be read or assigned: Keras builds an optimizer lazily on the first training step.
     ``built_for``: the positions ``optimizer_built_for`` recorded (None: the trainable
-    variables)."""
+    variables); ``no_decay``: those ``no_weight_decay`` recorded, left out of weight decay
+    before the build (Keras accepts that only before)."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or optimizer.built:
         return
+    weights = model.weights
+    if no_decay is not None:
+        chosen = _weights_at(weights, no_decay, where, "left out of weight decay")
+        optimizer.exclude_from_weight_decay(var_list=chosen)
     if built_for is None:
         optimizer.build(model.trainable_variables)
-        return
-    weights = model.weights
-    valid = isinstance(built_for, list) and all(
-        isinstance(i, int) and 0 <= i < len(weights) for i in built_for
+    else:
+        optimizer.build(_weights_at(weights, built_for, where, "the optimizer was built for"))
+
+
+def _weights_at(weights: list[Any], positions: Any, where: Any, what: str) -> list[Any]:
+    valid = isinstance(positions, list) and all(
+        isinstance(i, int) and 0 <= i < len(weights) for i in positions
     )
-    if not valid or len(set(built_for)) != len(built_for):
+    if not valid or len(set(positions)) != len(positions):
         raise CorruptCheckpointError(
-            f"{where}: the stored positions of the variables the optimizer was built for "
-            f"must be distinct positions among the model's {len(weights)} weights; the "
-            f"checkpoint is damaged. Load an older one. Received: {str(built_for)[:200]}"
+            f"{where}: the stored positions of the variables {what} must be distinct "
+            f"positions among the model's {len(weights)} weights; the checkpoint is damaged. "
+            f"Load an older one. Received: {str(positions)[:200]}"
         )
-    optimizer.build([weights[i] for i in built_for])
+    return [weights[i] for i in positions]
 
 
 def match_trainable(source: keras.Model, target: keras.Model) -> None:

@@ -128,6 +128,27 @@ def check_layer_frozen_after_first_step(backend: SaveBackend, directory: Path) -
     assert_bitwise_equal(all_values(model), all_values(loaded), "after more training")
 
 
+def check_weight_decay_exclusions(backend: SaveBackend, directory: Path) -> None:
+    """Variables left out of weight decay (``exclude_from_weight_decay``, by name and by
+    variable) stay left out after a load: Keras keeps that choice outside the optimizer's
+    config, and a load that decays them trains on differently without a word."""
+    keras.utils.set_random_seed(SEED)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4, name="first"), keras.layers.Dense(1)]
+    )
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_list=[model.layers[0].kernel], var_names=["bias"])
+    model.compile(optimizer=optimizer, loss="mse")
+    x = np.random.default_rng(SEED).normal(size=(32, 4)).astype("float32")
+    fit = {"x": x, "y": x.sum(axis=1, keepdims=True), "batch_size": 8, "verbose": 0}
+    model.fit(shuffle=False, **fit)
+    loaded = backend.load(backend.save(model, Path(directory) / "no-decay")).model
+    assert_bitwise_equal(all_values(model), all_values(loaded), "after load")
+    for each in (model, loaded):
+        each.fit(shuffle=False, **fit)
+    assert_bitwise_equal(all_values(model), all_values(loaded), "after more training")
+
+
 def check_unbuilt_model_rejected(backend: SaveBackend, directory: Path) -> None:
     """An unbuilt model raises ModelNotReadyError and leaves nothing on disk."""
     directory = Path(directory) / "unbuilt"
@@ -201,6 +222,7 @@ def check_crash_leftovers_not_loadable(backend: SaveBackend, directory: Path) ->
 
 SAFETY_CHECKS = (
     check_layer_frozen_after_first_step,
+    check_weight_decay_exclusions,
     check_unbuilt_model_rejected,
     check_atomic_replace,
     check_crash_leftovers_not_loadable,
@@ -265,6 +287,9 @@ class BackendSuite:
 
     def test_layer_frozen_after_first_step(self, backend, tmp_path):
         check_layer_frozen_after_first_step(_checked(backend), tmp_path)
+
+    def test_weight_decay_exclusions(self, backend, tmp_path):
+        check_weight_decay_exclusions(_checked(backend), tmp_path)
 
     def test_unbuilt_model_rejected(self, backend, tmp_path):
         check_unbuilt_model_rejected(_checked(backend), tmp_path)
