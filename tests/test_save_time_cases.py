@@ -336,3 +336,26 @@ def test_subclassed_model_on_token_ids_serves_and_revives_with_ids(declare_ids, 
         for dtype in dtypes:
             np.testing.assert_allclose(revived(ids.astype(dtype)).numpy(), expected, atol=1e-5)
         revived.fit(ids.astype(dtypes[-1]), np.ones((6, 1)), verbose=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_int8_quantized_model_with_a_stale_optimizer_is_refused_then_saved(backend, tmp_path):
+    """``model.quantize("int8")`` replaces the kernels the optimizer was built for: no load
+    could rebuild that optimizer, so the save refuses it (before, it saved and the load
+    called the checkpoint damaged). Compiled with a new optimizer, it saves and loads with
+    the same outputs."""
+    from trainer.errors import SaveError
+
+    keras.utils.set_random_seed(2)
+    x = np.random.default_rng(2).normal(size=(8, 16)).astype("float32")
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :4], verbose=0)
+    model.quantize("int8")
+    with pytest.raises(SaveError, match=r"model\.quantize\(\)"):
+        get_backend(backend).save(model, tmp_path / "stale")
+    assert not any(tmp_path.iterdir())
+    model.compile(optimizer="adam", loss="mse")
+    _, checkpoint = _round_trip(backend, model, tmp_path)
+    expected = model.predict(x, verbose=0)
+    np.testing.assert_array_equal(checkpoint.model.predict(x, verbose=0), expected)

@@ -48,9 +48,10 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
     strangers = [v.path for v in tracked if id(v) not in positions]
     if strangers:
         raise SaveError(
-            f"The optimizer of model {model.name!r} was built for variables that are not the "
-            f"model's weights, so no load could rebuild it. Compile the model with a new "
-            f"optimizer instance for this model. Received: {strangers[:5]}"
+            f"The optimizer of model {model.name!r} was built for variables that are no "
+            f"longer the model's weights (replaced since, as model.quantize() does), so no "
+            f"load could rebuild it. Compile the model with a new optimizer instance first. "
+            f"Received: {strangers[:5]}"
         )
     return [positions[id(v)] for v in tracked]
 
