@@ -73,6 +73,18 @@ def test_async_saves_carry_state_adapted_again_between_them(backend, tmp_path):
     assert not np.allclose(older, expected)  # the probe does tell the two tables apart
 
 
+def _trained_with_a_base_layer(seed: int) -> tuple[keras.Model, np.ndarray]:
+    """Dense "base" and a head, compiled with Adam and trained one epoch (slots built)."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(4, name="base"), keras.layers.Dense(1)]
+    )
+    x = np.random.default_rng(seed).normal(size=(16, 4)).astype("float32")
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    return model, x
+
+
 @pytest.mark.parametrize("backend", ["h5", "savedmodel"])
 def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     """The shadow follows the live model's ``trainable`` flags save by save, and its
@@ -81,13 +93,7 @@ def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     from trainer.checkpointing import AsyncBackend
     from trainer.save_backends import trainable
 
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(4, name="base"), keras.layers.Dense(1)]
-    )
-    x = np.random.default_rng(3).normal(size=(16, 4)).astype("float32")
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    model, x = _trained_with_a_base_layer(seed=3)
     saver = AsyncBackend(get_backend(backend))
     saver.save(model, tmp_path / "before")
     model.get_layer("base").trainable = False
@@ -134,13 +140,7 @@ def test_async_saving_that_starts_after_a_layer_was_frozen(backend, tmp_path):
     from trainer.checkpointing import AsyncBackend
     from trainer.save_backends import trainable
 
-    keras.utils.set_random_seed(8)
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(4, name="base"), keras.layers.Dense(1)]
-    )
-    x = np.random.default_rng(8).normal(size=(16, 4)).astype("float32")
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(x, x[:, :1], epochs=1, verbose=0)
+    model, _ = _trained_with_a_base_layer(seed=8)
     model.get_layer("base").trainable = False
     model.compile(optimizer=model.optimizer, loss="mse")
     saver = AsyncBackend(get_backend(backend))
