@@ -44,6 +44,19 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
         return None
     if [id(v) for v in tracked] == [id(v) for v in model.trainable_variables]:
         return None
+    float8 = [
+        layer.name
+        for layer in keras_compat.sublayers(model)
+        if isinstance(layer.dtype_policy, keras.dtype_policies.QuantizedFloat8DTypePolicy)
+    ]
+    if float8:  # positions cannot name its variables: a rebuild orders them otherwise
+        raise SaveError(
+            f"The optimizer of model {model.name!r} was built before model.quantize('float8') "
+            f"added variables to layers {float8[:5]}; Keras rebuilds those layers from their "
+            f"config with their variables in another order, so no load could rebuild this "
+            f"optimizer. Compile the model with a new optimizer instance first. Received: "
+            f"{len(tracked)} variables the optimizer was built for"
+        )
     positions = {id(v): i for i, v in enumerate(model.weights)}
     strangers = [v.path for v in tracked if id(v) not in positions]
     if strangers:

@@ -23,7 +23,7 @@ import tensorflow as tf
 from trainer import limits
 from trainer._compat import keras as keras_compat
 from trainer._compat.initializers import DeferredInitializers
-from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
 from trainer.integrity import MANIFEST_FILE
 from trainer.save_backends import layerstate, legacy, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
@@ -76,6 +76,28 @@ class SavedModelBackend(SaveBackend):
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
+    def check_savable(self, model: keras.Model) -> None:
+        """Also refuses float8-quantized layers: Keras rebuilds them from their config with
+        their variables in another order than the live layer's (scales before the kernel),
+        and this format restores variables by position, so no load could give them back
+        (the h5 and weights backends restore each layer through Keras' own per-layer
+        store, which does)."""
+        super().check_savable(model)
+        float8 = [
+            layer.name
+            for layer in keras_compat.sublayers(model, include_self=True)
+            if isinstance(layer.dtype_policy, keras.dtype_policies.QuantizedFloat8DTypePolicy)
+        ]
+        if float8:
+            raise ModelNotReadyError(
+                f"Model {model.name!r} has float8-quantized layers {float8[:5]}, which the "
+                f"savedmodel backend cannot restore: Keras rebuilds them with their variables "
+                f"in another order. Save with save=h5 or save=weights, save before "
+                f"model.quantize('float8'), or use Keras' model.export() for a serving "
+                f"SavedModel (trainer's export uses this backend too). Received: "
+                f"{len(float8)} float8 layers"
+            )
+
     def build_metadata(
         self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
     ) -> dict[str, Any]:
