@@ -338,6 +338,17 @@ def test_subclassed_model_on_token_ids_serves_and_revives_with_ids(declare_ids, 
         revived.fit(ids.astype(dtypes[-1]), np.ones((6, 1)), verbose=0)
 
 
+def _trained_then_quantized(mode: str, seed: int) -> tuple[keras.Model, np.ndarray]:
+    """Two Dense layers trained one epoch with Adam (slots built), then ``quantize(mode)``."""
+    keras.utils.set_random_seed(seed)
+    x = np.random.default_rng(seed).normal(size=(8, 16)).astype("float32")
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(4)])
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(x, x[:, :4], verbose=0)
+    model.quantize(mode)
+    return model, x
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_int8_quantized_model_with_a_stale_optimizer_is_refused_then_saved(backend, tmp_path):
     """``model.quantize("int8")`` replaces the kernels the optimizer was built for: no load
@@ -346,12 +357,7 @@ def test_int8_quantized_model_with_a_stale_optimizer_is_refused_then_saved(backe
     the same outputs."""
     from trainer.errors import SaveError
 
-    keras.utils.set_random_seed(2)
-    x = np.random.default_rng(2).normal(size=(8, 16)).astype("float32")
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(x, x[:, :4], verbose=0)
-    model.quantize("int8")
+    model, x = _trained_then_quantized("int8", seed=2)
     with pytest.raises(SaveError, match=r"model\.quantize\(\)"):
         get_backend(backend).save(model, tmp_path / "stale")
     assert not any(tmp_path.iterdir())
@@ -371,12 +377,7 @@ def test_float8_quantized_model_is_refused_where_a_load_could_not_restore_it(bac
     round-trip and train on alike."""
     from trainer.errors import SaveError
 
-    keras.utils.set_random_seed(3)
-    x = np.random.default_rng(3).normal(size=(8, 16)).astype("float32")
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16), keras.layers.Dense(4)])
-    model.compile(optimizer="adam", loss="mse")
-    model.fit(x, x[:, :4], verbose=0)
-    model.quantize("float8")
+    model, x = _trained_then_quantized("float8", seed=3)
     refused = ModelNotReadyError if backend == "savedmodel" else SaveError
     with pytest.raises(refused, match="float8"):
         get_backend(backend).save(model, tmp_path / "stale")
