@@ -44,11 +44,7 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
         return None
     if [id(v) for v in tracked] == [id(v) for v in model.trainable_variables]:
         return None
-    float8 = [
-        layer.name
-        for layer in keras_compat.sublayers(model)
-        if isinstance(layer.dtype_policy, keras.dtype_policies.QuantizedFloat8DTypePolicy)
-    ]
+    float8 = float8_layers(model)
     if float8:  # positions cannot name its variables: a rebuild orders them otherwise
         raise SaveError(
             f"The optimizer of model {model.name!r} was built before model.quantize('float8') "
@@ -67,6 +63,18 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
             f"Received: {strangers[:5]}"
         )
     return [positions[id(v)] for v in tracked]
+
+
+def float8_layers(model: keras.Model) -> list[str]:
+    """Names of the layers ``model.quantize("float8")`` quantized. Keras rebuilds such a
+    layer from its config with its variables in another order than the live layer's
+    (scales before the kernel), so no position recorded on the live model names the same
+    variable after a load."""
+    return [
+        layer.name
+        for layer in keras_compat.sublayers(model, include_self=True)
+        if isinstance(layer.dtype_policy, keras.dtype_policies.QuantizedFloat8DTypePolicy)
+    ]
 
 
 def no_weight_decay(model: keras.Model) -> list[int] | None:

@@ -25,7 +25,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
 from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends import layerstate, legacy, modelstate
+from trainer.save_backends import layerstate, legacy, modelstate, trainable
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
 from trainer.save_backends.savedmodel import (
     endpoints,
@@ -77,17 +77,12 @@ class SavedModelBackend(SaveBackend):
 
     # ---------------------------------------------------------------------- save
     def check_savable(self, model: keras.Model) -> None:
-        """Also refuses float8-quantized layers: Keras rebuilds them from their config with
-        their variables in another order than the live layer's (scales before the kernel),
-        and this format restores variables by position, so no load could give them back
-        (the h5 and weights backends restore each layer through Keras' own per-layer
-        store, which does)."""
+        """Also refuses float8-quantized layers (``trainable.float8_layers``): this format
+        restores variables by position, so no load could give them back (the h5 and
+        weights backends restore each layer through Keras' own per-layer store, which
+        does)."""
         super().check_savable(model)
-        float8 = [
-            layer.name
-            for layer in keras_compat.sublayers(model, include_self=True)
-            if isinstance(layer.dtype_policy, keras.dtype_policies.QuantizedFloat8DTypePolicy)
-        ]
+        float8 = trainable.float8_layers(model)
         if float8:
             raise ModelNotReadyError(
                 f"Model {model.name!r} has float8-quantized layers {float8[:5]}, which the "

@@ -54,7 +54,7 @@ class VariablesWriter:
         ``scratch_prefix``, a throwaway location): the first call instantiates it in
         TensorFlow's runtime. The function reads the variables when called, so each write
         holds the values of that moment, as the eager one does."""
-        traced = tf.function(self._write_eagerly, autograph=False)
+        traced = tf.function(self._write_ops, autograph=False)
         concrete = traced.get_concrete_function(tf.TensorSpec([], tf.string))
         concrete(tf.constant(scratch_prefix))
         self._traced = concrete
@@ -67,9 +67,10 @@ class VariablesWriter:
         if self._traced is not None:
             self._traced(tf.constant(prefix))
         else:
-            self._write_eagerly(tf.constant(prefix))
+            self._write_ops(tf.constant(prefix))
 
-    def _write_eagerly(self, prefix: Any) -> Any:
+    def _write_ops(self, prefix: Any) -> Any:
+        """The ops of one write, run eagerly by ``write`` or traced by ``trace``."""
         # The reads run where each variable lives; the bundle is written from the host.
         values = [
             tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype) for v in self.variables
@@ -81,6 +82,8 @@ class VariablesWriter:
                 shape_and_slices=self._slices,
                 tensors=[self._graph, *values],
             )
+        if tf.executing_eagerly():
+            return None  # ran already; no op to keep
         # Traced, an op nothing depends on is pruned (SaveV2 is not among the ops a
         # function keeps by itself): the output depends on it, as in TensorFlow's saver.
         with tf.control_dependencies([save]):
