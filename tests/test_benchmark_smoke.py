@@ -114,3 +114,32 @@ def test_without_tf_keras_the_anchor_rows_say_not_available(tmp_path, monkeypatc
         assert "blocked by the test" in row.note, row
         assert "pip install -e '.[bench]'" in row.note, row
     assert any("not available" in line for line in lines), lines
+
+
+def test_async_cost_compares_each_saves_epochs_with_the_clean_pair_after_them(monkeypatch):
+    """``benchmarks.async_cost`` charges a save with the extra time of the epoch it is
+    taken at and the next one over the two clean epochs after them, per clean epoch."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.async_cost import pair_costs
+
+    every, epochs = 4, 32
+    durations = [0.100] * epochs
+    durations[0] = 2.0  # the first epoch traces: never part of a pair
+    for at in range(every - 1, epochs, every):  # 0-based epochs that end with a save
+        durations[at] += 0.004  # the snapshot
+        if at + 1 < epochs:
+            durations[at + 1] += 0.006  # the write overlapping the next epoch
+    costs = pair_costs(durations, every)
+    # The first two saves are left out (3 and 7, 0-based); 31 ends the run, no pair after.
+    assert len(costs) == 5  # 11, 15, 19, 23, 27
+    assert costs == pytest.approx([0.10] * 5)
+
+
+def test_async_cost_quick_run_reports_a_figure(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "benchmarks.async_cost", "--quick", "--epochs", "24"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("writer=real: 6 saves"), line  # two runs of 3
+    assert "% of an epoch (median)" in line, line
