@@ -20,7 +20,7 @@ from pathlib import Path
 
 import keras
 
-from benchmarks.timing import ERROR, Result, not_available, remove
+from benchmarks.timing import ERROR, NA, Result, not_available, remove
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 FULL = ("trainer.verbose=0",)  # the default run: resnet on digits, Adam, batch 64, 5 epochs
@@ -150,6 +150,16 @@ def blocking_seconds(run_dir: Path) -> list[float]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def _add_round_ratios(rows: dict[str, Result], medians: dict[str, float]) -> None:
+    """One round's steady rate of each mode over the no-checkpoint run's of the same round:
+    the runs of a round follow each other, so a drift of the machine's speed over the
+    benchmark (10-15 % between runs here) moves both sides of each ratio alike."""
+    for mode, row in rows.items():
+        if "none" in medians and mode in medians:
+            row.values.append(medians[mode] / medians["none"])
+            row.note = f"{len(row.values)} rounds"
+
+
 def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Result]:
     base = QUICK if quick else FULL
     option, why_not = async_option()
@@ -166,10 +176,16 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
         for m in modes
         if m != "none"
     }
+    round_rows = {  # each round's steady median over the no-checkpoint run's, same round
+        m: Result("training", f"train_round.{m}", MODES[m][0], unit="x none, same round")
+        for m in modes
+        if m != "none"
+    }
     for repeat in range(repeats):
         # Each round starts with another mode: the first run of a round follows the
         # previous round's last (and its leftovers in the process), so no mode always does.
         shift = repeat % len(modes)
+        medians: dict[str, float] = {}
         for mode in modes[shift:] + modes[:shift]:
             if run_rows[mode].status == ERROR:
                 continue
@@ -177,7 +193,7 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
             try:
                 run, steady, total, blocking, cpu = run_once(base, mode, run_dir)
             except Exception as err:  # reported in the table, never a number
-                for rows in (run_rows, steady_rows, cpu_rows, block_rows):
+                for rows in (run_rows, steady_rows, cpu_rows, block_rows, round_rows):
                     if mode not in rows:
                         continue
                     rows[mode].status = ERROR
@@ -195,18 +211,22 @@ def measure(repeats: int, workdir: Path, *, quick: bool, log=print) -> list[Resu
             steady_rows[mode].values.extend(steady)
             steady_rows[mode].note = f"{len(steady_rows[mode].values)} epochs, {repeat + 1} runs"
             cpu_rows[mode].values.extend(cpu)
+            medians[mode] = statistics.median(steady)
             run_rows[mode].note = f"{total} steps per run"
             if mode in block_rows and blocking:
                 block_rows[mode].values.append(statistics.median(blocking))
             elif mode in block_rows:
                 block_rows[mode].status, block_rows[mode].note = "n/a", "one save per run"
             shown = f", blocking {statistics.median(blocking):.4f}s/save" if blocking else ""
-            median = statistics.median(steady)
-            log(f"  [training] {mode}: {run:.1f} steps/s (steady {median:.1f}){shown}")
+            log(f"  [training] {mode}: {run:.1f} steps/s (steady {medians[mode]:.1f}){shown}")
+        _add_round_ratios(round_rows, medians)
+    for row in round_rows.values():
+        if not row.values and row.status != ERROR:
+            row.status, row.note = NA, "no round measured both this mode and none"
     results = [*run_rows.values(), *steady_rows.values(), *cpu_rows.values()]
-    results += block_rows.values()
+    results += [*block_rows.values(), *round_rows.values()]
     if not option:
         label = MODES["async_savedmodel"][0]
-        for prefix in ("train", "train_steady", "train_cpu", "train_block"):
+        for prefix in ("train", "train_steady", "train_cpu", "train_block", "train_round"):
             results.append(not_available("training", f"{prefix}.async_savedmodel", label, why_not))
     return results
