@@ -150,3 +150,36 @@ def test_async_saving_that_starts_after_a_layer_was_frozen(backend, tmp_path):
     assert trainable.optimizer_built_for(loaded) == trainable.optimizer_built_for(model)
     for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
+def test_the_shadows_structure_fingerprint_follows_flags_and_variables():
+    """The shadow is a private copy (``modelstate.mark_private_copy``): the savedmodel
+    backend checks its structure by flags and variable identities alone, and must still
+    see every change trainer can make to it, giving the very fingerprint a full check
+    would."""
+    from trainer.save_backends import modelstate
+    from trainer.save_backends.savedmodel import structure
+
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4, name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden))
+    model.compile(optimizer="adam", loss="mse")
+    shadow = clone_for_snapshot(model)
+    assert modelstate.is_private_copy(shadow) and not modelstate.is_private_copy(model)
+
+    def check():
+        value = structure.fingerprint(shadow)
+        assert value == structure._fingerprint(shadow)
+        return value
+
+    first = check()
+    assert check() == first  # remembered, unchanged
+    model.get_layer("hidden").trainable = False
+    refresh_snapshot(model, shadow)  # carries the flag
+    frozen = check()
+    assert frozen != first
+    shadow.compile(optimizer="sgd", loss="mse")  # another optimizer, not built yet
+    unbuilt = check()
+    assert unbuilt != frozen
+    shadow.optimizer.build(shadow.trainable_variables)  # its variables appear
+    assert check() != unbuilt

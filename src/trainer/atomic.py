@@ -37,16 +37,19 @@ def fsync_tree(path: Path) -> None:
         return
     for root, _dirs, files in os.walk(path):
         for name in files:
-            _fsync_file(Path(root, name))
-        fsync_dir(Path(root))
+            _fsync_file(os.path.join(root, name))
+        fsync_dir(root)
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+def _fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)  # no Python file object: every save fsyncs each file
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | os.PathLike) -> None:
     """Flush a directory's entries (a rename or a new file in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -76,7 +76,9 @@ def write_manifest(directory: Path, relative: str = MANIFEST_FILE, **info: Any) 
     target = Path(directory) / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1, sort_keys=True)
+        # One string from the C encoder (json.dump and indented output use the Python one):
+        # the manifest is written by every save, in the async writer thread too.
+        handle.write(json.dumps(manifest, sort_keys=True, separators=(",", ":")))
         handle.flush()
         os.fsync(handle.fileno())
     return manifest

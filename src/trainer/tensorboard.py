@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -23,7 +24,10 @@ from typing import Any
 
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.errors import TensorBoardLinkError
@@ -78,10 +82,17 @@ def config_hash(cfg: Any, *, ignore: tuple[str, ...] = ("run_dir",)) -> str:
 
 def path_size(path: str | os.PathLike) -> int:
     """Bytes of a file, or of every file under a directory."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    if os.path.isfile(path):
+        return os.stat(path).st_size
+    total = 0
+    for root, _dirs, names in os.walk(path):  # not Path.rglob: runs after every save
+        for name in names:
+            try:
+                status = os.stat(os.path.join(root, name))
+            except FileNotFoundError:  # a dangling link, as Path.is_file saw it
+                continue
+            total += status.st_size if stat.S_ISREG(status.st_mode) else 0
+    return total
 
 
 def saved_model_graph_def(directory: str | os.PathLike) -> Any:
@@ -227,14 +238,19 @@ class RunBoard:
             metrics=metrics or {},
             config_hash=config_hash or self.config_hash,
         )
+        # One event holding the card and its scalars, written by one op: the same values
+        # four summary ops would write, a third of their CPU in the async writer thread.
+        summary = summary_pb2.Summary()
+        summary.value.extend(text_summary.text_pb(tag, text).value)
+        for name, value in (
+            ("save_seconds", save_seconds),
+            ("blocking_seconds", blocking_seconds),
+            ("size_bytes", size_bytes),
+        ):
+            if value is not None:
+                summary.value.extend(scalar_summary.scalar_pb(f"{kind}/{name}", value).value)
         with self.writes.writing(f"{kind} cards"), self.writer.as_default(step=step):
-            tf.summary.text(tag, text)
-            if save_seconds is not None:
-                tf.summary.scalar(f"{kind}/save_seconds", float(save_seconds))
-            if blocking_seconds is not None:
-                tf.summary.scalar(f"{kind}/blocking_seconds", float(blocking_seconds))
-            if size_bytes is not None:
-                tf.summary.scalar(f"{kind}/size_bytes", float(size_bytes))
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString())
             self.writer.flush()
         return tag
 

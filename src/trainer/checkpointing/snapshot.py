@@ -102,6 +102,7 @@ def variable_copier(model: keras.Model, shadow: keras.Model) -> Callable[[], Non
 def clone_for_snapshot(model: keras.Model) -> keras.Model:
     """A second model of the same architecture and compile state, with its own variables."""
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
     _call_once_like(model, clone)
     modelstate.build_optimizer(model)
     compile_config = modelstate.compile_config(model)

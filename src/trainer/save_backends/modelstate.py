@@ -28,6 +28,7 @@ import copy
 import inspect
 import json
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,23 @@ def inference_only():
 def saving_optimizer() -> bool:
     """False inside ``inference_only()``: the save leaves out the compile state."""
     return not _INFERENCE_ONLY.get()
+
+
+# ------------------------------------------------------------------ private copies
+# Models no user code can reach: the async snapshot's shadow, which trainer alone changes,
+# only by copying values in and ``trainable`` flags (``trainable.match_trainable``).
+_PRIVATE_COPIES: weakref.WeakSet = weakref.WeakSet()
+
+
+def mark_private_copy(model: keras.Model) -> None:
+    """Declare ``model`` a private copy: from now on only values and ``trainable`` flags
+    change in it (and its variables only by being replaced), which lets a backend check its
+    structure by those alone between saves (the savedmodel backend's trace reuse)."""
+    _PRIVATE_COPIES.add(model)
+
+
+def is_private_copy(model: keras.Model) -> bool:
+    return model in _PRIVATE_COPIES
 
 
 def compile_config(model: keras.Model) -> dict[str, Any] | None:

@@ -5,16 +5,49 @@ identities and a few attributes, no values."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 
 import keras
 
 from trainer.save_backends import modelstate
 from trainer.save_backends.savedmodel import state_variables, tracing
 
+# A private copy's (``modelstate.mark_private_copy``) last fingerprint, with what alone can
+# change it: its flags and which variables it has. Computing the whole fingerprint was 1.1
+# ms of the async writer's 8 ms per save, and the writer's CPU is what async saving costs
+# the training loop (``benchmarks/async_cost.py``).
+_PRIVATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def fingerprint(model: keras.Model) -> str:
     """Changes whenever a save could no longer reuse the traced graph: layers added or
     rebuilt, variables replaced, trainable flags or the optimizer changed."""
+    if not modelstate.is_private_copy(model):
+        return _fingerprint(model)
+    key = _private_copy_key(model)
+    known = _PRIVATE.get(model)
+    if known is not None and known[0] == key:
+        return known[1]
+    value = _fingerprint(model)
+    _PRIVATE[model] = (key, value)
+    return value
+
+
+def _private_copy_key(model: keras.Model) -> tuple:
+    """What can change in a private copy: trainable flags (of layers and variables) and,
+    should a variable be replaced, which variables it has (model and optimizer)."""
+    optimizer = getattr(model, "optimizer", None) if modelstate.saving_optimizer() else None
+    optimizer_variables = optimizer.variables if optimizer is not None and optimizer.built else ()
+    return (
+        modelstate.saving_optimizer(),
+        tuple(layer.trainable for layer in tracing.all_layers(model)),
+        tuple((id(v), v.trainable) for v in model.weights),
+        id(optimizer),
+        tuple(id(v) for v in optimizer_variables),
+    )
+
+
+def _fingerprint(model: keras.Model) -> str:
     parts = []
     for layer in tracing.all_layers(model):
         parts.append(f"L{id(layer)}:{type(layer).__name__}:{layer.name}:{layer.trainable}")
