@@ -36,10 +36,11 @@ def fingerprint(model: keras.Model) -> str:
 def _private_copy_key(model: keras.Model) -> tuple:
     """What can change in a private copy: trainable flags (of layers and variables) and,
     should a variable be replaced, which variables it has (model and optimizer)."""
-    optimizer = getattr(model, "optimizer", None) if modelstate.saving_optimizer() else None
+    saving_optimizer = modelstate.saving_optimizer()
+    optimizer = getattr(model, "optimizer", None) if saving_optimizer else None
     optimizer_variables = optimizer.variables if optimizer is not None and optimizer.built else ()
     return (
-        modelstate.saving_optimizer(),
+        saving_optimizer,
         tuple(layer.trainable for layer in tracing.all_layers(model)),
         tuple((id(v), v.trainable) for v in model.weights),
         id(optimizer),
