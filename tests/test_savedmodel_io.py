@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests import savedmodel_zoo as zoo
+from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError, NotACheckpointError
 from trainer.save_backends import detect_backend, get_backend
@@ -204,3 +205,37 @@ def test_string_lookup_vocabulary_travels_with_the_model(tmp_path):
     np.testing.assert_array_equal(revived(x).numpy(), expected)
     served = tf.saved_model.load(str(path)).signatures["serving_default"]
     np.testing.assert_allclose(next(iter(served(x).values())), expected)
+
+
+def test_repeat_saves_manifest_holds_each_files_own_digest(tmp_path):
+    """A repeat save gives the manifest the digests of the files it wrote from memory
+    instead of reading them back. Each entry must still be the file's own digest, the
+    lookup vocabulary included: rewritten by every save, here with other words of the
+    same size."""
+    inputs = keras.Input((1,), dtype="string")
+    lookup = keras.layers.StringLookup(vocabulary=["red", "tan"], name="lookup")
+    emb = keras.layers.Embedding(5, 3, name="emb")(lookup(inputs))
+    model = keras.Model(inputs, keras.layers.Flatten()(emb))
+    model.compile("adam", "mse")
+    x, y = tf.constant([["red"], ["tan"]]), np.ones((2, 3), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    backend = get_backend("savedmodel")
+    first = backend.save(model, tmp_path / "a")
+    lookup.set_vocabulary(["red", "sky"])
+    model.fit(x, y, epochs=1, verbose=0)
+    second = backend.save(model, tmp_path / "b")
+    assert json.loads(metadata_path(second).read_text())["full_save"] is False
+    words = [p.relative_to(second) for p in second.rglob("vocabulary.txt")]
+    assert words and all((first / w).read_bytes() != (second / w).read_bytes() for w in words)
+    for path in (first, second):
+        manifest = integrity.read_manifest(path, backend.manifest_file)
+        on_disk = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+        assert sorted(e["path"] for e in manifest["files"]) == [
+            f for f in on_disk if f != backend.manifest_file
+        ]
+        for entry in manifest["files"]:
+            assert entry["sha256"] == integrity.file_digest(path / entry["path"]), entry
+    assert backend.load(second, verify=True).model.get_layer("lookup").get_vocabulary()[1:] == [
+        "red",
+        "sky",
+    ]

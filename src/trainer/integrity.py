@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -50,9 +51,20 @@ def bytes_digest(data: bytes | memoryview) -> str:
 
 
 # ------------------------------------------------------------------ directory manifests
-def build_manifest(directory: Path, relative: str, **info: Any) -> dict[str, Any]:
-    """Sizes and digests of every file under ``directory`` except the manifest itself."""
+def build_manifest(
+    directory: Path,
+    relative: str,
+    known: Mapping[str, tuple[int, str]] | None = None,
+    **info: Any,
+) -> dict[str, Any]:
+    """Sizes and digests of every file under ``directory`` except the manifest itself.
+
+    ``known`` maps a relative path to the size and digest of the bytes its writer wrote
+    from memory, so that file is not read back to be hashed (every save seals its
+    checkpoint, in the async writer thread too). A file whose size on disk differs from
+    its known size is hashed from disk."""
     directory = Path(directory)
+    known = known or {}
     files = []
     for root, dirs, names in os.walk(directory):
         dirs.sort()
@@ -66,22 +78,34 @@ def build_manifest(directory: Path, relative: str, **info: Any) -> dict[str, Any
                     f"{path} is a symbolic link; a checkpoint must hold only real files so "
                     f"that it can be copied and verified. Received link to {os.readlink(path)}"
                 )
-            files.append({"path": rel, "size": path.stat().st_size, "sha256": file_digest(path)})
+            size = path.stat().st_size
+            written = known.get(rel)
+            digest = written[1] if written and written[0] == size else file_digest(path)
+            files.append({"path": rel, "size": size, "sha256": digest})
     return {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, **info, "files": files}
 
 
-def write_manifest(directory: Path, relative: str = MANIFEST_FILE, **info: Any) -> dict[str, Any]:
-    """Write the manifest of ``directory`` to ``directory/relative`` (flushed to disk)."""
-    manifest = build_manifest(directory, relative, **info)
+def write_manifest(
+    directory: Path,
+    relative: str = MANIFEST_FILE,
+    known: Mapping[str, tuple[int, str]] | None = None,
+    **info: Any,
+) -> dict[str, Any]:
+    """Write the manifest of ``directory`` to ``directory/relative``. Not flushed to disk
+    here: the caller syncs the whole directory before publishing it (``fsync_tree``)."""
+    manifest = build_manifest(directory, relative, known, **info)
     target = Path(directory) / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", encoding="utf-8") as handle:
         # One string from the C encoder (json.dump and indented output use the Python one):
         # the manifest is written by every save, in the async writer thread too.
         handle.write(json.dumps(manifest, sort_keys=True, separators=(",", ":")))
-        handle.flush()
-        os.fsync(handle.fileno())
     return manifest
+
+
+def known_digest(data: bytes) -> tuple[int, str]:
+    """The size and digest of bytes written from memory, for ``build_manifest``'s ``known``."""
+    return len(data), bytes_digest(data)
 
 
 def read_manifest(directory: Path, relative: str = MANIFEST_FILE) -> dict[str, Any] | None:

@@ -119,10 +119,12 @@ _PLAIN = (int, float, str, bool, type(None))
 
 
 def _copied(value: Any, as_dicts: bool) -> Any:
-    """A deep copy of a field's value, a list or tuple of plain values copied at once;
+    """A deep copy of a field's value, a list, tuple or dict of plain values copied at once;
     a dataclass in it becomes a dict if ``as_dicts`` (as ``dataclasses.asdict`` makes it),
     else a deep copy of it."""
     if isinstance(value, dict):
+        if all(type(item) in _PLAIN for item in value.values()):
+            return dict(value)  # a history entry: one per epoch, copied by every save
         return {key: _copied(item, as_dicts) for key, item in value.items()}
     if type(value) in (list, tuple):
         if all(type(item) in _PLAIN for item in value):

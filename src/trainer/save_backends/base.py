@@ -12,7 +12,7 @@ import datetime as _dt
 import errno
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -88,8 +88,8 @@ class SaveBackend(abc.ABC):
         meta = self.build_metadata(model, state, metadata or {})
         try:
             with atomic_write(path, directory=self.is_directory) as tmp:
-                self._write(model, tmp, state, meta)
-                self.seal(tmp)  # the manifest: last, before the rename
+                known = self._write(model, tmp, state, meta)
+                self.seal(tmp, known)  # the manifest: last, before the rename
         except (OSError, tf.errors.OpError) as error:  # disk full, permissions, I/O
             raise write_error(path, error) from error
         return path
@@ -257,12 +257,14 @@ class SaveBackend(abc.ABC):
             return None
         return {"manifest": self.manifest_file, "algorithm": integrity.ALGORITHM}
 
-    def seal(self, tmp: Path) -> None:
-        """Write the manifest of a finished directory checkpoint (before its rename)."""
+    def seal(self, tmp: Path, known: Mapping[str, tuple[int, str]] | None = None) -> None:
+        """Write the manifest of a finished directory checkpoint (before its rename);
+        ``known``: what ``_write`` returned, sizes and digests it need not read back."""
         if self.is_directory and self.manifest_file:
             integrity.write_manifest(
                 tmp,
                 self.manifest_file,
+                known,
                 backend=self.name,
                 backend_class=class_path(type(self)),  # named in errors, never imported
                 format_version=self.format_version,
@@ -306,8 +308,12 @@ class SaveBackend(abc.ABC):
     @abc.abstractmethod
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
-    ) -> None:
-        """Write everything into ``tmp`` (a fresh directory, or a file path to create)."""
+    ) -> Mapping[str, tuple[int, str]] | None:
+        """Write everything into ``tmp`` (a fresh directory, or a file path to create).
+
+        May return the size and SHA-256 of files it wrote from memory, by path relative to
+        ``tmp`` (``integrity.known_digest``), which the manifest then takes instead of
+        reading those files back."""
 
     @abc.abstractmethod
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer import limits
+from trainer import integrity, limits
 from trainer._compat import keras as keras_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
@@ -104,9 +104,9 @@ class SavedModelBackend(SaveBackend):
 
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
-    ) -> None:
+    ) -> dict[str, tuple[int, str]]:
         with keras_compat.call_losses_kept(model):  # tracing must not empty model.losses
-            traced, full = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
+            traced, full, known = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
         if traced.encoded is None:
             traced.encoded = layout.encode(
                 {
@@ -120,7 +120,9 @@ class SavedModelBackend(SaveBackend):
             )
         metadata = {**metadata, "full_save": full}
         layer_state.write(model, tmp)  # before the metadata, which marks completeness
-        layout.write_metadata(tmp, metadata, encoded={"savedmodel": traced.encoded})
+        text = layout.write_metadata(tmp, metadata, encoded={"savedmodel": traced.encoded})
+        known[f"{layout.METADATA_DIR}/{layout.METADATA_FILE}"] = integrity.known_digest(text)
+        return known
 
     def prepare_repeat_saves(self, model: keras.Model, scratch: Path) -> bool:
         """After a first save of ``model``: trace its repeat-save variables write now (into

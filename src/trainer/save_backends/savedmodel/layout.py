@@ -16,7 +16,6 @@ ours. A SavedModel without it is a plain TF export that trainer will not try to 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +48,10 @@ def encode(value: Any) -> str:
 
 def write_metadata(
     directory: Path, metadata: dict[str, Any], encoded: dict[str, str] | None = None
-) -> None:
-    """Write the metadata file (flushed to disk); ``encoded`` holds entries already
-    encoded as JSON (by :func:`encode`), written as they are."""
+) -> bytes:
+    """Write the metadata file and return its bytes; ``encoded`` holds entries already
+    encoded as JSON (by :func:`encode`), written as they are. Not flushed to disk here:
+    the save syncs the whole directory before publishing it (``atomic_write``)."""
     path = metadata_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     encoded = encoded or {}
@@ -59,11 +59,10 @@ def write_metadata(
     entries = (
         f"{json.dumps(k)}:{encoded[k] if k in encoded else encode(metadata[k])}" for k in keys
     )
-    text = "{" + ",".join(entries) + "}"
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+    data = ("{" + ",".join(entries) + "}").encode("utf-8")
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return data
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel import object_graph, saver_def, structure, variables_writer
 
@@ -38,6 +39,8 @@ class Entry:
     traced: object_graph.TracedModel
     files: dict[str, bytes]  # relative path -> content, everything but variables/
     writer: variables_writer.VariablesWriter | None = None  # None: tf.train.Checkpoint
+    # Relative path -> (size, SHA-256) of ``files``, for the manifest (``integrity``).
+    digests: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 def clear() -> None:
@@ -50,14 +53,15 @@ def cached(model: keras.Model) -> Entry | None:
 
 def write_saved_model(
     model: keras.Model, directory: Path, *, reuse: bool = True
-) -> tuple[object_graph.TracedModel, bool]:
-    """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save)."""
+) -> tuple[object_graph.TracedModel, bool, dict[str, tuple[int, str]]]:
+    """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save,
+    the size and digest of the files written from memory, for the manifest)."""
     directory = Path(directory)
     entry = _CACHE.get(model) if reuse else None
     if entry is not None and entry.traced.fingerprint == structure.fingerprint(model):
-        _fast_write(entry, directory)
+        known = _fast_write(entry, directory)
         write_vocabularies(model, directory)
-        return entry.traced, False
+        return entry.traced, False, known
     traced = object_graph.trace_model(model)
     writer = _save_with_our_saver(traced, directory)
     write_vocabularies(model, directory)
@@ -67,8 +71,9 @@ def write_saved_model(
         if path.is_file() and not relative.startswith("variables/"):
             files[relative] = path.read_bytes()
     _annotate_node_ids(traced, files["saved_model.pb"])
-    _CACHE[model] = Entry(traced=traced, files=files, writer=writer)
-    return traced, True
+    digests = {relative: integrity.known_digest(content) for relative, content in files.items()}
+    _CACHE[model] = Entry(traced=traced, files=files, writer=writer, digests=digests)
+    return traced, True, dict(digests)  # read back from disk just above
 
 
 def _save_with_our_saver(
@@ -136,13 +141,18 @@ def write_vocabularies(model: keras.Model, directory: Path) -> None:
             (target / "vocabulary.txt").write_text("\n".join(str(w) for w in words))
 
 
-def _fast_write(entry: Entry, directory: Path) -> None:
+def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
+    """Write the remembered files and a new variables checkpoint; returns the size and
+    digest of what was written from memory (the remembered files, the fingerprint)."""
+    known = {}
     for relative, content in entry.files.items():
         if relative == "fingerprint.pb":
             continue
         target = directory / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
+        if not relative.startswith(f"{VOCAB_DIR}/"):  # rewritten next, maybe changed
+            known[relative] = entry.digests[relative]
     (directory / "variables").mkdir(exist_ok=True)
     prefix = _variables_prefix(directory)
     if entry.writer is not None:
@@ -156,8 +166,10 @@ def _fast_write(entry: Entry, directory: Path) -> None:
         else:  # the same saved_model.pb: only the checkpoint's hash is new
             fingerprint = tf_compat.fingerprint_for_new_variables(str(directory), previous)
             (directory / "fingerprint.pb").write_bytes(fingerprint)
+            known["fingerprint.pb"] = integrity.known_digest(fingerprint)
     except (OSError, ValueError, TypeError, tf.errors.OpError) as err:  # pragma: no cover
         log.info("SavedModel fingerprint not written: %s", err)  # optional for loaders
+    return known
 
 
 def _annotate_node_ids(traced: object_graph.TracedModel, pb: bytes) -> None:
