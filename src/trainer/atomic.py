@@ -8,12 +8,15 @@ name (the same idea as orbax's atomic rename and TF Serving's version directorie
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import re
 import shutil
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from trainer.errors import DiskFullError, SaveIOError, SavePermissionError
@@ -31,14 +34,50 @@ def is_temporary(path: Path) -> bool:
 
 
 def fsync_tree(path: Path) -> None:
-    """Flush every file under ``path`` (or the file itself) and the directories holding them."""
+    """Flush every file under ``path`` (or the file itself) and the directories holding them.
+
+    On Linux a directory is flushed by one ``syncfs(2)`` of its filesystem: every file
+    and directory entry written into it reaches the disk in one journal commit instead of
+    one per file. For a repeat savedmodel save that halves the CPU the flush costs (about
+    0.5 ms of the async writer's 3.5 ms, ``benchmarks/analysis.md``) and its wall time.
+    It also flushes whatever else is dirty on that filesystem, which a journal commit
+    largely does anyway. Elsewhere, and if the call is refused, each file is fsynced."""
     if path.is_file():
         _fsync_file(path)
+        return
+    if _syncfs(path):
         return
     for root, _dirs, files in os.walk(path):
         for name in files:
             _fsync_file(os.path.join(root, name))
         fsync_dir(root)
+
+
+def _syncfs(path: str | os.PathLike) -> bool:
+    """``syncfs(2)`` on the filesystem holding ``path``; False where it does not exist."""
+    call = _syncfs_call()
+    if call is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if call(fd) == 0:
+            return True
+        code = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if code in (errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(path))
+
+
+@functools.cache
+def _syncfs_call() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):  # a libc without it (glibc < 2.14, some musl)
+        return None
 
 
 def _fsync_file(path: str | os.PathLike) -> None:

@@ -37,6 +37,7 @@ HDF5_USERBLOCK = 512
 HDF5_LOCATION = "hdf5-userblock"
 _MAGIC = b"TRAINER-MANIFEST "
 _CHUNK = 1 << 20
+_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # built once, not per save
 _MAX_MANIFEST_BYTES = 16 << 20
 
 
@@ -63,23 +64,25 @@ def build_manifest(
     from memory, so that file is not read back to be hashed (every save seals its
     checkpoint, in the async writer thread too). A file whose size on disk differs from
     its known size is hashed from disk."""
-    directory = Path(directory)
+    top = os.fspath(directory)
     known = known or {}
     files = []
-    for root, dirs, names in os.walk(directory):
+    for root, dirs, names in os.walk(top):  # os calls, not pathlib: every save runs this
         dirs.sort()
+        prefix = os.path.relpath(root, top).replace(os.sep, "/") + "/"
+        prefix = "" if prefix == "./" else prefix
         for name in sorted(names):
-            path = Path(root, name)
-            rel = path.relative_to(directory).as_posix()
+            path, rel = os.path.join(root, name), prefix + name
             if rel == relative:
                 continue
-            if path.is_symlink():
+            found = os.lstat(path)
+            if stat.S_ISLNK(found.st_mode):
                 raise CorruptCheckpointError(
                     f"{path} is a symbolic link; a checkpoint must hold only real files so "
                     f"that it can be copied and verified. Received link to {os.readlink(path)}"
                 )
-            size = path.stat().st_size
             written = known.get(rel)
+            size = found.st_size
             digest = written[1] if written and written[0] == size else file_digest(path)
             files.append({"path": rel, "size": size, "sha256": digest})
     return {"format": FORMAT, "version": VERSION, "algorithm": ALGORITHM, **info, "files": files}
@@ -99,7 +102,7 @@ def write_manifest(
     with open(target, "w", encoding="utf-8") as handle:
         # One string from the C encoder (json.dump and indented output use the Python one):
         # the manifest is written by every save, in the async writer thread too.
-        handle.write(json.dumps(manifest, sort_keys=True, separators=(",", ":")))
+        handle.write(_COMPACT.encode(manifest))
     return manifest
 
 
