@@ -128,7 +128,8 @@ def atomic_write(final: Path, *, directory: bool) -> Iterator[Path]:
     On any exception the temporary is removed and ``final`` (if it existed) is untouched.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if not final.parent.is_dir():  # a stat: a failing mkdir raises and catches an error
+        final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(final)
     if directory:
         tmp.mkdir()

@@ -98,7 +98,8 @@ def write_manifest(
     here: the caller syncs the whole directory before publishing it (``fsync_tree``)."""
     manifest = build_manifest(directory, relative, known, **info)
     target = Path(directory) / relative
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.is_dir():  # a stat: a failing mkdir raises and catches an error
+        target.parent.mkdir(parents=True)
     with open(target, "w", encoding="utf-8") as handle:
         # One string from the C encoder (json.dump and indented output use the Python one):
         # the manifest is written by every save, in the async writer thread too.

@@ -8,6 +8,7 @@ checks each helper against the behaviour it relies on.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator
@@ -159,7 +160,8 @@ def fingerprint_for_new_variables(directory: str, previous: bytes) -> bytes:
 
     fingerprint = fingerprint_pb2.FingerprintDef()
     fingerprint.ParseFromString(previous)
-    index = tf.io.gfile.GFile(f"{directory}/variables/variables.index", "rb").read()
+    with open(os.path.join(directory, "variables", "variables.index"), "rb") as handle:
+        index = handle.read()  # a local directory: trainer writes checkpoints with os calls
     hashed = tf.fingerprint(tf.constant([index]), method="farmhash64").numpy()[0]
     fingerprint.checkpoint_hash = int.from_bytes(hashed.tobytes(), "little")
     fingerprint.uuid = str(secrets.randbits(128))

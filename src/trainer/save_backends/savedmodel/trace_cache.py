@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import weakref
 from pathlib import Path
 from typing import Any
@@ -145,11 +146,12 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
     """Write the remembered files and a new variables checkpoint; returns the size and
     digest of what was written from memory (the remembered files, the fingerprint)."""
     known = {}
+    for parent in sorted({os.path.dirname(relative) for relative in entry.files} - {""}):
+        (directory / parent).mkdir(parents=True, exist_ok=True)  # once each, not per file
     for relative, content in entry.files.items():
         if relative == "fingerprint.pb":
             continue
         target = directory / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
         if not relative.startswith(f"{VOCAB_DIR}/"):  # rewritten next, maybe changed
             known[relative] = entry.digests[relative]
