@@ -239,3 +239,29 @@ def test_repeat_saves_manifest_holds_each_files_own_digest(tmp_path):
         "red",
         "sky",
     ]
+
+
+def test_repeat_saves_link_the_unchanged_graph_only_while_it_is_unchanged(tmp_path):
+    """A repeat save hard-links ``saved_model.pb`` from the checkpoint published before it
+    (the same bytes). A graph changed in place since, or gone, is not linked: the save
+    writes the bytes it traced, and the checkpoint verifies and loads."""
+    keras.utils.set_random_seed(4)
+    model, x, y, _ = zoo.nested_three_deep()
+    backend = get_backend("savedmodel")
+    first = backend.save(model, tmp_path / "a")
+    model.fit(x, y, epochs=1, verbose=0)
+    second = backend.save(model, tmp_path / "b")
+    assert os.path.samefile(first / "saved_model.pb", second / "saved_model.pb")
+    traced = trace_cache.cached(model).files["saved_model.pb"]
+
+    with open(second / "saved_model.pb", "r+b") as handle:  # same size, other bytes
+        handle.seek(len(traced) // 2)
+        handle.write(bytes([traced[len(traced) // 2] ^ 0xFF]))
+    third = backend.save(model, tmp_path / "c")
+    assert (third / "saved_model.pb").read_bytes() == traced
+    shutil.rmtree(third)  # the published graph gone: written again
+    fourth = backend.save(model, tmp_path / "d")
+    assert (fourth / "saved_model.pb").read_bytes() == traced
+    assert not os.path.samefile(second / "saved_model.pb", fourth / "saved_model.pb")
+    loaded = backend.load(fourth, verify=True).model
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
