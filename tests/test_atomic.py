@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from trainer import atomic
+from trainer.checkpointing.snapshot import AsyncWriter
 
 
 def _tree(root):
@@ -18,15 +19,23 @@ def _tree(root):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="syncfs(2) is Linux only")
-def test_on_linux_a_directory_is_flushed_by_one_syncfs(tmp_path, monkeypatch):
-    """The fast flush is the one taken on Linux: were libc's syncfs missing or refused,
-    every save would fall back to per-file fsyncs without a word."""
+def test_the_async_writer_flushes_a_directory_by_one_syncfs_others_file_by_file(
+    tmp_path, monkeypatch
+):
+    """The fast flush is the one the async writer takes on Linux: were libc's syncfs
+    missing or refused, every background save would fall back to per-file fsyncs without
+    a word. A save in any other thread flushes its own files only."""
     flushed = []
     monkeypatch.setattr(atomic, "_fsync_file", flushed.append)
     monkeypatch.setattr(atomic, "fsync_dir", flushed.append)
-    assert atomic._syncfs(_tree(tmp_path / "ckpt")) is True
-    atomic.fsync_tree(tmp_path / "ckpt")
+    root = _tree(tmp_path / "ckpt")
+    assert atomic._syncfs(root) is True
+    writer = AsyncWriter()
+    writer.submit(lambda: atomic.fsync_tree(root))
+    writer.wait()
     assert flushed == []
+    atomic.fsync_tree(root)
+    assert len(flushed) == 4  # two files, two directories
 
 
 def test_without_syncfs_every_file_and_directory_is_fsynced(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,19 +34,34 @@ def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and TMP_MARKER in path.name
 
 
-def fsync_tree(path: Path) -> None:
-    """Flush every file under ``path`` (or the file itself) and the directories holding them.
+_FLUSH = threading.local()
 
-    On Linux a directory is flushed by one ``syncfs(2)`` of its filesystem: every file
-    and directory entry written into it reaches the disk in one journal commit instead of
-    one per file. For a repeat savedmodel save that halves the CPU the flush costs (about
-    0.5 ms of the async writer's 3.5 ms, ``benchmarks/analysis.md``) and its wall time.
-    It also flushes whatever else is dirty on that filesystem, which a journal commit
-    largely does anyway. Elsewhere, and if the call is refused, each file is fsynced."""
+
+@contextlib.contextmanager
+def flushing_whole_filesystem() -> Iterator[None]:
+    """In this thread, ``fsync_tree`` flushes a directory with one ``syncfs(2)`` of its
+    filesystem (Linux): every file and directory entry written into it reaches the disk
+    in one journal commit instead of one per file, which halves the CPU of the flush for
+    a repeat savedmodel save (about 0.45 ms of 3.6, ``benchmarks/analysis.md``). But it
+    also waits for everything else dirty on that filesystem (96 MiB written by another
+    program add 31 ms to a large save), so only the async writer thread asks for it: a
+    save the training loop waits for flushes its own files only."""
+    previous = getattr(_FLUSH, "filesystem", False)
+    _FLUSH.filesystem = True
+    try:
+        yield
+    finally:
+        _FLUSH.filesystem = previous
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (or the file itself) and the directories holding
+    them: each one fsynced, or, in a thread that asked for it and where the call exists,
+    one ``syncfs`` (``flushing_whole_filesystem``)."""
     if path.is_file():
         _fsync_file(path)
         return
-    if _syncfs(path):
+    if getattr(_FLUSH, "filesystem", False) and _syncfs(path):
         return
     for root, _dirs, files in os.walk(path):
         for name in files:

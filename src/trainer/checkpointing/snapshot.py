@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer import atomic
 from trainer._compat.keras import get_input_signature
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate, trainable
@@ -153,7 +154,8 @@ class AsyncWriter:
     Started with ``_thread.start_new_thread`` rather than ``threading.Thread.start``: the
     latter waits until the new thread has run far enough to signal that it started, which
     needs the GIL, and costs the training thread about 10 ms per save on a busy machine
-    (issue 17: as much as the snapshot copy itself)."""
+    (issue 17: as much as the snapshot copy itself). Its writes flush a finished directory
+    with one ``syncfs`` (``atomic.flushing_whole_filesystem``)."""
 
     def __init__(self):
         self._done: threading.Event | None = None
@@ -165,7 +167,8 @@ class AsyncWriter:
 
         def run():
             try:
-                job()
+                with atomic.flushing_whole_filesystem():  # waits only in the background
+                    job()
             except BaseException as error:  # re-raised in the training thread
                 self._error = error
             finally:
