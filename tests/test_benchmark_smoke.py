@@ -143,3 +143,15 @@ def test_async_cost_quick_run_reports_a_figure(tmp_path):
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith("writer=real: 6 saves"), line  # two runs of 3
     assert "% of an epoch (median)" in line, line
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUSAGE_THREAD is Linux only")
+def test_writer_cpu_reports_the_cpu_of_repeat_saves(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "benchmarks.writer_cpu", "--saves", "8"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("writer CPU per repeat savedmodel save: "), line
+    assert "(median of 3)" in line and "system" in line, line
+    assert float(line.split(": ")[1].split(" ms")[0]) > 0, line
