@@ -194,6 +194,20 @@ def nested_three_deep():
     return _fit(model, x, y), x, y, ["Outer", "Middle", "Inner"]
 
 
+def saved_before_and_after_training(directory, seed: int, epochs: int = 1):
+    """``nested_three_deep`` saved by the savedmodel backend, trained ``epochs`` more and
+    saved again (a repeat save): (backend, model, x, y, first, second)."""
+    from trainer.save_backends import get_backend
+
+    keras.utils.set_random_seed(seed)
+    model, x, y, _ = nested_three_deep()
+    backend = get_backend("savedmodel")
+    first = backend.save(model, directory / "first")
+    model.fit(x, y, epochs=epochs, verbose=0)
+    second = backend.save(model, directory / "second")
+    return backend, model, x, y, first, second
+
+
 def shared_layer():
     a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
     shared = Scale(name="shared")

@@ -89,12 +89,8 @@ def test_layout_and_metadata(two_by_two):
 
 
 def test_repeat_save_reuses_the_trace_and_stays_complete(tmp_path):
-    keras.utils.set_random_seed(4)
-    model, x, y, _ = zoo.nested_three_deep()
-    backend = get_backend("savedmodel")
-    first = backend.save(model, tmp_path / "a")
-    model.fit(x, y, epochs=1, verbose=0)  # new weights and optimizer state, same structure
-    second = backend.save(model, tmp_path / "b")
+    # new weights and optimizer state between the saves, the same structure
+    backend, model, x, _y, first, second = zoo.saved_before_and_after_training(tmp_path, 4)
     meta = json.loads(metadata_path(second).read_text())
     assert json.loads(metadata_path(first).read_text())["full_save"] is True
     assert meta["full_save"] is False
@@ -245,12 +241,7 @@ def test_repeat_saves_link_the_unchanged_graph_only_while_it_is_unchanged(tmp_pa
     """A repeat save hard-links ``saved_model.pb`` from the checkpoint published before it
     (the same bytes). A graph changed in place since, or gone, is not linked: the save
     writes the bytes it traced, and the checkpoint verifies and loads."""
-    keras.utils.set_random_seed(4)
-    model, x, y, _ = zoo.nested_three_deep()
-    backend = get_backend("savedmodel")
-    first = backend.save(model, tmp_path / "a")
-    model.fit(x, y, epochs=1, verbose=0)
-    second = backend.save(model, tmp_path / "b")
+    backend, model, x, _y, first, second = zoo.saved_before_and_after_training(tmp_path, 4)
     assert os.path.samefile(first / "saved_model.pb", second / "saved_model.pb")
     traced = trace_cache.cached(model).files["saved_model.pb"]
 

@@ -60,12 +60,7 @@ def test_tf1_loader_restores_through_our_saverdef_and_its_save_op_writes_the_sam
 
 
 def test_a_repeat_save_keeps_the_saverdef_and_restores_its_own_values(tmp_path):
-    keras.utils.set_random_seed(5)
-    model, x, y, _ = zoo.nested_three_deep()
-    backend = get_backend("savedmodel")
-    first = backend.save(model, tmp_path / "first")
-    model.fit(x, y, epochs=2, verbose=0)
-    second = backend.save(model, tmp_path / "second")
+    _, model, x, _y, first, second = zoo.saved_before_and_after_training(tmp_path, 5, 2)
     assert (first / "saved_model.pb").read_bytes() == (second / "saved_model.pb").read_bytes()
     expected = model.predict(x, verbose=0)
     np.testing.assert_allclose(_served_by_tf1(second, x), expected, atol=1e-6)

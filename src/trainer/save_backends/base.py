@@ -92,6 +92,7 @@ class SaveBackend(abc.ABC):
                 self.seal(tmp, known)  # the manifest: last, before the rename
         except (OSError, tf.errors.OpError) as error:  # disk full, permissions, I/O
             raise write_error(path, error) from error
+        self._published(model, path)
         return path
 
     def write_into(
@@ -314,6 +315,11 @@ class SaveBackend(abc.ABC):
         May return the size and SHA-256 of files it wrote from memory, by path relative to
         ``tmp`` (``integrity.known_digest``), which the manifest then takes instead of
         reading those files back."""
+
+    def _published(self, model: keras.Model, path: Path) -> None:
+        """``save`` published ``path``, complete (a backend may remember it: the savedmodel
+        backend's next repeat save links the graph file it holds)."""
+        return None  # by default nothing is remembered
 
     @abc.abstractmethod
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:

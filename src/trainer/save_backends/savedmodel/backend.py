@@ -76,17 +76,8 @@ class SavedModelBackend(SaveBackend):
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
-    def save(
-        self,
-        model: keras.Model,
-        path: str | os.PathLike,
-        *,
-        state: TrainingState | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> Path:
-        path = super().save(model, path, state=state, metadata=metadata)
+    def _published(self, model: keras.Model, path: Path) -> None:
         trace_cache.remember_published(model, path)  # the next repeat save may link to it
-        return path
 
     def check_savable(self, model: keras.Model) -> None:
         """Also refuses float8-quantized layers (``trainable.float8_layers``): this format
