@@ -256,3 +256,22 @@ def test_repeat_saves_link_the_unchanged_graph_only_while_it_is_unchanged(tmp_pa
     assert not os.path.samefile(second / "saved_model.pb", fourth / "saved_model.pb")
     loaded = backend.load(fourth, verify=True).model
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_a_traced_repeat_write_gives_the_fingerprint_tensorflow_computes(tmp_path):
+    """The traced variables write hashes the index it wrote in the same call; the
+    fingerprint made from that hash is the one TensorFlow computes for the directory."""
+    backend, model, x, y, _first, second = zoo.saved_before_and_after_training(tmp_path, 6)
+    assert backend.prepare_repeat_saves(model, tmp_path / "scratch")  # the write traced
+    model.fit(x, y, epochs=1, verbose=0)
+    third = backend.save(model, tmp_path / "third")
+    copy = tmp_path / "refingerprinted"
+    shutil.copytree(third, copy)
+    (copy / "fingerprint.pb").unlink()
+    tf_compat.write_fingerprint(str(copy))
+    saved = tf.saved_model.experimental.read_fingerprint(str(third))
+    recomputed = tf.saved_model.experimental.read_fingerprint(str(copy))
+    assert saved.checkpoint_hash == recomputed.checkpoint_hash
+    assert saved.checkpoint_hash != (
+        tf.saved_model.experimental.read_fingerprint(str(second)).checkpoint_hash
+    )

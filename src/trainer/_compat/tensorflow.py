@@ -142,7 +142,9 @@ def write_fingerprint(directory: str) -> None:
     fingerprinting_utils.write_fingerprint(directory)
 
 
-def fingerprint_for_new_variables(directory: str, previous: bytes) -> bytes:
+def fingerprint_for_new_variables(
+    directory: str, previous: bytes, index_hash: bytes | None = None
+) -> bytes:
     """The ``fingerprint.pb`` of the SavedModel in ``directory``, given ``previous``: the
     fingerprint of a SavedModel with the same ``saved_model.pb`` and other variables (a
     repeat save writes the same graph bytes back). Only the checkpoint hash is computed,
@@ -154,16 +156,19 @@ def fingerprint_for_new_variables(directory: str, previous: bytes) -> bytes:
     ``tf.fingerprint(..., method="farmhash64")`` computes for a one-string row, read little
     endian), the uuid a random 128-bit number in decimal, every other field a hash of
     ``saved_model.pb`` alone. ``tests/test_compat.py`` compares the result with
-    TensorFlow's own. Checked: TensorFlow 2.21.0.
+    TensorFlow's own. ``index_hash``: that ``tf.fingerprint`` of the index (8 bytes), if the
+    caller computed it already (the traced variables write does). Checked: TensorFlow 2.21.0.
     """
     from tensorflow.core.protobuf import fingerprint_pb2
 
     fingerprint = fingerprint_pb2.FingerprintDef()
     fingerprint.ParseFromString(previous)
-    with open(os.path.join(directory, "variables", "variables.index"), "rb") as handle:
-        index = handle.read()  # a local directory: trainer writes checkpoints with os calls
-    hashed = tf.fingerprint(tf.constant([index]), method="farmhash64").numpy()[0]
-    fingerprint.checkpoint_hash = int.from_bytes(hashed.tobytes(), "little")
+    if index_hash is None:
+        with open(os.path.join(directory, "variables", "variables.index"), "rb") as handle:
+            index = handle.read()  # a local directory: trainer writes checkpoints with os
+        index_hash = tf.fingerprint(tf.constant([index]), method="farmhash64").numpy()[0]
+        index_hash = index_hash.tobytes()
+    fingerprint.checkpoint_hash = int.from_bytes(index_hash, "little")
     fingerprint.uuid = str(secrets.randbits(128))
     return fingerprint.SerializeToString()
 

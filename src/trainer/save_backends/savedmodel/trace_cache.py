@@ -201,8 +201,9 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
             known[relative] = entry.digests[relative]
     (directory / "variables").mkdir(exist_ok=True)
     prefix = _variables_prefix(directory)
+    index_hash = None
     if entry.writer is not None:
-        entry.writer.write(prefix)
+        index_hash = entry.writer.write(prefix)
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
@@ -210,7 +211,9 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
         if previous is None:
             tf_compat.write_fingerprint(str(directory))
         else:  # the same saved_model.pb: only the checkpoint's hash is new
-            fingerprint = tf_compat.fingerprint_for_new_variables(str(directory), previous)
+            fingerprint = tf_compat.fingerprint_for_new_variables(
+                str(directory), previous, index_hash
+            )
             (directory / "fingerprint.pb").write_bytes(fingerprint)
             known["fingerprint.pb"] = integrity.known_digest(fingerprint)
     except (OSError, ValueError, TypeError, tf.errors.OpError) as err:  # pragma: no cover
