@@ -1,17 +1,18 @@
 """The CPU one async savedmodel save costs its writer thread, split into user and kernel time.
 
-``python -m benchmarks.writer_cpu --saves 150`` builds the default config's model (the MLP on
-8x8 digits), makes it what the async writer saves (a private copy, ``modelstate``, with the
-repeat-save variables write traced, as the async rehearsal does) and saves it through a
-``CheckpointManager`` with a TensorBoard board, synchronously, in this thread: the same
-work the writer thread does per save (checkpoint, ``latest``, retention, the card), inside
+``python -m benchmarks.writer_cpu --saves 150`` builds the default config's model (the
+residual network of ``conf/model/resnet.yaml`` on 8x8 digits), makes it what the async
+writer saves (a private copy, ``modelstate``, with the repeat-save variables write traced,
+as the async rehearsal does) and saves it through a ``CheckpointManager`` with a
+TensorBoard board, synchronously, in this thread: the same work the writer thread does per
+save (checkpoint, ``latest``, retention, the card), inside
 ``atomic.flushing_whole_filesystem`` as the writer thread is. The state carries a 40-epoch
 history and NumPy's RNG, as a run's does. Reported: the median CPU per save after the
-first five (``time.thread_time``), and the mean user and system time
-(``RUSAGE_THREAD``, Linux).
+first five (``time.thread_time``), and the mean user and system time (``RUSAGE_THREAD``,
+Linux).
 
-Why it exists: the async steady-state cost follows the writer's CPU (``async_cost``), and
-inside training that CPU reads 1.3-1.8x what it reads here, moved by what the training
+Why it exists: the async steady-state cost grows with the writer's CPU (``async_cost``), and
+inside training that CPU reads 1.1-1.7x what it reads here, moved by what the training
 threads do. Quiet, one process reads within a few percent; separate processes differ by
 up to 1.5x on this VM, so compare two versions of the code only inside one process, or
 over several alternating runs.
@@ -41,13 +42,13 @@ HISTORY = [
 def measure(saves: int) -> dict[str, float]:
     from trainer import atomic
     from trainer.checkpointing import CheckpointManager, CheckpointPolicy, numpy_rng_record
-    from trainer.models import build_mlp
+    from trainer.models import build_resnet
     from trainer.save_backends import modelstate
     from trainer.state import TrainingState
     from trainer.tensorboard import RunBoard
 
     keras.utils.set_random_seed(0)
-    model = build_mlp((8, 8, 1), 10)
+    model = build_resnet((8, 8, 1), 10, blocks=2, width=16)
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     rng = np.random.default_rng(0)
     x, y = rng.random((256, 8, 8, 1), "float32"), rng.integers(0, 10, 256)
