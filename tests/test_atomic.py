@@ -26,8 +26,7 @@ def test_the_async_writer_flushes_a_directory_by_one_syncfs_others_file_by_file(
     missing or refused, every background save would fall back to per-file fsyncs without
     a word. A save in any other thread flushes its own files only."""
     flushed = []
-    monkeypatch.setattr(atomic, "_fsync_file", flushed.append)
-    monkeypatch.setattr(atomic, "fsync_dir", flushed.append)
+    monkeypatch.setattr(atomic, "fsync_path", flushed.append)
     root = _tree(tmp_path / "ckpt")
     assert atomic._syncfs(root) is True
     writer = AsyncWriter()
@@ -50,8 +49,7 @@ def test_without_syncfs_every_file_and_directory_is_fsynced(tmp_path, monkeypatc
         return flush
 
     monkeypatch.setattr(atomic, "_syncfs_call", lambda: None)
-    monkeypatch.setattr(atomic, "_fsync_file", recording(atomic._fsync_file))
-    monkeypatch.setattr(atomic, "fsync_dir", recording(atomic.fsync_dir))
+    monkeypatch.setattr(atomic, "fsync_path", recording(atomic.fsync_path))
     atomic.fsync_tree(root)
     assert sorted(flushed) == sorted(
         [".", "saved_model.pb", "variables", os.path.join("variables", "variables.index")]

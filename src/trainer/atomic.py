@@ -59,14 +59,14 @@ def fsync_tree(path: Path) -> None:
     them: each one fsynced, or, in a thread that asked for it and where the call exists,
     one ``syncfs`` (``flushing_whole_filesystem``)."""
     if path.is_file():
-        _fsync_file(path)
+        fsync_path(path)
         return
     if getattr(_FLUSH, "filesystem", False) and _syncfs(path):
         return
     for root, _dirs, files in os.walk(path):
         for name in files:
-            _fsync_file(os.path.join(root, name))
-        fsync_dir(root)
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
 
 
 def _syncfs(path: str | os.PathLike) -> bool:
@@ -96,16 +96,9 @@ def _syncfs_call() -> Callable[[int], int] | None:
         return None
 
 
-def _fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)  # no Python file object: every save fsyncs each file
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush a directory's entries (a rename or a new file in it) to disk."""
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's content, or a directory's entries (a rename or a new file in it), to
+    disk. No Python file object: every save flushes each of its files."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -156,7 +149,7 @@ def atomic_write(final: Path, *, directory: bool) -> Iterator[Path]:
     except BaseException:
         remove_path(tmp)
         raise
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
 
 
 def _replace(tmp: Path, final: Path) -> None:

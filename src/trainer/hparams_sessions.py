@@ -50,7 +50,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_p
 from tensorboard.plugins.hparams import metadata as hp_metadata
 from tensorboard.plugins.text import metadata as text_metadata
 
-from trainer.atomic import TMP_MARKER, fsync_dir, process_alive, remove_path
+from trainer.atomic import TMP_MARKER, fsync_path, process_alive, remove_path
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def rewrite(current: EventFile, replacements: dict[int, event_pb2.Event]) -> Non
     except BaseException:
         remove_path(tmp)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     log.info("HParams of an earlier session in %s kept as text (%s*)", path, REPLACED_PREFIX)
 
 

@@ -37,8 +37,18 @@ HDF5_USERBLOCK = 512
 HDF5_LOCATION = "hdf5-userblock"
 _MAGIC = b"TRAINER-MANIFEST "
 _CHUNK = 1 << 20
-_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"))  # built once, not per save
 _MAX_MANIFEST_BYTES = 16 << 20
+
+
+# One encoder for every call (``json.dumps`` with arguments builds a new one each time, and
+# ``json.dump`` or indented output use the Python encoder): every save writes its manifest
+# and metadata with it, in the async writer thread too.
+_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def compact_json(value: Any) -> str:
+    """Key-sorted JSON without spaces, from the C encoder: manifests and metadata."""
+    return _COMPACT.encode(value)
 
 
 # ------------------------------------------------------------------------- digests
@@ -101,9 +111,7 @@ def write_manifest(
     if not target.parent.is_dir():  # a stat: a failing mkdir raises and catches an error
         target.parent.mkdir(parents=True)
     with open(target, "w", encoding="utf-8") as handle:
-        # One string from the C encoder (json.dump and indented output use the Python one):
-        # the manifest is written by every save, in the async writer thread too.
-        handle.write(_COMPACT.encode(manifest))
+        handle.write(compact_json(manifest))
     return manifest
 
 

@@ -115,8 +115,7 @@ class TrainingState:
         return cls.from_dict(json.loads(text))
 
 
-_PLAIN = (int, float, str, bool, type(None))
-_PLAIN_TYPES = frozenset(_PLAIN)
+_PLAIN_TYPES = frozenset((int, float, str, bool, type(None)))
 
 
 def _copied(value: Any, as_dicts: bool) -> Any:
@@ -133,7 +132,7 @@ def _copied(value: Any, as_dicts: bool) -> Any:
         return type(value)(_copied(item, as_dicts) for item in value)
     if as_dicts and dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
-    return value if type(value) in _PLAIN else copy.deepcopy(value)
+    return value if type(value) in _PLAIN_TYPES else copy.deepcopy(value)
 
 
 def _from_legacy(data: dict[str, Any]) -> dict[str, Any]:

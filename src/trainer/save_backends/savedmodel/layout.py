@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer import integrity
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 
 METADATA_DIR = "assets.extra"
@@ -41,14 +42,9 @@ def has_metadata(directory: Path) -> bool:
     return is_saved_model(directory) and metadata_path(directory).is_file()
 
 
-# One encoder for every call: json.dumps with arguments builds a new one each time, and
-# the metadata of every save encodes each of its entries.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
-
-
 def encode(value: Any) -> str:
     """Compact JSON: the per-layer records are most of a small model's export (issue 17)."""
-    return _COMPACT.encode(value)
+    return integrity.compact_json(value)
 
 
 def write_metadata(
