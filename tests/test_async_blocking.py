@@ -21,8 +21,14 @@ from trainer.checkpointing import (
     CheckpointPolicy,
     all_variables,
     clone_for_snapshot,
+    snapshot,
 )
-from trainer.checkpointing.snapshot import refresh_snapshot, variable_copier
+from trainer.checkpointing.snapshot import (
+    ValueReader,
+    refresh_snapshot,
+    take_snapshot,
+    variable_copier,
+)
 from trainer.save_backends import get_backend, load_checkpoint
 from trainer.state import TrainingState
 
@@ -106,3 +112,60 @@ def test_an_async_save_writes_the_state_of_its_step_while_training_goes_on(tmp_p
         loaded = load_checkpoint(path).model
         for value, variable in zip(values, all_variables(loaded), strict=True):
             np.testing.assert_array_equal(value, np.asarray(variable))
+
+
+def _values(variables) -> list[np.ndarray]:
+    return [np.array(v) for v in variables]
+
+
+def _assert_equal(values, variables) -> None:
+    for value, variable in zip(values, variables, strict=True):
+        np.testing.assert_array_equal(value, np.asarray(variable), err_msg=variable.path)
+
+
+def test_a_snapshot_held_by_reference_keeps_its_step_while_training_moves_on():
+    """The training thread only reads the variables; the writer thread completes the shadow
+    later, after training has updated them: it must still get the values of the save."""
+    model, x, y = trained_model()
+    shadow = clone_for_snapshot(model)
+    copier = variable_copier(model, shadow)
+    assert copier is not None and copier.by_reference  # a small model
+    before = _values(all_variables(model))
+    complete = take_snapshot(model, shadow, copier)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # before the writer runs
+    moved = sum(
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(before, all_variables(model), strict=True)
+    )
+    assert moved > len(before) // 2
+    complete()
+    _assert_equal(before, all_variables(shadow))
+
+
+def test_a_model_above_the_reference_bound_is_copied_before_save_returns(monkeypatch):
+    """Above ``BY_REFERENCE_BYTES`` nothing of the model is held beyond the shadow: the copy
+    is complete when ``take_snapshot`` returns, and what it returns has nothing left to do."""
+    monkeypatch.setattr(snapshot, "BY_REFERENCE_BYTES", 0)
+    model, x, y = trained_model()
+    shadow = clone_for_snapshot(model)
+    copier = variable_copier(model, shadow)
+    assert copier is not None and not copier.by_reference
+    before = _values(all_variables(model))
+    complete = take_snapshot(model, shadow, copier)
+    _assert_equal(before, all_variables(shadow))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    complete()
+    _assert_equal(before, all_variables(shadow))
+
+
+def test_the_metric_reader_reads_the_variables_it_is_given_now():
+    model, x, y = trained_model()
+    read = ValueReader()
+    for value, variable in zip(read(model.metrics_variables), model.metrics_variables, strict=True):
+        np.testing.assert_array_equal(value, keras.ops.convert_to_numpy(variable))
+    model.compile(optimizer="adam", loss="mse", metrics=["mae", "mse"])  # new accumulators
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    values = read(model.metrics_variables)
+    assert len(values) == len(model.metrics_variables) > 0
+    for value, variable in zip(values, model.metrics_variables, strict=True):
+        np.testing.assert_array_equal(value, keras.ops.convert_to_numpy(variable))

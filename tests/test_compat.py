@@ -501,6 +501,32 @@ def test_read_checkpoint_returns_the_object_graph_by_its_format_key(tmp_path):
     np.testing.assert_array_equal(reader.get_tensor(attribute.checkpoint_key), [1.0, 2.0])
 
 
+def test_variables_reader_returns_values_that_later_updates_leave_unchanged():
+    """One kernel reads every variable (float weights, Adam's slots, the int64 step count),
+    and what it returned stays the value of that moment through the optimizer's in-place
+    updates (TensorFlow copies a shared buffer before updating it)."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 2), "float32")
+    model.fit(x, y, epochs=1, verbose=0)
+    variables = [v.value for v in [*model.variables, *model.optimizer.variables]]
+    assert {v.dtype for v in variables} >= {tf.float32, tf.int64}
+    read = tf_compat.variables_reader(variables)
+    assert read is not None
+    values, expected = read(), [v.numpy() for v in variables]
+    for value, wanted in zip(values, expected, strict=True):
+        np.testing.assert_array_equal(value.numpy(), wanted)
+    model.fit(x, y, epochs=1, verbose=0)
+    variables[0].assign(tf.zeros_like(variables[0]))  # a whole-value assign, too
+    assert (
+        sum(not np.array_equal(v.numpy(), e) for v, e in zip(variables, expected, strict=True)) > 3
+    )
+    for value, wanted in zip(values, expected, strict=True):
+        np.testing.assert_array_equal(value.numpy(), wanted)
+    np.testing.assert_array_equal(read()[0].numpy(), np.zeros_like(expected[0]))
+
+
 def test_deferred_initializers_start_at_zeros_and_initialize_what_got_no_value():
     calls = []
 

@@ -118,6 +118,13 @@ class TrainingState:
 _PLAIN_TYPES = frozenset((int, float, str, bool, type(None)))
 
 
+def copy_json_like(value: Any) -> Any:
+    """A deep copy of nested dicts, lists and tuples, those of plain values copied at once
+    (``copy.deepcopy`` walked a save's records and metadata value by value, in the
+    training thread's wait)."""
+    return _copied(value, False)
+
+
 def _copied(value: Any, as_dicts: bool) -> Any:
     """A deep copy of a field's value, a list, tuple or dict of plain values copied at once;
     a dataclass in it becomes a dict if ``as_dicts`` (as ``dataclasses.asdict`` makes it),

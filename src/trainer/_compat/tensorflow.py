@@ -103,6 +103,37 @@ def op_defs(names: list[str]) -> list[Any]:
     return [op_def_registry.get(name) for name in names]
 
 
+def variables_reader(variables: list[tf.Variable]) -> Callable[[], list[tf.Tensor]] | None:
+    """A function returning the value of every variable in ``variables``, read by one
+    kernel run in the calling thread; None where that op is not available (the caller
+    reads another way).
+
+    What a read returns is a value: TensorFlow shares the variable's buffer with it and
+    copies that buffer first if the variable is updated while the value is held (copy on
+    write; ``tests/test_compat.py`` checks it through an optimizer step). The async
+    snapshot (issue 17) reads this way, so the training thread pays for no copy and no
+    function call. Public reads are one eager op per variable (1.0 ms for 69 variables);
+    a traced function holding the reads runs on TensorFlow's inter-op threads and waits
+    for them (0.39 ms in training against 0.18 ms for this one op). Uses the registered
+    op ``_ReadVariablesOp`` through ``tensorflow.python.eager.execute.execute``; its
+    ``N`` and ``dtypes`` attributes must both be given (TensorFlow aborts the process
+    without ``N``). Call it eagerly. Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.eager import context, execute
+    from tensorflow.python.framework import op_def_registry
+
+    if op_def_registry.get("_ReadVariablesOp") is None or not variables:
+        return None
+    count, handles = len(variables), [v.handle for v in variables]
+    attrs = ("N", count, "dtypes", [v.dtype.as_datatype_enum for v in variables])
+
+    def read() -> list[tf.Tensor]:
+        ctx = context.context()
+        return list(execute.execute("_ReadVariablesOp", count, handles, attrs, ctx))
+
+    return read
+
+
 def map_structure_with_tuple_paths(func: Callable[[tuple, Any], Any], structure: Any) -> Any:
     """``func(path, leaf)`` over a nested structure, paths as ``tf.function`` sees them.
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from trainer.checkpointing.callback_state import load_state, state_of
 from trainer.checkpointing.manager import CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
-from trainer.checkpointing.snapshot import all_variables
+from trainer.checkpointing.snapshot import ValueReader, all_variables
 from trainer.errors import ConfigError, TrainerError
 from trainer.state import TrainingState
 
@@ -89,6 +90,7 @@ class Checkpoint(keras.callbacks.Callback):
         self._replay = 0  # batches of the resumed epoch to run again before continuing
         self._replay_values: list[Any] | None = None
         self._tracked_to_restore: dict[str, Any] | None = None
+        self._read_metrics = ValueReader()  # the metrics' accumulators, at every save
 
     # ------------------------------------------------------------- standalone
     def on_train_begin(self, logs=None):
@@ -202,11 +204,11 @@ class Checkpoint(keras.callbacks.Callback):
     def save(self, logs: dict[str, Any] | None, *, wait: bool = False):
         """Save now, with what only the live run knows in the state: metric sums (for a
         mid-epoch resume), NumPy's RNG, callbacks' state, whether a callback ended the run."""
+        called = time.perf_counter()  # the save holds the loop from here
         self._pending_logs = None
         state = self.state
-        state.metric_variables = [
-            keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
-        ]
+        values = self._read_metrics(self.model.metrics_variables)
+        state.metric_variables = [value.tolist() for value in values]
         state.numpy_rng = numpy_rng_record()
         states = dict(self.callback_state() if self.callback_state else {})
         for name, callback in self.track.items():
@@ -216,7 +218,7 @@ class Checkpoint(keras.callbacks.Callback):
         state.callbacks = states
         # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
         state.stopped_early = bool(self.model.stop_training and not self.interrupted)
-        return self.manager.save(self.model, self.state, metrics=logs, wait=wait)
+        return self.manager.save(self.model, self.state, metrics=logs, wait=wait, called=called)
 
 
 def make_policy(options: dict[str, Any]) -> CheckpointPolicy:

@@ -37,7 +37,7 @@ from trainer.save_backends import (
     load_checkpoint,
 )
 from trainer.save_backends.base import SaveBackend
-from trainer.state import TrainingState
+from trainer.state import TrainingState, copy_json_like
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
 
 log = logging.getLogger(__name__)
@@ -109,14 +109,17 @@ class CheckpointManager:
         *,
         metrics: dict[str, Any] | None = None,
         wait: bool = False,
+        called: float | None = None,
     ) -> Path | None:
         """Save ``model`` with ``state`` (default: step = the optimizer's iterations); None if
         this step is saved already. Async: returns once the snapshot is taken.
 
         The time this call holds the caller (the training loop) is reported per save next to
         the write's own time (TensorBoard ``checkpoint/blocking_seconds``): for an async save
-        the wait for the previous write plus the snapshot, for a synchronous one the save."""
-        called = time.perf_counter()
+        the wait for the previous write plus the snapshot, for a synchronous one the save.
+        ``called``: the ``time.perf_counter()`` at which the caller began the save (e.g. the
+        callback, gathering the state), if before this call: counted as held too."""
+        called = time.perf_counter() if called is None else called
         state = state if state is not None else self._implicit_state(model)
         if self._last_saved_step == state.global_step:
             return None
@@ -136,11 +139,8 @@ class CheckpointManager:
         }
         self.records = [*(r for r in self.records if r["name"] != path.name), record]
         saved_state = copy_state(state)
-        saved_state.checkpoints = copy.deepcopy(self.records)
-        metadata = copy.deepcopy(self.metadata)
-        if self.board is not None:
-            tag = card_tag("checkpoint", path.name)
-            metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
+        saved_state.checkpoints = copy_json_like(self.records)
+        metadata = copy_json_like(self.metadata)
         if isinstance(self.backend, AsyncBackend):
             blocked = _Blocking()
             self.backend.submit(
@@ -175,6 +175,9 @@ class CheckpointManager:
         set by the training thread; ``called``: when a synchronous ``save`` was called."""
         writer = self.backend.inner if isinstance(self.backend, AsyncBackend) else self.backend
         start = time.perf_counter()
+        if self.board is not None:
+            tag = card_tag("checkpoint", path.name)
+            metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
             writer.save(model, path, state=state, metadata=metadata)
         except Exception as error:

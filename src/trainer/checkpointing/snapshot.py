@@ -5,11 +5,17 @@ built once) and lets a background thread write the shadow through the backend wh
 goes on. That works for every backend unchanged (they only ever see a quiet model) and costs
 one memory copy per save.
 
-What the training thread pays for an async save (issue 17) is the copy alone: it runs as
-one traced TensorFlow function (one call, not one eager op per variable) when no variable
-is distributed. (A writer thread at a lower CPU priority was tried and dropped: with other
-processes on the machine it starved, the first write took 15 s instead of 2 and the next
-save waited for it.)
+What the training thread pays for an async save (issue 17) is the snapshot alone. When
+no variable is distributed it is one read of every variable in one TensorFlow kernel: a
+read shares the variable's buffer, and TensorFlow copies that buffer before it updates the
+variable while the read value is held (copy on write), so the values of the step are kept
+without a copy in the training thread. The writer thread then assigns them into the shadow
+(one traced function) and drops them. Between the two, a variable the training updates is
+held twice (its old value, its new one); that extra is bounded by ``BY_REFERENCE_BYTES``:
+a model whose variables are larger is copied into the shadow before ``save`` returns, and
+a save holds one extra copy of the variables at most. (A writer thread at a lower CPU
+priority was tried and dropped: with other processes on the machine it starved, the first
+write took 15 s instead of 2 and the next save waited for it.)
 """
 
 from __future__ import annotations
@@ -25,11 +31,18 @@ import tensorflow as tf
 
 from trainer import atomic
 from trainer._compat.keras import get_input_signature
+from trainer._compat.tensorflow import variables_reader
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate, trainable
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
+
+# Variables up to this many bytes in all are snapshotted by reference (copy on write, see
+# above); a larger model is copied in the training thread. 64 MiB: the default model's
+# 69 variables are 0.2 MB, the benchmark's large one's (8.5M parameters with Adam's
+# slots) 102 MB.
+BY_REFERENCE_BYTES = 64 * 2**20
 
 
 def all_variables(model: keras.Model) -> list:
@@ -49,15 +62,28 @@ def copy_state(state: TrainingState) -> TrainingState:
 def refresh_snapshot(
     model: keras.Model,
     shadow: keras.Model,
-    copier: Callable | None = None,
+    copier: VariableCopier | None = None,
     pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] | None = None,
-):
+) -> None:
     """Copy into ``shadow`` everything a backend would save from ``model``: every variable
     (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
     (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
-    the background write of the shadow holds what a synchronous save would. ``copier``:
-    from ``variable_copier`` for these two models (one traced call instead of one eager
-    assign per variable); ``pairs``: ``layerstate.own_state_pairs`` of the two, if known."""
+    a write of the shadow holds what a synchronous save would. ``copier``: from
+    ``variable_copier`` for these two models; ``pairs``: ``layerstate.own_state_pairs`` of
+    the two, if known."""
+    take_snapshot(model, shadow, copier, pairs)()
+
+
+def take_snapshot(
+    model: keras.Model,
+    shadow: keras.Model,
+    copier: VariableCopier | None = None,
+    pairs: list[tuple[keras.layers.Layer, keras.layers.Layer]] | None = None,
+) -> Callable[[], None]:
+    """:func:`refresh_snapshot` in two halves: this call takes the state of ``model`` now;
+    the function it returns completes ``shadow`` (run it, in the writer thread, before
+    anything reads the shadow). With a ``copier`` holding its values by reference, the
+    second half assigns the variables; otherwise everything is copied by this call."""
     try:
         trainable.match_trainable(model, shadow)  # a layer frozen since: saved as frozen
     except ValueError as error:
@@ -66,38 +92,115 @@ def refresh_snapshot(
             f"match the model's: {error}. Set checkpoint.async_save=false. Received: "
             f"{type(model).__name__}"
         ) from None
+    finish = _nothing
     if copier is not None:
-        copier()
+        finish = copier.take()
     else:
         for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
             target.assign(source)
     layerstate.copy_own_state(model, shadow, pairs)
+    return finish
 
 
-def variable_copier(model: keras.Model, shadow: keras.Model) -> Callable[[], None] | None:
-    """A traced function assigning every variable of ``model`` to its twin in ``shadow``
-    in one call, or None where the eager loop must do it: a distributed (mirrored) variable
-    is read and assigned through its strategy, which the eager path handles as Keras does.
-    The function holds the variables, so it is built per (model, shadow) pair."""
+def _nothing() -> None:
+    return None
+
+
+class VariableCopier:
+    """Copies every variable of ``model`` into its twin in ``shadow``: ``take()`` reads
+    them all now and returns what assigns those values into the shadow (``put``, one
+    traced function). Small models are held by reference until then (module docstring);
+    larger ones are assigned by ``take`` itself. The function holds the shadow's
+    variables, so a copier is built per (model, shadow) pair."""
+
+    def __init__(self, model: keras.Model, shadow: keras.Model):
+        # The variables themselves are held, so that their ids (which say whether this
+        # copier still fits the model) cannot be given to new ones.
+        self._variables = all_variables(model), all_variables(shadow)
+        self._sources = [_storage(v) for v in self._variables[0]]
+        targets = [_storage(v) for v in self._variables[1]]
+        nbytes = sum(v.shape.num_elements() * v.dtype.size for v in self._sources)
+        self.by_reference = nbytes <= BY_REFERENCE_BYTES
+
+        @tf.function(autograph=False)
+        def put(values):
+            for target, value in zip(targets, values, strict=True):
+                target.assign(value)
+
+        specs = [tf.TensorSpec(v.shape, v.dtype) for v in self._sources]
+        # The concrete function itself: calling the tf.function would look it up again on
+        # every save, hashing every argument.
+        self._put = put.get_concrete_function(specs)
+        self.read = reader(self._sources)
+
+    def put(self, values: list[tf.Tensor]) -> None:
+        self._put(values)
+
+    def take(self) -> Callable[[], None]:
+        values = self.read()
+        if not self.by_reference:
+            self.put(values)
+            return _nothing
+
+        def put_and_release():
+            self.put(values)
+            values.clear()  # the old buffers a training step replaced since are freed
+
+        return put_and_release
+
+    def __call__(self) -> None:
+        self.put(self.read())
+
+
+def reader(variables: list[tf.Variable]) -> Callable[[], list[tf.Tensor]]:
+    """A function returning the values of ``variables`` now, in one kernel where TensorFlow
+    has it (``variables_reader``), else one read each."""
+    return variables_reader(variables) or (lambda: [v.read_value() for v in variables])
+
+
+class ValueReader:
+    """Reads a list of Keras variables as NumPy arrays at once, e.g. the metrics'
+    accumulators at every save (one eager read each cost the training thread 0.23 ms for
+    the default model's four). The reader is kept while the same variables are asked for."""
+
+    def __init__(self):
+        self._variables: list = []  # held: their ids cannot go to new variables
+        self._read: Callable[[], list[tf.Tensor]] | None = None
+
+    def __call__(self, variables: list) -> list[np.ndarray]:
+        if len(variables) != len(self._variables) or any(
+            a is not b for a, b in zip(variables, self._variables, strict=False)
+        ):
+            self._variables = list(variables)
+            storage = [_storage(v) for v in self._variables]
+            if any(isinstance(v, tf.distribute.DistributedValues) for v in storage):
+                self._read = None  # read through the strategy, as Keras does
+            else:
+                self._read = reader(storage)
+        if self._read is None:
+            return [keras.ops.convert_to_numpy(v) for v in self._variables]
+        return [value.numpy() for value in self._read()]
+
+
+def _storage(variable):
+    """The ``tf.Variable`` behind a Keras variable (``value`` outside an autocast scope)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def variable_copier(model: keras.Model, shadow: keras.Model) -> VariableCopier | None:
+    """The copier of ``model``'s variables into ``shadow``'s, or None where the eager loop
+    must do it: a distributed (mirrored) variable is read and assigned through its
+    strategy, which the eager path handles as Keras does."""
     pairs = list(zip(all_variables(model), all_variables(shadow), strict=True))
     for source, target in pairs:
         for variable in (source, target):
             if isinstance(getattr(variable, "value", None), tf.distribute.DistributedValues):
                 return None
-
-    @tf.function(autograph=False)
-    def copy_all():
-        for source, target in pairs:
-            target.assign(source.value)
-
     try:
-        concrete = copy_all.get_concrete_function()
+        return VariableCopier(model, shadow)
     except (TypeError, ValueError, tf.errors.OpError) as error:  # an unusual variable type
         log.debug("Snapshot copy not traced (%s); assigning variable by variable", error)
         return None
-    # The concrete function itself: calling the tf.function would look it up again on
-    # every save, hashing every captured variable (a sixth of the training thread's wait).
-    return concrete
 
 
 def clone_for_snapshot(model: keras.Model) -> keras.Model:

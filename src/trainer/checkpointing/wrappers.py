@@ -20,9 +20,10 @@ import keras
 from trainer.checkpointing import rehearsal
 from trainer.checkpointing.snapshot import (
     AsyncWriter,
+    VariableCopier,
     all_variables,
     clone_for_snapshot,
-    refresh_snapshot,
+    take_snapshot,
     variable_copier,
 )
 from trainer.save_backends import layerstate, modelstate
@@ -81,7 +82,7 @@ class AsyncBackend(WrappingBackend):
         self.writer = AsyncWriter()
         self._shadow: keras.Model | None = None
         self._source: keras.Model | None = None
-        self._copier: Callable[[], None] | None = None
+        self._copier: VariableCopier | None = None
         # With the copier: the layers whose state is copied through the layer-state
         # protocol (``layerstate.own_state_pairs``), found once instead of every save.
         self._own_state: list[tuple[Any, Any]] | None = None
@@ -104,10 +105,11 @@ class AsyncBackend(WrappingBackend):
         if current != self._checked:  # once per set of variables: refusals are structural
             self._check_savable(model)
             self._checked = current
-        snapshot = self._refresh(model, current)
-        trace = current != self._copied
+        complete = self._refresh(model, current)  # the training thread's whole wait
+        snapshot, trace = self._shadow, current != self._copied
 
         def run():
+            complete()
             job(snapshot)
             if trace:
                 self._trace_copier(model, snapshot, current)
@@ -138,7 +140,8 @@ class AsyncBackend(WrappingBackend):
         try:
             _build_optimizer(model)
             current = _variable_ids(model)
-            shadow = self._refresh(model, current)
+            self._refresh(model, current)()
+            shadow = self._shadow
         except Exception as error:  # e.g. a model not built yet: the first save retries
             log.info("Async checkpointing not prepared before the first save: %s", error)
             self._shadow = self._source = None
@@ -174,16 +177,19 @@ class AsyncBackend(WrappingBackend):
 
     def snapshot(self, model: keras.Model) -> keras.Model:
         """The shadow model (built once per source model), brought to ``model``'s state."""
-        return self._refresh(model, _variable_ids(model))
+        self.writer.wait()
+        self._refresh(model, _variable_ids(model))()
+        return self._shadow
 
-    def _refresh(self, model: keras.Model, current: tuple[int, ...]) -> keras.Model:
+    def _refresh(self, model: keras.Model, current: tuple[int, ...]) -> Callable[[], None]:
+        """Take ``model``'s state for the shadow (built here if need be); returns what
+        completes the shadow, to run before anything reads it (``take_snapshot``)."""
         if self._shadow is None or self._source is not model or not self._fits(model, current):
             self._shadow, self._source = clone_for_snapshot(model), model
             self._forget_copier()
         if current != self._copied:
             self._forget_copier()  # variables created since: copy eagerly
-        refresh_snapshot(model, self._shadow, self._copier, self._own_state)
-        return self._shadow
+        return take_snapshot(model, self._shadow, self._copier, self._own_state)
 
     def _forget_copier(self) -> None:
         """The traced copy and what was found with it no longer fit the models."""
