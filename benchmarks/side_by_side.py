@@ -24,23 +24,26 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("none", "sync_savedmodel", "async_savedmodel")
 
 
-def child(mode: str) -> None:
-    """One default training run in this process; prints its figures as ``RESULT {...}``."""
+def child(mode: str, quick: bool = False) -> None:
+    """One default training run in this process (``quick``: the smoke-sized one); prints
+    its figures as ``RESULT {...}``."""
     from benchmarks import overhead
 
     with tempfile.TemporaryDirectory() as workdir:
         run_dir = Path(workdir) / "run"
-        run, steady, total, _ = overhead.run_once(overhead.FULL, mode, run_dir)
-        epochs = [steps / (end - start) for start, end, steps in overhead.EpochClock.spans]
+        base = overhead.QUICK if quick else overhead.FULL
+        run, steady, total, _, _ = overhead.run_once(base, mode, run_dir)
+        epochs = [steps / (end - start) for start, end, steps, _ in overhead.EpochClock.spans]
         blocking = overhead.blocking_seconds(run_dir) if mode != "none" else []
     figures = {"run": run, "steady": statistics.median(steady), "steps": total, "epochs": epochs}
     print("RESULT " + json.dumps({**figures, "blocking": blocking}), flush=True)
 
 
-def run(src: str, mode: str) -> dict | None:
+def run(src: str, mode: str, quick: bool = False) -> dict | None:
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{ROOT}", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.side_by_side", "--child", mode],
+        [sys.executable, "-m", "benchmarks.side_by_side", "--child", mode]
+        + (["--quick"] if quick else []),
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -77,17 +80,18 @@ def main() -> None:
     parser.add_argument("--new", help="src directory of the new checkout")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="a smoke-sized run per mode")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.quick)
         return
     results = []
     for repeat in range(args.repeats):
         for mode in MODES:
             for code, src in (("old", args.old), ("new", args.new)):
                 load = os.getloadavg()[0]
-                figures = run(str(Path(src).resolve()), mode)
+                figures = run(str(Path(src).resolve()), mode, args.quick)
                 if figures is None:
                     continue
                 results.append({**figures, "code": code, "mode": mode, "repeat": repeat})

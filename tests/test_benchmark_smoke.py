@@ -155,3 +155,15 @@ def test_writer_cpu_reports_the_cpu_of_repeat_saves(tmp_path):
     assert line.startswith("writer CPU per repeat savedmodel save: "), line
     assert "(median of 3)" in line and "system" in line, line
     assert float(line.split(": ")[1].split(" ms")[0]) > 0, line
+
+
+def test_side_by_side_child_reports_a_runs_figures(monkeypatch, capsys):
+    """What each process of ``benchmarks.side_by_side`` prints, on the smoke-sized run."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import side_by_side
+
+    side_by_side.child("async_savedmodel", quick=True)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT ")]
+    figures = json.loads(line[len("RESULT ") :])
+    assert figures["steps"] > 0 and figures["run"] > 0
+    assert figures["blocking"] and all(b >= 0 for b in figures["blocking"])
