@@ -527,6 +527,21 @@ def test_variables_reader_returns_values_that_later_updates_leave_unchanged():
     np.testing.assert_array_equal(read()[0].numpy(), np.zeros_like(expected[0]))
 
 
+def test_variables_reader_values_survive_sparse_updates_too():
+    """A sparse update (an embedding's gradient) switches a variable to copy-on-read mode,
+    where updates no longer copy first: the reader's values must stay those of their read
+    before that switch and in that mode."""
+    table = tf.Variable(tf.zeros([10, 4]))
+    read = tf_compat.variables_reader([table])
+    rows = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 3]))
+    (first,) = read()
+    table.scatter_add(rows)  # the first sparse update: the mode changes
+    (second,) = read()
+    table.scatter_add(rows)
+    np.testing.assert_array_equal(first.numpy(), np.zeros([10, 4]))
+    assert second.numpy()[1, 0] == 1.0 and table.numpy()[1, 0] == 2.0
+
+
 def test_deferred_initializers_start_at_zeros_and_initialize_what_got_no_value():
     calls = []
 

@@ -17,13 +17,13 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 from trainer.errors import TensorBoardLinkError
+from trainer.integrity import total_size
 from trainer.save_backends import backend_class, load_checkpoint
 from trainer.tensorboard import (
     RunBoard,
     config_hash,
     event_steps,
     flatten_config,
-    path_size,
     resolve_link,
 )
 
@@ -72,11 +72,11 @@ def test_event_files_hold_cards_scalars_hparams_and_graph(run):
         assert f"`checkpoints/{saved['path'].name}`" in card  # relative to the run directory
         version = backend_class(saved["backend"]).format_version
         assert f"{saved['backend']} (format version {version})" in card
-        assert f"{path_size(saved['path']):,} B" in card
+        assert f"{total_size(saved['path']):,} B" in card
         assert f"`{run['config_hash']}`" in card
         assert f"{saved['metrics']['loss']:.6g}" in card
     sizes = {e.step: scalar(e) for e in acc.Tensors("checkpoint/size_bytes")}
-    assert sizes == {s["step"]: float(path_size(s["path"])) for s in run["checkpoints"]}
+    assert sizes == {s["step"]: float(total_size(s["path"])) for s in run["checkpoints"]}
     seconds = [scalar(e) for e in acc.Tensors("checkpoint/save_seconds")]
     assert len(seconds) == 2 and all(math.isfinite(s) and s > 0 for s in seconds)
     (final,) = acc.Tensors("final/val_loss")

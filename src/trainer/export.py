@@ -38,11 +38,12 @@ from trainer.atomic import (
     write_error,
 )
 from trainer.errors import ExportError, NotACheckpointError, SaveError
+from trainer.integrity import total_size
 from trainer.save_backends import modelstate
 from trainer.save_backends.readiness import check_model_ready
 from trainer.serving import SERVING_KEY, input_signature, saved_model_signatures
 from trainer.serving import serving_function as make_serving_function
-from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag
 from trainer.version import __version__
 from trainer.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, write_warmup
 
@@ -222,7 +223,7 @@ def _record_on_board(
         tag=export_tag(board, final),
         backend=used,
         format_version=FORMAT_VERSION,
-        size_bytes=path_size(final),
+        size_bytes=total_size(final),
         save_seconds=seconds,
         metrics=state.get("metrics") or {},
         kind="export",

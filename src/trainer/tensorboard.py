@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.errors import TensorBoardLinkError
 from trainer.hparams_sessions import replace_earlier_hparams
+from trainer.integrity import total_size
 from trainer.serving import serving_function
 from trainer.summary_writes import SummaryWrites, open_writer
 
@@ -78,21 +78,6 @@ def config_hash(cfg: Any, *, ignore: tuple[str, ...] = ("run_dir",)) -> str:
         data = {k: v for k, v in data.items() if k not in ignore}
     text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def path_size(path: str | os.PathLike) -> int:
-    """Bytes of a file, or of every file under a directory."""
-    if os.path.isfile(path):
-        return os.stat(path).st_size
-    total = 0
-    for root, _dirs, names in os.walk(path):  # not Path.rglob: runs after every save
-        for name in names:
-            try:
-                status = os.stat(os.path.join(root, name))
-            except FileNotFoundError:  # a dangling link, as Path.is_file saw it
-                continue
-            total += status.st_size if stat.S_ISREG(status.st_mode) else 0
-    return total
 
 
 def saved_model_graph_def(directory: str | os.PathLike) -> Any:
@@ -225,7 +210,7 @@ class RunBoard:
         (default ``card_tag(kind, path.name)``). Flushed, so a link to ``step`` resolves now."""
         path = Path(path)
         base = Path(run_dir).absolute() if run_dir else self.run_dir
-        size_bytes = path_size(path) if size_bytes is None and path.exists() else size_bytes
+        size_bytes = total_size(path) if size_bytes is None and path.exists() else size_bytes
         tag = tag or card_tag(kind, path.name)
         text = card_markdown(
             kind=kind,
@@ -298,7 +283,7 @@ class RunBoard:
             saved,
             backend=backend.name,
             format_version=backend.format_version,
-            size_bytes=path_size(saved),
+            size_bytes=total_size(saved),
             save_seconds=seconds,
             metrics=state.metrics,
         )

@@ -30,6 +30,7 @@ from trainer.checkpointing.restoring import restore_into
 from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import NotACheckpointError, SaveError
+from trainer.integrity import total_size
 from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
@@ -38,7 +39,7 @@ from trainer.save_backends import (
 )
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, copy_json_like
-from trainer.tensorboard import LINK_KEY, RunBoard, card_tag, path_size
+from trainer.tensorboard import LINK_KEY, RunBoard, card_tag
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,7 @@ class CheckpointManager:
                 path,
                 backend=real.name,
                 format_version=real.format_version,
-                size_bytes=path_size(path),
+                size_bytes=total_size(path),
                 save_seconds=seconds,
                 blocking_seconds=blocking,
                 metrics=state.metrics,
