@@ -527,6 +527,22 @@ def test_variables_reader_returns_values_that_later_updates_leave_unchanged():
     np.testing.assert_array_equal(read()[0].numpy(), np.zeros_like(expected[0]))
 
 
+def test_call_flat_runs_the_concrete_function_with_its_flat_inputs():
+    targets = [tf.Variable(tf.zeros([2])), tf.Variable(tf.zeros([], tf.int64))]
+
+    @tf.function(autograph=False)
+    def put(values):
+        for target, value in zip(targets, values, strict=True):
+            target.assign(value)
+        return values[1] + 1
+
+    specs = [tf.TensorSpec([2], tf.float32), tf.TensorSpec([], tf.int64)]
+    concrete = put.get_concrete_function(specs)
+    out = tf_compat.call_flat(concrete, [tf.constant([1.0, 2.0]), tf.constant(7, tf.int64)])
+    np.testing.assert_array_equal(targets[0].numpy(), [1.0, 2.0])
+    assert targets[1].numpy() == 7 and int(np.asarray(out)) == 8
+
+
 def test_variables_reader_values_survive_sparse_updates_too():
     """A sparse update (an embedding's gradient) switches a variable to copy-on-read mode,
     where updates no longer copy first: the reader's values must stay those of their read

@@ -134,6 +134,19 @@ def variables_reader(variables: list[tf.Variable]) -> Callable[[], list[tf.Tenso
     return read
 
 
+def call_flat(function: Any, tensors: list[tf.Tensor]) -> Any:
+    """Call the concrete function ``function`` with ``tensors``, its inputs flattened, in
+    order, skipping the check ``ConcreteFunction.__call__`` makes of each argument against
+    its spec in Python. The async snapshot's writer (issue 17) passes every variable's
+    value (69 for the default model) at every save: the check was 0.49 ms of the call's
+    0.54 ms CPU, called in a loop, and 1.24 ms in the writer thread during training. The
+    caller guarantees the tensors match the specs it traced with (the values of the very
+    variables the specs were taken from). Uses ``ConcreteFunction._call_flat(args,
+    captured_inputs)``, what ``__call__`` ends in. Checked: TensorFlow 2.21.0.
+    """
+    return function._call_flat(tensors, function.captured_inputs)
+
+
 def map_structure_with_tuple_paths(func: Callable[[tuple, Any], Any], structure: Any) -> Any:
     """``func(path, leaf)`` over a nested structure, paths as ``tf.function`` sees them.
 

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from trainer import atomic
 from trainer._compat.keras import get_input_signature
-from trainer._compat.tensorflow import variables_reader
+from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate, trainable
 from trainer.state import TrainingState
@@ -128,13 +128,14 @@ class VariableCopier:
                 target.assign(value)
 
         specs = [tf.TensorSpec(v.shape, v.dtype) for v in self._sources]
-        # The concrete function itself: calling the tf.function would look it up again on
-        # every save, hashing every argument.
+        # The concrete function itself, called with its flat inputs: through the
+        # tf.function it would be looked up again on every save, and its own call checks
+        # every value against its spec (values of these very variables: they match).
         self._put = put.get_concrete_function(specs)
         self.read = reader(self._sources)
 
     def put(self, values: list[tf.Tensor]) -> None:
-        self._put(values)
+        call_flat(self._put, values)
 
     def take(self) -> Callable[[], None]:
         values = self.read()
