@@ -30,7 +30,6 @@ from trainer.checkpointing.restoring import restore_into
 from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import NotACheckpointError, SaveError
-from trainer.integrity import total_size
 from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
@@ -204,8 +203,7 @@ class CheckpointManager:
                 path,
                 backend=real.name,
                 format_version=real.format_version,
-                size_bytes=total_size(path),
-                save_seconds=seconds,
+                save_seconds=seconds,  # the size: the card measures it, if the path is kept
                 blocking_seconds=blocking,
                 metrics=state.metrics,
             )
