@@ -1,9 +1,9 @@
 """Snapshots for background writes: a shadow model holding a copy of every variable.
 
-Async saving copies every variable synchronously into a *shadow model* (same architecture,
-built once) and lets a background thread write the shadow through the backend while training
-goes on. That works for every backend unchanged (they only ever see a quiet model) and costs
-one memory copy per save.
+Async saving takes every variable's value for a *shadow model* (same architecture, built
+once) at the moment of the save, and a background thread writes the shadow through the
+backend while training goes on. That works for every backend unchanged (they only ever see a
+quiet model) and costs one memory copy per save.
 
 What the training thread pays for an async save (issue 17) is the snapshot alone. When
 no variable is distributed it is one read of every variable in one TensorFlow kernel: a
