@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -54,3 +57,34 @@ def test_without_syncfs_every_file_and_directory_is_fsynced(tmp_path, monkeypatc
     assert sorted(flushed) == sorted(
         [".", "saved_model.pb", "variables", os.path.join("variables", "variables.index")]
     )
+
+
+def test_one_thread_serves_every_write_of_a_writer_and_ends_with_it():
+    """The writes of one writer share one long-lived thread (not one thread per save); a
+    failed write is raised by ``wait`` and the thread goes on serving; collecting the
+    writer ends its thread."""
+    writer = AsyncWriter()
+    seen = []
+
+    def record():
+        seen.append(threading.get_native_id())
+
+    for _ in range(3):
+        writer.submit(record)
+        writer.wait()
+    assert len(set(seen)) == 1 and seen[0] != threading.get_native_id()
+    writer.submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writer.wait()
+    writer.submit(record)
+    writer.wait()
+    assert seen[-1] == seen[0]
+    if sys.platform.startswith("linux"):
+        task = f"/proc/self/task/{seen[0]}"
+        assert os.path.exists(task)
+        del writer
+        gc.collect()
+        deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+        while os.path.exists(task) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not os.path.exists(task)
