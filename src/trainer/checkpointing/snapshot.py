@@ -260,8 +260,9 @@ class AsyncWriter:
 
     The writes run in one long-lived thread per writer, started by the first ``submit``:
     a thread started per save paid TensorFlow's and Keras' per-thread setup in every
-    write (the writer's CPU per save on the default run, medians of three alternating
-    runs: 4.39, 4.86, 4.03 ms against 3.98, 3.99, 3.97 ms; issue 17). It is started with
+    write (the writer's CPU per save in default runs whose saves alternated between the
+    two, medians: 4.42 and 4.12 ms in a new thread, 4.18 and 3.92 ms in the kept one;
+    issue 17). It is started with
     ``_thread.start_new_thread`` rather than ``threading.Thread.start``, which waits
     until the new thread has run far enough to signal that it started (that needs the
     GIL: about 10 ms of the training thread on a busy machine). It ends when the writer
