@@ -169,3 +169,26 @@ def test_the_metric_reader_reads_the_variables_it_is_given_now():
     assert len(values) == len(model.metrics_variables) > 0
     for value, variable in zip(values, model.metrics_variables, strict=True):
         np.testing.assert_array_equal(value, keras.ops.convert_to_numpy(variable))
+
+
+def test_a_mixed_precision_model_is_saved_by_reference_with_the_values_of_its_step(tmp_path):
+    """Under ``mixed_float16`` (set for the whole run, as Keras documents it) the float32
+    variables are read where they are kept, never through an autocast, and by reference,
+    while training goes on after the save; the loss-scale optimizer's own variables too."""
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        model, x, y = trained_model()
+        backend = AsyncBackend(get_backend("savedmodel"))
+        manager = CheckpointManager(tmp_path / "ckpt", backend, CheckpointPolicy(keep_last=5))
+        manager.save(model, TrainingState(global_step=0))  # the copier is traced after it
+        manager.wait()
+        assert backend._copier is not None and backend._copier.by_reference
+        before = _values(all_variables(model))
+        path = manager.save(model, TrainingState(global_step=1))
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        manager.close()
+        loaded = load_checkpoint(path).model
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+    _assert_equal(before, all_variables(loaded))
