@@ -5,7 +5,8 @@ Keras 3's own legacy ``.h5`` format cannot reload a model compiled with string l
 drops the RNG seed states, so we store Keras 3 configs instead::
 
     /                 attrs: format="trainer-h5", format_version
-    /model_config     JSON of keras.saving.serialize_keras_object(model)
+    /model_config     JSON of keras.saving.serialize_keras_object(model), plus the
+                      model's dtype policy (save_backends.policies)
     /compile_config   JSON of model.get_compile_config() ("null" if not compiled)
     /training_state   JSON of TrainingState
     /layers/NNNNN/    one group per layer (the model, then every sublayer, in Keras's

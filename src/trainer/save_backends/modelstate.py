@@ -44,7 +44,7 @@ from trainer.errors import (
     TrainerError,
     UnsafeCheckpointError,
 )
-from trainer.save_backends import rebuild
+from trainer.save_backends import policies, rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.save_backends.trainable import (  # build_optimizer: part of this kit
     BUILT_FOR,
@@ -235,10 +235,16 @@ def _rng_variables(model: keras.Model) -> list:
 
 
 # ------------------------------------------------------------------ architecture
+# Beside Keras' own keys in a stored architecture: the model's dtype policy (``policies``).
+MODEL_POLICY = "trainer_dtype_policy"
+
+
 def model_config(model: keras.Model) -> dict[str, Any]:
-    """The model's architecture (with build and compile config) as a JSON-able dict."""
+    """The model's architecture (with build and compile config, and its dtype policy under
+    ``MODEL_POLICY``) as a JSON-able dict."""
     try:
         config = keras.saving.serialize_keras_object(model)
+        config[MODEL_POLICY] = policies.serialized_policy(model)
         json.dumps(config)
     except (NotImplementedError, TypeError, ValueError) as error:
         raise ModelNotReadyError(
@@ -269,18 +275,21 @@ def rebuild_model(
             f"{type(config).__name__} and {type(compile_config).__name__}"
         )
     limits.check_structure(config, "architecture", where, dimensions=True)
-    config = {k: v for k, v in config.items() if k != "compile_config"}
-    model = _deserialize(config, custom_objects, safe_mode, where, "model")
-    if not isinstance(model, keras.Model) or not model.built:
-        raise CorruptCheckpointError(
-            f"{where}: the stored architecture did not rebuild into a built Keras model "
-            f"(no build config?). Re-save the checkpoint from a built model. "
-            f"Received: {type(model).__name__}, built={getattr(model, 'built', None)}"
-        )
-    if compile and compile_config:
-        compile_model(
-            model, compile_config, custom_objects=custom_objects, safe_mode=safe_mode, where=where
-        )
+    policy = policies.stored_policy(config.get(MODEL_POLICY))
+    config = {k: v for k, v in config.items() if k not in ("compile_config", MODEL_POLICY)}
+    with policies.global_policy(policy):  # the model's policy, its optimizer as compiled
+        model = _deserialize(config, custom_objects, safe_mode, where, "model")
+        if not isinstance(model, keras.Model) or not model.built:
+            raise CorruptCheckpointError(
+                f"{where}: the stored architecture did not rebuild into a built Keras model "
+                f"(no build config?). Re-save the checkpoint from a built model. "
+                f"Received: {type(model).__name__}, built={getattr(model, 'built', None)}"
+            )
+        if compile and compile_config:
+            compile_model(
+                model, compile_config, custom_objects=custom_objects, safe_mode=safe_mode,
+                where=where,
+            )  # fmt: skip
     return model
 
 

@@ -25,7 +25,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
 from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends import layerstate, legacy, modelstate, trainable
+from trainer.save_backends import layerstate, legacy, modelstate, policies, trainable
 from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
 from trainer.save_backends.savedmodel import (
     endpoints,
@@ -186,11 +186,9 @@ class SavedModelBackend(SaveBackend):
             "directory": path,
         }
         metadata = dict(meta)
-        # Revive and compile under the model's own global policy: a mixed_float16 model is
-        # compiled with a LossScaleOptimizer only if it is built under that policy.
-        previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(_root_policy(saved["layers"][0]) or previous)
-        try:
+        # Revive and compile under the model's own policy (``policies``): a mixed_float16
+        # model is compiled with a LossScaleOptimizer only if it is built under it.
+        with policies.global_policy(policies.stored_policy(_root_policy(saved["layers"][0]))):
             model, reviver, optimizer_arrays = _revive(path, saved, options)
             endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
@@ -207,8 +205,6 @@ class SavedModelBackend(SaveBackend):
                 if dropped:
                     metadata["dropped_metrics"] = dropped
                 modelstate.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
-        finally:
-            keras.config.set_dtype_policy(previous)
         state = checkpoint_state(meta.get("state"), path)
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
 
@@ -313,11 +309,9 @@ def _revive_root(
     return model
 
 
-def _root_policy(record: dict[str, Any]) -> Any:
-    try:
-        return keras.dtype_policies.deserialize(record["dtype_policy"])
-    except (ValueError, TypeError, LookupError, AttributeError):  # untrusted record
-        return None  # revived under the current global policy; each layer keeps its own
+def _root_policy(record: Any) -> Any:
+    """The root layer record's stored policy (untrusted: ``policies.stored_policy``)."""
+    return record.get("dtype_policy") if isinstance(record, dict) else None
 
 
 def _compile(

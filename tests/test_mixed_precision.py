@@ -1,0 +1,57 @@
+"""A model trained under ``mixed_float16`` (set globally, as Keras documents) loads in a
+process whose global policy is the default ``float32``: every backend rebuilds it with its
+own policy and its ``LossScaleOptimizer``, whose loss-scale state it restores, so that it
+predicts and trains on exactly as the saved one."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from trainer.save_backends import get_backend
+
+
+@pytest.fixture
+def mixed_model():
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((6,))
+        hidden = keras.layers.Dense(8, activation="relu")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(2, dtype="float32")(hidden))
+        model.compile(optimizer="adam", loss="mse")
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(32, 6)).astype("float32")
+        y = rng.normal(size=(32, 2)).astype("float32")
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+        yield model, x, y
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_a_mixed_precision_model_loads_and_trains_on_under_the_default_policy(
+    backend, mixed_model, tmp_path
+):
+    model, x, y = mixed_model
+    path = get_backend(backend).save(model, tmp_path / "ckpt")
+    keras.mixed_precision.set_dtype_policy("float32")  # a new process's global policy
+    loaded = get_backend(backend).load(path).model
+    assert keras.config.dtype_policy().name == "float32"  # put back after the load
+    assert loaded.dtype_policy.name == "mixed_float16"
+    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+    for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs), err_msg=mine.path)
+    np.testing.assert_array_equal(model.predict(x, verbose=0), loaded.predict(x, verbose=0))
+    keras.mixed_precision.set_dtype_policy("mixed_float16")  # both go on as trained
+    try:
+        keras.utils.set_random_seed(9)
+        before = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        keras.utils.set_random_seed(9)
+        after = loaded.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert before.history["loss"] == after.history["loss"]
+    for mine, theirs in zip(model.variables, loaded.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs), err_msg=mine.path)
