@@ -55,3 +55,26 @@ def test_a_mixed_precision_model_loads_and_trains_on_under_the_default_policy(
     assert before.history["loss"] == after.history["loss"]
     for mine, theirs in zip(model.variables, loaded.variables, strict=True):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs), err_msg=mine.path)
+
+
+def test_an_async_copy_keeps_the_loss_scale_optimizer_when_the_global_policy_changed(
+    mixed_model, tmp_path
+):
+    """The async shadow is rebuilt from the model's config: under the model's own policy,
+    even if the global one was set back to float32 after the model was built."""
+    from trainer.checkpointing import AsyncBackend, CheckpointManager, CheckpointPolicy
+    from trainer.checkpointing.snapshot import all_variables
+
+    model, x, y = mixed_model
+    keras.mixed_precision.set_dtype_policy("float32")
+    manager = CheckpointManager(
+        tmp_path / "ckpt", AsyncBackend(get_backend("savedmodel")), CheckpointPolicy()
+    )
+    before = [np.array(v) for v in all_variables(model)]
+    path = manager.save(model)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    manager.close()
+    loaded = get_backend("savedmodel").load(path).model
+    assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
+    for value, variable in zip(before, all_variables(loaded), strict=True):
+        np.testing.assert_array_equal(value, np.asarray(variable), err_msg=variable.path)

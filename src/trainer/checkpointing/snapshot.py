@@ -36,7 +36,7 @@ from trainer import atomic
 from trainer._compat.keras import get_input_signature
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
-from trainer.save_backends import layerstate, modelstate, trainable
+from trainer.save_backends import layerstate, modelstate, policies, trainable
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -208,23 +208,26 @@ def variable_copier(model: keras.Model, shadow: keras.Model) -> VariableCopier |
 
 
 def clone_for_snapshot(model: keras.Model) -> keras.Model:
-    """A second model of the same architecture and compile state, with its own variables."""
-    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
-    modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
-    _call_once_like(model, clone)
-    modelstate.build_optimizer(model)
-    compile_config = modelstate.compile_config(model)
-    if compile_config and any(
-        k in compile_config for k in (trainable.BUILT_FOR, trainable.NO_DECAY)
-    ):
-        # Keras compiled the clone from its config and built the optimizer for its trainable
-        # variables, deciding weight decay by the config alone: compile it again the way a
-        # load does, which builds a fresh optimizer like the model's. The live model's own
-        # config, so no safe mode.
-        where = f"the async copy of model {model.name!r}"
-        modelstate.compile_model(
-            clone, compile_config, custom_objects={}, safe_mode=False, where=where
-        )
+    """A second model of the same architecture and compile state, with its own variables,
+    built under the model's own dtype policy (``policies``: a mixed-precision model keeps
+    its ``LossScaleOptimizer`` whatever the global policy is now)."""
+    with policies.global_policy(getattr(model, "dtype_policy", None)):
+        clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+        modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
+        _call_once_like(model, clone)
+        modelstate.build_optimizer(model)
+        compile_config = modelstate.compile_config(model)
+        if compile_config and any(
+            k in compile_config for k in (trainable.BUILT_FOR, trainable.NO_DECAY)
+        ):
+            # Keras compiled the clone from its config and built the optimizer for its
+            # trainable variables, deciding weight decay by the config alone: compile it
+            # again the way a load does, which builds a fresh optimizer like the model's.
+            # The live model's own config, so no safe mode.
+            where = f"the async copy of model {model.name!r}"
+            modelstate.compile_model(
+                clone, compile_config, custom_objects={}, safe_mode=False, where=where
+            )
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SaveError(
