@@ -78,3 +78,17 @@ def test_an_async_copy_keeps_the_loss_scale_optimizer_when_the_global_policy_cha
     assert isinstance(loaded.optimizer, keras.optimizers.LossScaleOptimizer)
     for value, variable in zip(before, all_variables(loaded), strict=True):
         np.testing.assert_array_equal(value, np.asarray(variable), err_msg=variable.path)
+
+
+def test_a_stored_policy_is_read_only_if_it_is_a_keras_policy():
+    """The record is untrusted: anything but a known policy means 'the current global one',
+    and no other class reaches Keras' deserializer."""
+    from trainer.save_backends import policies
+
+    mixed = keras.dtype_policies.serialize(keras.DTypePolicy("mixed_bfloat16"))
+    assert policies.stored_policy(mixed).name == "mixed_bfloat16"
+    assert policies.stored_policy("mixed_float16").name == "mixed_float16"
+    dense = {"module": "keras.layers", "class_name": "Dense", "config": {"units": 2}}
+    unknown = {"class_name": "DTypePolicy", "config": {"name": "nonsense"}}
+    for record in (None, "nonsense", 5, dense, unknown):
+        assert policies.stored_policy(record) is None

@@ -29,8 +29,11 @@ def stored_policy(value: Any) -> Any:
     record is untrusted, and only Keras' own policy classes are deserialized)."""
     if value is None:
         return None
+    if isinstance(value, dict) and not str(value.get("class_name", "")).endswith("DTypePolicy"):
+        return None  # not a policy: never hand another class to Keras' deserializer
     try:
-        return keras.dtype_policies.deserialize(value)
+        policy = keras.dtype_policies.deserialize(value)
+        return keras.dtype_policies.get(policy)  # a name becomes the policy, or raises
     except (ValueError, TypeError, LookupError, AttributeError):
         return None  # rebuilt under the current global policy; each layer keeps its own
 
