@@ -37,6 +37,7 @@ from trainer._compat.keras import get_input_signature
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate, policies, trainable
+from trainer.save_backends.savedmodel.tracing import tf_variable
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,8 @@ class VariableCopier:
         # The variables themselves are held, so that their ids (which say whether this
         # copier still fits the model) cannot be given to new ones.
         self._variables = all_variables(model), all_variables(shadow)
-        self._sources = [_storage(v) for v in self._variables[0]]
-        targets = [_storage(v) for v in self._variables[1]]
+        self._sources = [tf_variable(v) for v in self._variables[0]]
+        targets = [tf_variable(v) for v in self._variables[1]]
         nbytes = sum(v.shape.num_elements() * v.dtype.size for v in self._sources)
         self.by_reference = nbytes <= BY_REFERENCE_BYTES
 
@@ -176,7 +177,7 @@ class ValueReader:
             a is not b for a, b in zip(variables, self._variables, strict=False)
         ):
             self._variables = list(variables)
-            storage = [_storage(v) for v in self._variables]
+            storage = [tf_variable(v) for v in self._variables]
             if any(isinstance(v, tf.distribute.DistributedValues) for v in storage):
                 self._read = None  # read through the strategy, as Keras does
             else:
@@ -184,11 +185,6 @@ class ValueReader:
         if self._read is None:
             return [keras.ops.convert_to_numpy(v) for v in self._variables]
         return [value.numpy() for value in self._read()]
-
-
-def _storage(variable):
-    """The ``tf.Variable`` behind a Keras variable (``value`` outside an autocast scope)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def variable_copier(model: keras.Model, shadow: keras.Model) -> VariableCopier | None:
