@@ -11,8 +11,13 @@ its clean pair, as a share of one epoch (the cost of one save per epoch).
 ``--writer`` swaps what the background thread does, to tell the write's own cost from
 anything else: ``real`` (trainer's write), ``sleep`` (waits as long as a write takes but
 uses no CPU: what the snapshot and the thread hand-off cost), ``burn`` (spends
-``--burn-ms`` of CPU in Python, holding the GIL) and ``hash`` (the same CPU in SHA-256
-over a buffer, which releases the GIL). The stand-ins patch
+``--burn-ms`` of CPU in Python, holding the GIL), ``hash`` (the same CPU in SHA-256
+over a buffer, which releases the GIL) and ``files`` (the floor of any durable checkpoint
+of these bytes: the first save is trainer's; every later one writes that checkpoint's
+files again from memory into a temporary sibling with plain ``os`` calls, hard-links the
+graph file as trainer does, flushes the filesystem once (``syncfs``, as trainer's writer
+thread does), renames it into place and deletes the checkpoint ``keep_last`` saves old;
+no serialization, no metadata, no TensorFlow). The stand-ins patch
 ``CheckpointManager._write`` in this process only; they are an experiment, never a mode
 of trainer.
 """
@@ -23,6 +28,7 @@ import argparse
 import hashlib
 import itertools
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -32,7 +38,8 @@ import keras
 
 from benchmarks.overhead import FULL, QUICK, SAVEDMODEL, compose
 
-WRITERS = ("real", "sleep", "burn", "hash")
+WRITERS = ("real", "sleep", "burn", "hash", "files")
+LINKED = "saved_model.pb"  # the file trainer hard-links from the checkpoint before
 
 
 class EpochStarts(keras.callbacks.Callback):
@@ -61,6 +68,46 @@ def stand_in(kind: str, burn_ms: float):
             end = time.thread_time() + seconds
             while time.thread_time() < end:
                 hashlib.sha256(buffer).digest()
+
+    return write
+
+
+def files_floor(real_write):
+    """The ``files`` stand-in: trainer's first write, then the same files by hand."""
+    from trainer.atomic import flushing_whole_filesystem, fsync_tree
+
+    template: dict[str, bytes] = {}
+    written: list[Path] = []
+
+    def write(self, model, path, *args, **kwargs):
+        if not written:
+            real_write(self, model, path, *args, **kwargs)
+            for file in sorted(Path(path).rglob("*")):
+                if file.is_file():
+                    template[str(file.relative_to(path))] = file.read_bytes()
+            written.append(Path(path))
+            return
+        tmp = path.with_name(f".{path.name}.floor")
+        for relative, data in template.items():
+            target = tmp / relative
+            os.makedirs(target.parent, exist_ok=True)
+            if relative == LINKED:
+                os.link(written[-1] / relative, target)
+                continue
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        with flushing_whole_filesystem():
+            fsync_tree(tmp)
+        os.rename(tmp, path)
+        written.append(path)
+        if len(written) > self.policy.keep_last:
+            old = written.pop(0)
+            trash = old.with_name(f".{old.name}.trash")
+            os.rename(old, trash)
+            shutil.rmtree(trash)
 
     return write
 
@@ -120,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.writer != "real":
         from trainer.checkpointing import manager
 
-        manager.CheckpointManager._write = stand_in(args.writer, args.burn_ms)
+        real_write = manager.CheckpointManager._write
+        manager.CheckpointManager._write = (
+            files_floor(real_write)
+            if args.writer == "files"
+            else stand_in(args.writer, args.burn_ms)
+        )
     costs: list[float] = []
     epoch_seconds: list[float] = []
     for index in range(args.runs):
@@ -130,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         costs += pair_costs(durations, args.every)
         epoch_seconds += durations[1:-1]
         keras.backend.clear_session()
-    shown = "" if args.writer == "real" else f" ({args.burn_ms:g} ms)"
+    shown = "" if args.writer in ("real", "files") else f" ({args.burn_ms:g} ms)"
     spread = (
         f", standard error {100 * statistics.stdev(costs) / len(costs) ** 0.5:.1f}"
         if len(costs) > 1

@@ -145,6 +145,30 @@ def test_async_cost_quick_run_reports_a_figure(tmp_path):
     assert "% of an epoch (median)" in line, line
 
 
+def test_async_cost_files_floor_writes_the_checkpoints_files_and_keeps_the_last_three(
+    monkeypatch, tmp_path
+):
+    """The ``files`` stand-in: trainer's first checkpoint, then its files again by hand (the
+    graph file hard-linked), each save renamed into place; ``keep_last`` (3) kept."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import async_cost
+    from trainer.checkpointing import manager
+
+    real = manager.CheckpointManager._write
+    monkeypatch.setattr(manager.CheckpointManager, "_write", async_cost.files_floor(real))
+    async_cost.run_once(24, 4, tmp_path / "run", quick=True)
+    kept = sorted(p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
+    assert [p.name for p in kept] == ["step-00000016", "step-00000020", "step-00000024"]
+    trees = [
+        {str(f.relative_to(p)): f.read_bytes() for f in p.rglob("*") if f.is_file()}
+        for p in kept
+    ]
+    assert trees[0] == trees[1] == trees[2]
+    assert {"saved_model.pb", "variables/variables.index"} <= set(trees[0])
+    assert (kept[0] / async_cost.LINKED).stat().st_nlink == 3
+    assert not [p for p in kept[0].parent.iterdir() if p.name.startswith(".")]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUSAGE_THREAD is Linux only")
 def test_writer_cpu_reports_the_cpu_of_repeat_saves(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
