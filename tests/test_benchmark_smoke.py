@@ -160,8 +160,7 @@ def test_async_cost_files_floor_writes_the_checkpoints_files_and_keeps_the_last_
     kept = sorted(p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
     assert [p.name for p in kept] == ["step-00000016", "step-00000020", "step-00000024"]
     trees = [
-        {str(f.relative_to(p)): f.read_bytes() for f in p.rglob("*") if f.is_file()}
-        for p in kept
+        {str(f.relative_to(p)): f.read_bytes() for f in p.rglob("*") if f.is_file()} for p in kept
     ]
     assert trees[0] == trees[1] == trees[2]
     assert {"saved_model.pb", "variables/variables.index"} <= set(trees[0])
