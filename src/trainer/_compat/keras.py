@@ -297,21 +297,38 @@ _POSITIONAL_LOAD_MODULES = frozenset(
 
 
 def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
-    """True if ``layer.save_own_variables`` / ``load_own_variables`` only store and assign
-    the layer's own variables in order, so that copying those variables by position is the
-    same as calling them.
+    """True if copying ``layer``'s own variables by position restores it exactly: its
+    ``save_own_variables`` / ``load_own_variables`` only store and assign them in order, or
+    (LoRA) would store less than they hold.
 
     Keras's ``Layer`` does that; ``Dense``, ``EinsumDense``, ``Embedding`` and the
-    convolutions override it only for quantized or LoRA variables. Public Keras does not
-    say which overrides are of that kind, so this compares where the method is defined
-    with those private modules. Checked: Keras 3.15.1; ``tests/test_compat.py`` lists every
-    Keras layer overriding ``load_own_variables`` and fails when a new one appears.
+    convolutions override it only for quantized or LoRA variables. With LoRA enabled, their
+    ``save_own_variables`` merges the adapters into the kernel (re-quantized, if the layer
+    is quantized) and ``load_own_variables`` sets both adapters to zero: the outputs come
+    back (bar re-quantizing), the fine-tuning state does not (zero ``a`` and ``b`` get zero
+    gradients, so the adapters never train again). Their variables, copied as they are,
+    are that state. Public Keras does not say which overrides are of that kind, so this
+    compares where the methods are defined with those private modules. Checked: Keras
+    3.15.1; ``tests/test_compat.py`` lists every Keras layer overriding
+    ``load_own_variables`` and fails when a new one appears.
     """
-    cls = type(layer)
-    defined_in = {cls.load_own_variables.__module__, cls.save_own_variables.__module__}
+    if merges_lora_when_saved(layer):
+        return True
     quantized = getattr(layer, "quantization_mode", None) is not None
+    return _own_variables_modules(layer) <= _POSITIONAL_LOAD_MODULES and not quantized
+
+
+def merges_lora_when_saved(layer: keras.layers.Layer) -> bool:
+    """True if ``layer`` is one of Keras's LoRA-capable layers with LoRA enabled, whose own
+    ``save_own_variables`` would merge the adapters away (see above); its variables must be
+    stored as they are instead."""
     lora = bool(getattr(layer, "lora_enabled", False))
-    return defined_in <= _POSITIONAL_LOAD_MODULES and not quantized and not lora
+    return lora and _own_variables_modules(layer) <= _POSITIONAL_LOAD_MODULES
+
+
+def _own_variables_modules(layer: keras.layers.Layer) -> set[str]:
+    cls = type(layer)
+    return {cls.load_own_variables.__module__, cls.save_own_variables.__module__}
 
 
 # ---------------------------------------------------------------------- training

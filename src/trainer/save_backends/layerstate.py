@@ -28,7 +28,11 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from trainer._compat.keras import loads_own_variables_by_position, sublayers
+from trainer._compat.keras import (
+    loads_own_variables_by_position,
+    merges_lora_when_saved,
+    sublayers,
+)
 from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, LayerStateError
 
 
@@ -56,7 +60,10 @@ def collect_one(layer: keras.layers.Layer) -> LayerState:
     """One layer's state, as its own ``save_own_variables`` / ``save_assets`` give it."""
     state = LayerState(layer.name, type(layer).__name__)
     store: dict[str, object] = {}
-    _call(layer, "save_own_variables", store, saving=True)
+    if merges_lora_when_saved(layer):  # Keras's own method would merge the adapters away
+        store.update((f"{VARIABLE_KEY}{i}", v) for i, v in enumerate(layer.variables))
+    else:
+        _call(layer, "save_own_variables", store, saving=True)
     for i, variable in enumerate(rnn_states(layer)):  # kept apart from Keras's own keys
         store[f"{RNN_STATE_KEY}{i}"] = variable
     state.arrays = {key: np.asarray(keras.ops.convert_to_numpy(v)) for key, v in store.items()}
@@ -93,7 +100,10 @@ def restore_one(layer: keras.layers.Layer, state: LayerState) -> None:
     RNN's states."""
     arrays = dict(state.arrays)
     states = [arrays.pop(key) for key in sorted(arrays, key=_rnn_state_position) if _is_rnn(key)]
-    _call(layer, "load_own_variables", arrays, saving=False)
+    if merges_lora_when_saved(layer):
+        _restore_lora_layer(layer, arrays)
+    else:
+        _call(layer, "load_own_variables", arrays, saving=False)
     if hasattr(layer, "load_assets"):  # as Keras does: even with no stored file
         with tempfile.TemporaryDirectory(prefix="trainer-assets-") as scratch:
             _write_tree(Path(scratch), state.assets)
@@ -103,6 +113,39 @@ def restore_one(layer: keras.layers.Layer, state: LayerState) -> None:
 
 
 RNN_STATE_KEY = "trainer:rnn_state:"
+VARIABLE_KEY = "trainer:variable:"  # a LoRA layer's variables, stored as they are
+
+
+def _restore_lora_layer(layer: keras.layers.Layer, arrays: dict[str, np.ndarray]) -> None:
+    """Assign a LoRA layer's variables stored as they are; refuse Keras's merged form."""
+    keys = [f"{VARIABLE_KEY}{i}" for i in range(len(arrays))]
+    if set(keys) != set(arrays):
+        raise merged_lora_error(layer, f"keys {sorted(arrays)[:6]}")
+    assign_exact(layer.variables, [arrays[k] for k in keys], f"LoRA layer {layer.name!r}")
+
+
+def merged_lora_error(layer: keras.layers.Layer, received: str) -> IncompatibleFormatError:
+    return IncompatibleFormatError(
+        f"Layer {layer.name!r} ({type(layer).__name__}) has LoRA enabled, and this checkpoint "
+        f"stored it the way Keras's own save_own_variables does: the adapters merged into the "
+        f"kernel, which loses them (they would load as zeros and never train again). It was "
+        f"written by an older trainer; load it with that version and save it again, or "
+        f"retrain. Received: {received}"
+    )
+
+
+def assign_exact(variables: list, arrays: list[np.ndarray], what: str) -> None:
+    """Assign ``arrays`` to ``variables`` one by one, refusing any count or shape mismatch."""
+    shapes = [tuple(v.shape) for v in variables]
+    received = [tuple(np.shape(a)) for a in arrays]
+    if shapes != received:
+        raise CorruptCheckpointError(
+            f"The stored variables of {what} do not fit it as rebuilt (shapes {shapes}). The "
+            f"checkpoint is damaged or was written by another architecture. Received shapes: "
+            f"{received}"
+        )
+    for variable, value in zip(variables, arrays, strict=True):
+        variable.assign(value)
 
 
 def _is_rnn(key: str) -> bool:
@@ -163,6 +206,41 @@ def restore_rnn_state_arrays(model: keras.Model, arrays: list[np.ndarray], where
     start = 0
     for layer, count in zip(layers, counts, strict=True):
         restore_rnn_states(layer, arrays[start : start + count], where)
+        start += count
+
+
+def lora_variable_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
+    """``(label, value)`` of every variable of every LoRA layer, layers in the order both
+    sides agree on: for a backend whose weights Keras's ``save_weights`` stores, which
+    merges the adapters away (``merges_lora_when_saved``)."""
+    return [
+        (f"{layer.name}/{i}", np.asarray(keras.ops.convert_to_numpy(variable)))
+        for layer in stateful_layers(model)
+        if merges_lora_when_saved(layer)
+        for i, variable in enumerate(layer.variables)
+    ]
+
+
+def restore_lora_variable_arrays(
+    model: keras.Model, arrays: list[np.ndarray] | None, where: str
+) -> None:
+    """Give back what :func:`lora_variable_arrays` stored; ``None`` (nothing stored: an
+    older checkpoint) is refused when the model has LoRA layers."""
+    layers = [layer for layer in stateful_layers(model) if merges_lora_when_saved(layer)]
+    if arrays is None:
+        if layers:
+            raise merged_lora_error(layers[0], f"no LoRA variables stored in {where}")
+        return
+    counts = [len(layer.variables) for layer in layers]
+    if sum(counts) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{where} holds {len(arrays)} variables of LoRA layers but the model rebuilt from "
+            f"its config has {sum(counts)}. The checkpoint is damaged or was written by "
+            f"another architecture. Received: {len(arrays)} arrays"
+        )
+    start = 0
+    for layer, count in zip(layers, counts, strict=True):
+        assign_exact(layer.variables, arrays[start : start + count], f"LoRA layer {layer.name!r}")
         start += count
 
 

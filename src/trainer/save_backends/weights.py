@@ -46,6 +46,7 @@ EXTRA_FILE = "optimizer.h5"
 INDEX_FILE = "trainer.json"
 ASSETS_DIR = "assets"
 RNN_STATES = "rnn_states"  # in EXTRA_FILE: stateful RNN states, which save_weights skips
+LORA_VARIABLES = "lora_variables"  # in EXTRA_FILE: LoRA layers' variables as they are
 
 
 class WeightsBackend(SaveBackend):
@@ -92,6 +93,9 @@ class WeightsBackend(SaveBackend):
             hdf5_arrays.write_arrays(handle, "optimizer", modelstate.optimizer_arrays(model))
             hdf5_arrays.write_arrays(handle, "rng_state", modelstate.rng_state_arrays(model))
             hdf5_arrays.write_arrays(handle, RNN_STATES, layerstate.rnn_state_arrays(model))
+            lora = layerstate.lora_variable_arrays(model)  # Keras's file merges them away
+            if lora:
+                hdf5_arrays.write_arrays(handle, LORA_VARIABLES, lora)
         hdf5_arrays.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
         layerstate.write_assets(model, tmp / ASSETS_DIR)  # e.g. adapted lookup vocabularies
         (tmp / INDEX_FILE).write_text(index_text)
@@ -144,9 +148,13 @@ class WeightsBackend(SaveBackend):
             states = None  # absent: written before trainer kept them (they start at zero)
             if RNN_STATES in handle:
                 states = hdf5_arrays.read_arrays(handle, RNN_STATES, path / EXTRA_FILE)
+            lora = None  # absent: no LoRA layer, or written before trainer kept them
+            if LORA_VARIABLES in handle:
+                lora = hdf5_arrays.read_arrays(handle, LORA_VARIABLES, path / EXTRA_FILE)
         modelstate.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
         if states is not None:
             layerstate.restore_rnn_state_arrays(model, states, str(path / EXTRA_FILE))
+        layerstate.restore_lora_variable_arrays(model, lora, str(path / EXTRA_FILE))
         if compile and compile_config:
             modelstate.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)

@@ -62,6 +62,10 @@ def restore(
         layer = by_index.get(index)
         if index in traced:
             continue  # behaves as traced: its state is in the traced functions
+        if layer is not None and not layerstate.keeps_own_state(layer):
+            # Restored exactly by its variables (a LoRA layer: older trainers stored it
+            # here the merging way too, and running that would zero its adapters).
+            continue
         if layer is None:
             raise LayerStateError(
                 f"{where}: layer {state.name!r} ({state.class_name}) keeps state of its own, "

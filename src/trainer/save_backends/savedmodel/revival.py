@@ -219,9 +219,17 @@ class Reviver:
 
     def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         path = self.directory / "assets" / "keras" / str(record["id"]) / "vocabulary.txt"
-        if path.is_file() and hasattr(layer, "set_vocabulary"):
-            lines = path.read_text().splitlines()
-            layer.set_vocabulary(lines)
+        if not (path.is_file() and hasattr(layer, "set_vocabulary")):
+            return
+        lines = path.read_text().splitlines()
+        if record["keras_config"].get("config", {}).get("output_mode") in ("tf_idf", "tf-idf"):
+            # Its vocabulary needs its IDF weights with it: those it has (from its config),
+            # or none yet, and both come back with its layer state (layer_state.restore).
+            idf = getattr(layer, "idf_weights_const", None)
+            if idf is not None:
+                layer.set_vocabulary(lines, idf_weights=idf)
+            return
+        layer.set_vocabulary(lines)
 
     def _require_functions(self, record: dict[str, Any], why: str) -> None:
         if self.nodes[record["id"]] is None:
