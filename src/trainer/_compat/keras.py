@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -361,6 +361,56 @@ def optimizer_built_for(optimizer: Any) -> list[Any]:
     Uses ``BaseOptimizer._trainable_variables``. Checked: Keras 3.15.1.
     """
     return list(optimizer._trainable_variables)
+
+
+def batches_trained(optimizer: Any) -> Any:
+    """How many batches ``optimizer`` has been applied on (a scalar tensor).
+
+    ``iterations`` counts optimizer steps; with ``gradient_accumulation_steps`` Keras
+    divides the batch count by them, so two saves one batch apart would read the same step
+    and differ in their accumulated gradients. The batch count itself is the private
+    ``BaseOptimizer._iterations`` (a ``LossScaleOptimizer`` keeps it in its inner one).
+    Read only where accumulation is on; the public ``iterations`` otherwise. Checked:
+    Keras 3.15.1 (base_optimizer.py).
+    """
+    inner = innermost_optimizer(optimizer)
+    if getattr(inner, "gradient_accumulation_steps", None):
+        return inner._iterations
+    return optimizer.iterations
+
+
+def before_finalizing(optimizer: Any, hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook`` when ``fit`` is about to finalize ``optimizer``'s variables; returns
+    the function that removes the hook.
+
+    ``fit`` ends by calling ``optimizer.finalize_variable_values``, which, with
+    ``use_ema``, replaces the model's weights by their moving averages, after the last
+    ``on_epoch_end`` and before ``on_train_end``; no callback method runs in between. A
+    save at ``on_train_end`` would store the averages as the weights training continues
+    from. This shadows the method on the instance (public name; Keras's fit looks it up
+    there). Checked: Keras 3.15.1, backend/tensorflow/trainer.py.
+    """
+    original = optimizer.finalize_variable_values
+
+    def finalize_variable_values(var_list):
+        hook()
+        return original(var_list)
+
+    optimizer.finalize_variable_values = finalize_variable_values
+
+    def remove() -> None:
+        if optimizer.__dict__.get("finalize_variable_values") is finalize_variable_values:
+            del optimizer.finalize_variable_values
+
+    return remove
+
+
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The optimizer that does the updates: ``optimizer`` itself, or the one a
+    ``LossScaleOptimizer`` wraps (public ``inner_optimizer``), recursively."""
+    while getattr(optimizer, "inner_optimizer", None) is not None:
+        optimizer = optimizer.inner_optimizer
+    return optimizer
 
 
 def uses_weight_decay(optimizer: Any, variable: Any) -> bool:

@@ -28,9 +28,9 @@ from typing import Any
 
 import keras
 
-from trainer._compat.keras import set_initial_epoch
+from trainer._compat.keras import before_finalizing, innermost_optimizer, set_initial_epoch
 from trainer.checkpointing.callback_state import load_state, state_of
-from trainer.checkpointing.manager import CheckpointManager
+from trainer.checkpointing.manager import CheckpointManager, batches_trained
 from trainer.checkpointing.policy import CheckpointPolicy
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
 from trainer.checkpointing.snapshot import ValueReader, all_variables
@@ -91,6 +91,7 @@ class Checkpoint(keras.callbacks.Callback):
         self._replay_values: list[Any] | None = None
         self._tracked_to_restore: dict[str, Any] | None = None
         self._read_metrics = ValueReader()  # the metrics' accumulators, at every save
+        self._unhook: Callable[[], None] | None = None  # see on_train_begin (EMA)
 
     # ------------------------------------------------------------- standalone
     def on_train_begin(self, logs=None):
@@ -98,6 +99,12 @@ class Checkpoint(keras.callbacks.Callback):
             self._begin_standalone()
         if self.policy.every_n_epochs or self.policy.every_n_steps or self.policy.on_train_end:
             self.manager.prepare(self.model)  # saves are due: their one-time work starts now
+        self._unhook_finalize()
+        optimizer = getattr(self.model, "optimizer", None)
+        if getattr(innermost_optimizer(optimizer), "use_ema", False):
+            # fit replaces the weights by their moving averages before on_train_end: the
+            # final save is made just before, with the weights training continues from.
+            self._unhook = before_finalizing(optimizer, self.finish)
 
     def _begin_standalone(self) -> None:
         self._pending_logs = None
@@ -181,9 +188,15 @@ class Checkpoint(keras.callbacks.Callback):
         self.manager.report_saved()
 
     def on_train_end(self, logs=None):
+        self._unhook_finalize()
         self.finish()
         if self.standalone:
             set_initial_epoch(self.model, None)  # a later fit starts where its caller says
+
+    def _unhook_finalize(self) -> None:
+        unhook, self._unhook = self._unhook, None
+        if unhook is not None:
+            unhook()
 
     def finish(self) -> None:
         """End of training: the final save (if due), then wait for any write in flight."""
@@ -234,7 +247,4 @@ def make_policy(options: dict[str, Any]) -> CheckpointPolicy:
 
 
 def _iterations(model: keras.Model) -> int:
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not optimizer.built:
-        return 0
-    return int(keras.ops.convert_to_numpy(optimizer.iterations))
+    return batches_trained(model) or 0

@@ -23,6 +23,7 @@ from typing import Any
 
 import keras
 
+from trainer._compat import keras as keras_compat
 from trainer.atomic import clean_stale_temporaries
 from trainer.checkpointing.listing import complete, point_latest
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
@@ -154,10 +155,8 @@ class CheckpointManager:
         return path
 
     def _implicit_state(self, model: keras.Model) -> TrainingState:
-        optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            step = int(keras.ops.convert_to_numpy(optimizer.iterations))
-        else:
+        step = batches_trained(model)
+        if step is None:
             step = max((r["step"] for r in self.records), default=-1) + 1
         return TrainingState(global_step=step)
 
@@ -305,6 +304,16 @@ class CheckpointManager:
             self.close()
         except Exception:  # the error already propagating wins; this one is logged
             log.exception("The last checkpoint write failed")
+
+
+def batches_trained(model: keras.Model) -> int | None:
+    """The batches ``model``'s optimizer has been applied on (its step count; the batch
+    count under gradient accumulation, where two saves a batch apart hold different
+    accumulated gradients); None if it has no built optimizer."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return None
+    return int(keras.ops.convert_to_numpy(keras_compat.batches_trained(optimizer)))
 
 
 class _Blocking:

@@ -108,10 +108,28 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
         # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
         # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
         config["optimizer"] = keras.saving.serialize_keras_object(model.optimizer)
-    recorded = {BUILT_FOR: optimizer_built_for(model), NO_DECAY: no_weight_decay(model)}
+    recorded = {
+        BUILT_FOR: optimizer_built_for(model),
+        NO_DECAY: no_weight_decay(model),
+        NO_LOSS_SCALING: _no_loss_scaling(model),
+    }
     config.update({key: value for key, value in recorded.items() if value is not None})
     json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
     return config
+
+
+# Compile-config key: True when ``compile(auto_scale_loss=False)`` kept a mixed_float16
+# model's optimizer unwrapped. Keras leaves that argument out of its compile config, so a
+# load compiling under the model's policy wrapped it in a LossScaleOptimizer (4 more
+# variables: refused as damaged) instead of compiling what was trained.
+NO_LOSS_SCALING = "trainer_no_loss_scaling"
+
+
+def _no_loss_scaling(model: keras.Model) -> bool | None:
+    optimizer = getattr(model, "optimizer", None)
+    mixed = getattr(model.dtype_policy, "name", None) == "mixed_float16"
+    unwrapped = not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    return True if mixed and optimizer is not None and unwrapped else None
 
 
 def compile_model(
@@ -134,15 +152,17 @@ def compile_model(
     compile_config = dict(compile_config)
     built_for = compile_config.pop(BUILT_FOR, None)
     no_decay = compile_config.pop(NO_DECAY, None)
+    scaling = {"auto_scale_loss": False} if compile_config.pop(NO_LOSS_SCALING, None) else {}
     if _overrides(model, "compile_from_config"):
         with keras.saving.custom_object_scope(custom_objects):
             try:
-                model.compile_from_config(copy.deepcopy(compile_config))
+                model.compile_from_config({**copy.deepcopy(compile_config), **scaling})
             except Exception as error:
                 raise rebuild.method_error(error, model, "compile_from_config", where) from error
         build_optimizer(model, built_for, where, no_decay=no_decay)
         return
     kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
+    kwargs.update(scaling)
     with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
         if not (_overrides(model, "compile") and _own_compile(model, kwargs, compile_config)):
             keras.Model.compile(model, **kwargs)

@@ -83,7 +83,9 @@ def no_weight_decay(model: keras.Model) -> list[int] | None:
     weight decay or decays every variable. Keras keeps that choice out of the optimizer's
     config: a load from the config alone would decay them, and train differently."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not getattr(optimizer, "weight_decay", None):
+    # A LossScaleOptimizer has no weight decay of its own: its inner optimizer decays.
+    decaying = keras_compat.innermost_optimizer(optimizer) if optimizer is not None else None
+    if decaying is None or not getattr(decaying, "weight_decay", None):
         return None
     try:
         candidates = (
@@ -91,7 +93,7 @@ def no_weight_decay(model: keras.Model) -> list[int] | None:
             if optimizer.built
             else list(model.trainable_variables)
         )
-        excluded = {id(v) for v in candidates if not keras_compat.uses_weight_decay(optimizer, v)}
+        excluded = {id(v) for v in candidates if not keras_compat.uses_weight_decay(decaying, v)}
     except AttributeError:  # not a Keras BaseOptimizer
         return None
     positions = [i for i, v in enumerate(model.weights) if id(v) in excluded]
@@ -116,7 +118,7 @@ def build_optimizer(
     weights = model.weights
     if no_decay is not None:
         chosen = _weights_at(weights, no_decay, where, "left out of weight decay")
-        optimizer.exclude_from_weight_decay(var_list=chosen)
+        keras_compat.innermost_optimizer(optimizer).exclude_from_weight_decay(var_list=chosen)
     if built_for is None:
         optimizer.build(model.trainable_variables)
     else:
