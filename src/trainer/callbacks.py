@@ -21,6 +21,8 @@ from tensorboard.compat.proto import event_pb2
 
 from trainer import interrupts
 from trainer.checkpointing import Checkpoint
+from trainer.checkpointing.callback import BatchCounter
+from trainer.checkpointing.policy import scalar_metrics
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState
 from trainer.summary_writes import SummaryWrites, open_writer
@@ -44,6 +46,7 @@ class RunProgress(keras.callbacks.Callback):
         self.requested_signal: int | None = None
         self.interrupted = False
         self.cut_epoch = False  # set by the cutter: this epoch was ended early on purpose
+        self.batches = BatchCounter()
 
     def epoch_cutter(self) -> keras.callbacks.Callback:
         """The callback that ends a resumed epoch: goes after every other callback.
@@ -59,6 +62,7 @@ class RunProgress(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.state.epoch = epoch
+        self.batches.reset()
         saved, self.state.metric_variables = self.state.metric_variables, []
         if self.state.step_in_epoch and saved:
             # Mid-epoch resume: Keras just reset the running means; put back the sums of
@@ -74,8 +78,9 @@ class RunProgress(keras.callbacks.Callback):
                 variable.assign(value)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.state.global_step += 1
-        self.state.step_in_epoch += 1
+        trained = self.batches.advance(batch, self.params.get("steps"))
+        self.state.global_step += trained
+        self.state.step_in_epoch += trained
         if self.requested_signal is not None and not self.interrupted:
             self.model.stop_training = True
             # On an epoch's last batch, let the epoch end normally (validation, history)
@@ -90,7 +95,7 @@ class RunProgress(keras.callbacks.Callback):
             return  # the epoch did not finish; the state stays mid-epoch
         self.state.epoch = epoch + 1
         self.state.step_in_epoch = 0
-        self.state.metrics = {k: float(v) for k, v in (logs or {}).items()}
+        self.state.metrics = scalar_metrics(logs)
         self.state.history.append({"epoch": epoch + 1, **self.state.metrics})
         self.interrupted = self.requested_signal is not None
 
@@ -185,8 +190,8 @@ class ScalarLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = self.state.global_step
         with self.writes.writing("batch scalars"), self.writer.as_default(step=step):
-            for key, value in (logs or {}).items():
-                tf.summary.scalar(f"batch/{key}", float(value))
+            for key, value in scalar_metrics(logs).items():  # arrays: not scalars
+                tf.summary.scalar(f"batch/{key}", value)
             if self._step_rate is not None:
                 tf.summary.scalar("batch/learning_rate", self._step_rate)
 
@@ -194,8 +199,8 @@ class ScalarLogger(keras.callbacks.Callback):
         learning_rate = current_learning_rate(self.model.optimizer)
         step = self.state.global_step
         with self.writes.writing("epoch scalars"), self.writer.as_default(step=step):
-            for key, value in (logs or {}).items():
-                tf.summary.scalar(f"epoch/{key}", float(value))
+            for key, value in scalar_metrics(logs).items():  # arrays: not scalars
+                tf.summary.scalar(f"epoch/{key}", value)
             if learning_rate is not None:
                 tf.summary.scalar("epoch/learning_rate", learning_rate)
             self.writer.flush()

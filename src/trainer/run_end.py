@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from trainer import interrupts
+from trainer.checkpointing.policy import scalar_metrics
 from trainer.data import DataSplits, eval_dataset
 from trainer.errors import TrainerError
 from trainer.export import read_export_metadata, versions
@@ -151,8 +152,8 @@ def final_metrics(
     """The model's metrics on the validation split (the training split if there is none)."""
     if val is not None:
         results = model.evaluate(val, verbose=0, return_dict=True)
-        return {f"val_{k}": float(v) for k, v in results.items()}
+        return {f"val_{k}": v for k, v in scalar_metrics(results).items()}
     results = model.evaluate(
         eval_dataset(data.x_train, data.y_train, batch_size), verbose=0, return_dict=True
     )
-    return {k: float(v) for k, v in results.items()}
+    return scalar_metrics(results)

@@ -31,7 +31,7 @@ import keras
 from trainer._compat.keras import before_finalizing, innermost_optimizer, set_initial_epoch
 from trainer.checkpointing.callback_state import load_state, state_of
 from trainer.checkpointing.manager import CheckpointManager, batches_trained
-from trainer.checkpointing.policy import CheckpointPolicy
+from trainer.checkpointing.policy import CheckpointPolicy, scalar_metrics
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
 from trainer.checkpointing.snapshot import ValueReader, all_variables
 from trainer.errors import ConfigError, TrainerError
@@ -92,6 +92,7 @@ class Checkpoint(keras.callbacks.Callback):
         self._tracked_to_restore: dict[str, Any] | None = None
         self._read_metrics = ValueReader()  # the metrics' accumulators, at every save
         self._unhook: Callable[[], None] | None = None  # see on_train_begin (EMA)
+        self._batches = BatchCounter()
 
     # ------------------------------------------------------------- standalone
     def on_train_begin(self, logs=None):
@@ -130,6 +131,7 @@ class Checkpoint(keras.callbacks.Callback):
         )
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._batches.reset()
         if self._tracked_to_restore is not None:  # after every on_train_begin (they reset)
             for name, callback in self.track.items():
                 if name in self._tracked_to_restore:
@@ -152,18 +154,20 @@ class Checkpoint(keras.callbacks.Callback):
             self.save(self._pending_logs)
 
     def on_train_batch_end(self, batch, logs=None):
+        trained = self._batches.advance(batch, self.params.get("steps"))
         if self._replay:
             if batch + 1 >= self._replay:
                 self._end_replay()
             return
         if self.standalone:
-            self.state.global_step += 1
-            self.state.step_in_epoch += 1
+            self.state.global_step += trained
+            self.state.step_in_epoch += trained
         if self.interrupted:
             self._save_on_interrupt(logs)
             return
         every = self.policy.every_n_steps
-        if every and self.state.global_step % every == 0:
+        step = self.state.global_step  # a multiple of every_n_steps was reached or passed
+        if every and step // every > (step - trained) // every:
             self._pending_logs = dict(logs or {})
 
     def on_epoch_end(self, epoch, logs=None):
@@ -177,7 +181,7 @@ class Checkpoint(keras.callbacks.Callback):
         if self.standalone:
             self.state.epoch = epoch + 1
             self.state.step_in_epoch = 0
-            self.state.metrics = {k: float(v) for k, v in (logs or {}).items()}
+            self.state.metrics = scalar_metrics(logs)
         self.manager.report_saved()  # the bar's line for this epoch is complete
         if self.interrupted:
             self._save_on_interrupt(logs)
@@ -232,6 +236,27 @@ class Checkpoint(keras.callbacks.Callback):
         # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
         state.stopped_early = bool(self.model.stop_training and not self.interrupted)
         return self.manager.save(self.model, self.state, metrics=logs, wait=wait, called=called)
+
+
+class BatchCounter:
+    """Steps trained between two ``on_train_batch_end`` calls of an epoch: one, or up to
+    ``steps_per_execution`` (Keras then reports once per execution, with the index of its
+    last batch); counting calls counted a third of the steps at 3. An epoch's last
+    execution may run fewer steps than that index says (Keras reports ``begin +
+    steps_per_execution - 1`` for it too: 8 for an epoch of 7 steps at 3), so the index is
+    capped at the epoch's steps where Keras knows them (``params["steps"]``)."""
+
+    def __init__(self):
+        self.ended = 0  # batches of this epoch reported so far
+
+    def reset(self) -> None:
+        """At each epoch's begin: Keras' batch index starts again at 0."""
+        self.ended = 0
+
+    def advance(self, batch: int, steps: int | None) -> int:
+        ended = min(batch + 1, steps) if steps else batch + 1
+        trained, self.ended = ended - self.ended, ended
+        return trained
 
 
 def make_policy(options: dict[str, Any]) -> CheckpointPolicy:

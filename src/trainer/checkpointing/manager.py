@@ -26,7 +26,12 @@ import keras
 from trainer._compat import keras as keras_compat
 from trainer.atomic import clean_stale_temporaries
 from trainer.checkpointing.listing import complete, point_latest
-from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained
+from trainer.checkpointing.policy import (
+    CheckpointPolicy,
+    format_name,
+    retained,
+    scalar_metrics,
+)
 from trainer.checkpointing.restoring import restore_into
 from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
@@ -126,7 +131,7 @@ class CheckpointManager:
             return None
         self._last_saved_step = state.global_step
         self.backend_wait()  # one write in flight; its retention applied; raises its failure
-        metrics = {k: float(v) for k, v in (metrics or {}).items()}
+        metrics = scalar_metrics(metrics)
         name = format_name(
             self.policy.name, step=state.global_step, epoch=state.epoch, metrics=metrics
         )

@@ -10,6 +10,8 @@ import string
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from trainer.errors import ConfigError
 
 
@@ -136,3 +138,16 @@ def retained(records: list[dict[str, Any]], policy: CheckpointPolicy) -> set[str
             if r["epoch_end"] and r["epoch"] and r["epoch"] % policy.keep_every_n_epochs == 0
         )
     return keep
+
+
+def scalar_metrics(logs: dict[str, Any] | None) -> dict[str, float]:
+    """The scalar entries of ``logs`` as floats: what a checkpoint's state records, names
+    and monitors. Array-valued metrics (``F1Score(average=None)``, ``Precision`` at several
+    thresholds) are left out of that record; their accumulators are saved with the other
+    metric variables."""
+    found = {}
+    for key, value in (logs or {}).items():
+        array = np.asarray(value)
+        if array.ndim == 0 and np.issubdtype(array.dtype, np.number):
+            found[key] = float(array)
+    return found
