@@ -313,6 +313,21 @@ def rebuild_model(
     return model
 
 
+def names_a_missing_class(entry: Any, custom_objects: dict[str, Any], safe_mode: bool) -> bool:
+    """Whether the serialized object ``entry`` (a metric of a compile config) cannot be
+    rebuilt because its class or function is not registered here. A string or anything
+    else Keras resolves at ``compile`` counts as present."""
+    if not (isinstance(entry, dict) and "class_name" in entry):
+        return False
+    try:
+        _deserialize(entry, custom_objects, safe_mode, "", "metric")
+    except MissingClassError:
+        return True
+    except TrainerError:
+        return False
+    return False
+
+
 def _deserialize(config, custom_objects, safe_mode, where, what):
     try:
         return keras.saving.deserialize_keras_object(  # Keras pops from what it is given

@@ -34,6 +34,7 @@ from trainer.save_backends.savedmodel import (
     partial_load,
     stored_variables,
     trace_cache,
+    training_logic,
 )
 from trainer.save_backends.savedmodel.records import check_json
 from trainer.save_backends.savedmodel.revival import NeedsTracedFunctions, Reviver
@@ -198,6 +199,9 @@ class SavedModelBackend(SaveBackend):
                 layer_state.restore(model, reviver.layers, saved["layers"], path)
             else:
                 layerstate.refuse_older_format(model, path, assets_only=False)
+            root = saved["layers"][0]
+            how = reviver.how.get(root.get("name"), "")
+            training_logic.guard(model, root, how, bool(compile), path)
             if compile and meta.get("compile_config"):
                 dropped = _compile(
                     model, meta["compile_config"], custom_objects, reviver.safe_mode, path
@@ -321,24 +325,73 @@ def _compile(
     safe_mode: bool,
     where: Path,
 ) -> list[Any]:
-    """Compile as saved, under ``safe_mode``. Metrics whose class is missing are dropped and
-    returned (the caller reports them in the metadata), because a metric's state cannot be
-    revived from a traced function; a missing loss or optimizer class is an error."""
+    """Compile as saved, under ``safe_mode``. Metrics whose class is missing are dropped,
+    logged and returned (the caller reports them in the metadata), because a metric's state
+    cannot be revived from a traced function; every other metric is kept. A missing loss
+    or optimizer class is an error."""
     options = {"custom_objects": custom_objects, "safe_mode": safe_mode, "where": where}
     try:
         modelstate.compile_model(model, config, **options)
         return []
     except MissingClassError as first:
         config = dict(config)
-        dropped = []
+        dropped: list[Any] = []
+
+        def missing(entry: Any) -> bool:
+            return modelstate.names_a_missing_class(entry, custom_objects, safe_mode)
+
         for key in ("metrics", "weighted_metrics"):
             if config.get(key):
-                dropped.append(config[key])
-                config[key] = None
+                config[key] = _without(config[key], missing, dropped)
         if not dropped:
             raise
         try:
             modelstate.compile_model(model, config, **options)
         except MissingClassError:
             raise first from None
+        log.warning(
+            "%s: compiled without the metrics whose class is missing here (a metric's state "
+            "cannot be revived from a traced function; pass their classes in custom_objects "
+            "to keep them): %s",
+            where,
+            ", ".join(_metric_name(entry) for entry in dropped),
+        )
         return dropped
+
+
+def _without(value: Any, missing: Callable[[Any], bool], dropped: list[Any]) -> Any:
+    """``value`` (a compile config's metrics: one entry, a list, a list per output or a
+    dict by output name) without the entries ``missing`` picks, which go to ``dropped``.
+    Lists per output keep their places, emptied if need be."""
+    if isinstance(value, dict) and "class_name" not in value:  # by output name
+        kept = {}
+        for name, entry in value.items():
+            if isinstance(entry, list) or not missing(entry):
+                kept[name] = _without(entry, missing, dropped) if isinstance(entry, list) else entry
+            else:
+                dropped.append(entry)
+        return kept
+    if isinstance(value, list):
+        kept = []
+        for entry in value:
+            if isinstance(entry, list | dict) and not _is_object(entry):
+                kept.append(_without(entry, missing, dropped))
+            elif missing(entry):
+                dropped.append(entry)
+            else:
+                kept.append(entry)
+        return kept
+    if missing(value):
+        dropped.append(value)
+        return None
+    return value
+
+
+def _is_object(entry: Any) -> bool:
+    return isinstance(entry, dict) and "class_name" in entry
+
+
+def _metric_name(entry: Any) -> str:
+    if _is_object(entry):
+        return str(entry.get("registered_name") or entry.get("class_name"))
+    return str(entry)

@@ -18,6 +18,7 @@ import keras
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
+from trainer.save_backends.savedmodel import training_logic
 
 log = logging.getLogger(__name__)
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
@@ -294,6 +295,7 @@ def layer_record(
         "functions": functions,
         "call_specs": call_specs,
         "save_fallbacks": fallbacks,  # what could not be stored, and why
+        "training_logic": training_logic.overridden(layer),
     }
 
 

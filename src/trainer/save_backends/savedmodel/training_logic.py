@@ -1,0 +1,56 @@
+"""A model class's own training logic, which no traced function carries.
+
+A subclassed model may override how it trains, evaluates or predicts (``train_step``,
+``compute_loss``, ...): a GAN, a contrastive model, a custom loss. Revived from its traced
+functions because its class is missing at load, it computes its outputs as saved, but
+``fit`` / ``evaluate`` / ``predict`` would run Keras's default steps instead of its own,
+and train differently without a word. The save records which of those methods the class
+overrides; a load without the class then refuses to compile such a model, and a model
+loaded uncompiled (for inference) refuses those calls, naming the class to pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from trainer.errors import MissingClassError
+
+METHODS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
+
+
+def overridden(layer: keras.layers.Layer) -> list[str]:
+    """The training-logic methods ``layer``'s class overrides (models only)."""
+    if not isinstance(layer, keras.Model):
+        return []
+    return [m for m in METHODS if getattr(type(layer), m, None) is not getattr(keras.Model, m)]
+
+
+def guard(model: keras.Model, record: dict[str, Any], how: str, compile: bool, where: Path) -> None:
+    """Refuse, or fence off, the training logic a root revived from traces has lost."""
+    stored = record.get("training_logic")
+    methods = [m for m in stored if m in METHODS] if isinstance(stored, list) else []
+    if how != "traced" or not methods:
+        return
+    name = str(record.get("registered_name") or record.get("class_name"))
+    message = (
+        f"{where}: the model's class {name!r} is not available here and overrides "
+        f"{', '.join(methods)}. Revived from its traced functions it computes its outputs "
+        f"as saved, but would train and evaluate with Keras's default steps instead of its "
+        f"own. Import the module that defines it (or pass custom_objects={{{name!r}: cls}}) "
+        f"to train or evaluate it; for inference alone, load with compile=False and call "
+        f"the model. Received: missing {name!r}"
+    )
+    if compile:
+        raise MissingClassError(message)
+    for method in methods:
+        object.__setattr__(model, method, _refusing(message))
+
+
+def _refusing(message: str):
+    def refuse(*args, **kwargs):
+        raise MissingClassError(message)
+
+    return refuse
