@@ -77,6 +77,14 @@ class NoConfig(layers.Dense):
         raise NotImplementedError("this layer has no config")
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Initial weights from a fixed seed, not from whatever the worker ran before (the
+    loss decreases in _assert_trains held over 40 perturbed states, 10-41 %: this makes a
+    failure reproducible, not rarer)."""
+    keras.utils.set_random_seed(0)
+
+
 def _data(seed=0, shape=(6,)):
     return np.random.default_rng(seed).normal(size=(32, *shape)).astype("float32")
 

@@ -25,6 +25,12 @@ def _loss_value(model, x, y):
     return model.evaluate(x, y, verbose=0, batch_size=16, return_dict=True)
 
 
+def _training_loss(model, x, y, state) -> float:
+    for variable, value in zip(model.non_trainable_variables, state, strict=True):
+        variable.assign(value)
+    return float(model.compute_loss(x=x, y=y, y_pred=model(x, training=True)))
+
+
 SLOW = {"wrappers", "conv_bn_dropout"}  # RNN / conv graphs: several seconds per trace
 
 
@@ -101,10 +107,16 @@ def test_classes_missing_revive_from_traced_functions(case, tmp_path):
         ]
         assert not missing, missing
 
-        before = _loss_value(revived, x, y)["loss"]
+        # The loss the steps minimise (training mode), from the same non-trainable state
+        # both times (BatchNormalization statistics, Dropout seeds), so only the weight
+        # updates differ. In inference mode, conv_bn_dropout's barely moved statistics
+        # made it a coin toss (it passed by 0.02 %; 7 of 30 fixture seeds failed); so
+        # measured, the loss fell by 3.8-9.7 % on all 30.
+        state = [np.array(v.numpy()) for v in revived.non_trainable_variables]
+        before = _training_loss(revived, x, y, state)
         revived.optimizer.learning_rate.assign(1e-3)  # a small, stable step for the check
         revived.fit(x, y, epochs=5, batch_size=16, verbose=0, shuffle=False)
-        assert _loss_value(revived, x, y)["loss"] < before
+        assert _training_loss(revived, x, y, state) < before
 
         # saved again and revived again, still without the classes
         again = get_backend("savedmodel").save(revived, tmp_path / "again")
