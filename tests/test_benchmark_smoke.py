@@ -156,7 +156,8 @@ def test_async_cost_files_floor_writes_the_checkpoints_files_and_keeps_the_last_
 
     real = manager.CheckpointManager._write
     monkeypatch.setattr(manager.CheckpointManager, "_write", async_cost.files_floor(real))
-    async_cost.run_once(24, 4, tmp_path / "run", quick=True)
+    async_cost.run_once(24, 4, tmp_path / "first", quick=True)
+    async_cost.run_once(24, 4, tmp_path / "run", quick=True)  # a second run, same process
     kept = sorted(p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
     assert [p.name for p in kept] == ["step-00000016", "step-00000020", "step-00000024"]
     trees = [
