@@ -121,7 +121,8 @@ def _restore_lora_layer(layer: keras.layers.Layer, arrays: dict[str, np.ndarray]
     keys = [f"{VARIABLE_KEY}{i}" for i in range(len(arrays))]
     if set(keys) != set(arrays):
         raise merged_lora_error(layer, f"keys {sorted(arrays)[:6]}")
-    assign_exact(layer.variables, [arrays[k] for k in keys], f"LoRA layer {layer.name!r}")
+    what = f"The stored variables of LoRA layer {layer.name!r}"
+    assign_exact(layer.variables, [arrays[k] for k in keys], what)
 
 
 def merged_lora_error(layer: keras.layers.Layer, received: str) -> IncompatibleFormatError:
@@ -134,18 +135,35 @@ def merged_lora_error(layer: keras.layers.Layer, received: str) -> IncompatibleF
     )
 
 
-def assign_exact(variables: list, arrays: list[np.ndarray], what: str) -> None:
-    """Assign ``arrays`` to ``variables`` one by one, refusing any count or shape mismatch."""
+def assign_exact(variables: list, arrays: list[np.ndarray], what: str, hint: str = "") -> None:
+    """Assign ``arrays`` to ``variables`` one by one, refusing any count or shape mismatch
+    (``what``: whose variables, for the message; ``hint``: a likely cause, if any)."""
     shapes = [tuple(v.shape) for v in variables]
     received = [tuple(np.shape(a)) for a in arrays]
     if shapes != received:
         raise CorruptCheckpointError(
-            f"The stored variables of {what} do not fit it as rebuilt (shapes {shapes}). The "
-            f"checkpoint is damaged or was written by another architecture. Received shapes: "
-            f"{received}"
+            f"{what} do not fit it as rebuilt (shapes {shapes}). The checkpoint is damaged or "
+            f"was written by another architecture{hint}. Received shapes: {received}"
         )
     for variable, value in zip(variables, arrays, strict=True):
         variable.assign(value)
+
+
+def _per_layer(
+    layers: list[keras.layers.Layer], counts: list[int], arrays: list[np.ndarray], what: str
+):
+    """``(layer, its arrays)`` for arrays stored layer after layer, ``counts[i]`` each;
+    a total that differs is refused (``what``: what they are, for the message)."""
+    if sum(counts) != len(arrays):
+        raise CorruptCheckpointError(
+            f"{what}: {len(arrays)} are stored but the model rebuilt from its config has "
+            f"{sum(counts)}. The checkpoint is damaged or was written by another "
+            f"architecture. Received: {len(arrays)} arrays"
+        )
+    start = 0
+    for layer, count in zip(layers, counts, strict=True):
+        yield layer, arrays[start : start + count]
+        start += count
 
 
 def _is_rnn(key: str) -> bool:
@@ -169,17 +187,8 @@ def rnn_states(layer: keras.layers.Layer) -> list[keras.Variable]:
 
 def restore_rnn_states(layer: keras.layers.Layer, arrays: list[np.ndarray], where: str) -> None:
     """Assign stored states to a stateful RNN's state variables, refusing any mismatch."""
-    variables = rnn_states(layer)
-    shapes = [tuple(v.shape) for v in variables]
-    if shapes != [tuple(np.shape(a)) for a in arrays]:
-        raise CorruptCheckpointError(
-            f"{where}: the stored states of stateful RNN layer {layer.name!r} do not fit it as "
-            f"rebuilt (state shapes {shapes}). The checkpoint is damaged or was written by "
-            f"another architecture (another batch size?). Received shapes: "
-            f"{[tuple(np.shape(a)) for a in arrays]}"
-        )
-    for variable, value in zip(variables, arrays, strict=True):
-        variable.assign(value)
+    what = f"{where}: the stored states of stateful RNN layer {layer.name!r}"
+    assign_exact(rnn_states(layer), arrays, what, " (another batch size?)")
 
 
 def rnn_state_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
@@ -197,16 +206,8 @@ def restore_rnn_state_arrays(model: keras.Model, arrays: list[np.ndarray], where
     """Give back what :func:`rnn_state_arrays` stored, refusing any count mismatch."""
     layers = [layer for layer in stateful_layers(model) if rnn_states(layer)]
     counts = [len(rnn_states(layer)) for layer in layers]
-    if sum(counts) != len(arrays):
-        raise CorruptCheckpointError(
-            f"{where} holds {len(arrays)} stateful RNN states but the model rebuilt from its "
-            f"config has {sum(counts)}. The checkpoint is damaged or was written by another "
-            f"architecture. Received: {len(arrays)} states"
-        )
-    start = 0
-    for layer, count in zip(layers, counts, strict=True):
-        restore_rnn_states(layer, arrays[start : start + count], where)
-        start += count
+    for layer, states in _per_layer(layers, counts, arrays, f"{where}: stateful RNN states"):
+        restore_rnn_states(layer, states, where)
 
 
 def lora_variable_arrays(model: keras.Model) -> list[tuple[str, np.ndarray]]:
@@ -232,16 +233,9 @@ def restore_lora_variable_arrays(
             raise merged_lora_error(layers[0], f"no LoRA variables stored in {where}")
         return
     counts = [len(layer.variables) for layer in layers]
-    if sum(counts) != len(arrays):
-        raise CorruptCheckpointError(
-            f"{where} holds {len(arrays)} variables of LoRA layers but the model rebuilt from "
-            f"its config has {sum(counts)}. The checkpoint is damaged or was written by "
-            f"another architecture. Received: {len(arrays)} arrays"
-        )
-    start = 0
-    for layer, count in zip(layers, counts, strict=True):
-        assign_exact(layer.variables, arrays[start : start + count], f"LoRA layer {layer.name!r}")
-        start += count
+    for layer, values in _per_layer(layers, counts, arrays, f"{where}: LoRA layers' variables"):
+        what = f"{where}: the stored variables of LoRA layer {layer.name!r}"
+        assign_exact(layer.variables, values, what)
 
 
 def own_state_pairs(
