@@ -42,12 +42,14 @@ _MAX_MANIFEST_BYTES = 16 << 20
 
 # One encoder for every call (``json.dumps`` with arguments builds a new one each time, and
 # ``json.dump`` or indented output use the Python encoder): every save writes its manifest
-# and metadata with it, in the async writer thread too.
-_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+# and metadata with it, in the async writer thread too. Keys keep their order: a Keras
+# config's dict of outputs is ordered (sorted, a model with outputs {"z", "a"} came back
+# with its per-output losses swapped).
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def compact_json(value: Any) -> str:
-    """Key-sorted JSON without spaces, from the C encoder: manifests and metadata."""
+    """JSON without spaces, keys in their order, from the C encoder: manifests, metadata."""
     return _COMPACT.encode(value)
 
 

@@ -385,8 +385,9 @@ def _registered_name(config: Any, class_name: str) -> str:
 
 # ------------------------------------------------------------------ stored documents
 def to_json(value: Any, what: str) -> str:
+    """``value`` as JSON, keys in their order (a Keras config's dict of outputs is ordered)."""
     try:
-        return json.dumps(value, sort_keys=True)
+        return json.dumps(value)
     except (TypeError, ValueError) as error:
         raise SaveError(
             f"The {what} to store in the checkpoint is not JSON-serializable; pass plain "
