@@ -7,6 +7,8 @@ import keras
 import numpy as np
 import pytest
 
+from trainer.callbacks import Checkpoint
+from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
 
 BACKENDS = ("savedmodel", "h5", "weights")
@@ -32,3 +34,71 @@ def test_dict_outputs_keep_their_order(backend, tmp_path):
     loaded = get_backend(backend).load(get_backend(backend).save(model, tmp_path / "c")).model
     assert list(loaded(x)) == ["zout", "aout"]
     assert loaded.evaluate(x, y, verbose=0) == model.evaluate(x, y, verbose=0)
+
+
+@keras.saving.register_keras_serializable("test_structure_fidelity")
+class Scaled(keras.layers.Layer):
+    """Multiplies by ``scale``, an attribute its config does not hold."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = 1.0
+
+    def call(self, x):
+        return x * self.scale
+
+
+@keras.saving.register_keras_serializable("test_structure_fidelity")
+class Shifted(keras.layers.Layer):
+    """Adds ``alpha``, a constructor argument its get_config leaves out."""
+
+    def __init__(self, alpha=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+
+    def call(self, x):
+        return x + self.alpha
+
+    def get_config(self):
+        return super().get_config()  # alpha forgotten (Keras' own would have kept it)
+
+
+def _model(layer: keras.layers.Layer) -> keras.Model:
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs)))
+    model.compile("adam", "mse")
+    return model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["attribute", "constructor_argument"])
+def test_state_a_config_loses_is_refused_at_save(backend, case, tmp_path):
+    """A rebuild from the config computed with scale 1.0 / alpha 1.0, silently, in every
+    backend (sync and async: the async shadow is rebuilt from the config too)."""
+    if case == "attribute":
+        layer = Scaled()
+        layer.scale = 3.0
+        match = r"attribute 'scale' is 3\.0, but a copy rebuilt .* has 1\.0"
+    else:
+        layer = Shifted(alpha=2.0)
+        match = r"attribute 'alpha' is 2\.0, but a copy rebuilt .* has 1\.0"
+    model = _model(layer)
+    with pytest.raises(ModelNotReadyError, match=match):
+        get_backend(backend).save(model, tmp_path / "ckpt")
+    assert not list(tmp_path.iterdir())  # nothing written
+    with pytest.raises(ModelNotReadyError, match=match):  # an async save: refused in fit
+        model.fit(
+            RNG.normal(size=(8, 4)),
+            RNG.normal(size=(8, 2)),
+            verbose=0,
+            callbacks=[Checkpoint(tmp_path / "run", backend=backend, async_save=True)],
+        )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attributes_the_config_carries_are_not_refused(backend, tmp_path):
+    layer = Shifted()  # alpha 1.0: what the config rebuilds
+    model = _model(layer)
+    x = RNG.normal(size=(8, 4))
+    loaded = get_backend(backend).load(get_backend(backend).save(model, tmp_path / "c")).model
+    np.testing.assert_array_equal(loaded(x), model(x))

@@ -1,0 +1,104 @@
+"""Refuse a model whose layers' configs do not hold what their Python attributes do.
+
+Every backend rebuilds a layer of a known class from its ``get_config()`` (h5, weights,
+savedmodel; also the async save's shadow model). A user's layer whose ``get_config`` leaves
+out a constructor argument (``alpha=2.0`` rebuilt as the default ``1.0``), or whose call uses
+an attribute set after construction (``layer.scale = 3.0``), comes back computing something
+else, and Keras's own ``.keras`` reloads it so without a word. Before the first save of a
+model, each layer of a user's class is rebuilt from its own config (constructor only: not
+built, no weights) and its public attributes holding plain values (numbers, strings,
+booleans, None, tuples and lists of those) are compared with the live layer's. A
+difference is refused at save time, naming the attribute: nothing is written that would
+load "successfully" and compute otherwise.
+
+A layer that keeps state its own way (``save_own_variables`` / ``save_assets``...)
+restores those attributes itself and is not compared. Not seen: state in private
+attributes (``_scale``), in objects, or set in ``build``; a Functional model of the user's
+class (rebuilding it from its config builds every layer); a class whose ``from_config``
+fails here (the load reports that itself). Keras's own classes are trusted. Checked once
+per model and set of layers (``check``).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from typing import Any
+
+import keras
+
+from trainer._compat import keras as keras_compat
+from trainer.errors import ModelNotReadyError
+from trainer.save_backends import layerstate
+
+# Public attributes Keras's Layer, Model and Trainer set themselves: compile and fit state,
+# never part of a config (``compiled``, ``stop_training``...), or the same on both sides.
+_KERAS_OWN = frozenset(
+    {
+        "autocast",
+        "built",
+        "compiled",
+        "loss",
+        "name",
+        "steps_per_execution",
+        "stop_training",
+        "supports_jit",
+        "supports_masking",
+        "unrolled_steps_per_execution",
+    }
+)
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check(model: keras.Model) -> None:
+    """Raise ``ModelNotReadyError`` if a layer of a user's class loses a plain attribute
+    when rebuilt from its config (once per model and set of layers)."""
+    layers = keras_compat.sublayers(model, include_self=True, recursive=True)
+    key = tuple(id(layer) for layer in layers)
+    if _CHECKED.get(model) == key:
+        return
+    lost = [found for layer in layers for found in lost_attributes(layer)]
+    if lost:
+        name, attribute, live, rebuilt = lost[0]
+        more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise ModelNotReadyError(
+            f"Layer {name!r}: its attribute {attribute!r} is {live!r}, but a copy rebuilt from "
+            f"its get_config() has {rebuilt!r}{more}. Every backend (and Keras' .keras) "
+            f"rebuilds a layer whose class is known from its config, so the loaded model "
+            f"would compute with {rebuilt!r}. Pass it to the constructor and return it "
+            f"from get_config(), or keep it in a weight. Received: {attribute}={live!r}"
+        )
+    _CHECKED[model] = key
+
+
+def lost_attributes(layer: keras.layers.Layer) -> list[tuple[str, str, Any, Any]]:
+    """``(layer name, attribute, live value, rebuilt value)`` for each plain public
+    attribute of a user's layer that its config does not carry."""
+    cls = type(layer)
+    if cls.__module__.startswith("keras.") or keras_compat.is_functional(layer):
+        return []
+    if layerstate.keeps_own_state(layer):  # its own save/load methods restore that state
+        return []
+    try:
+        config = copy.deepcopy(layer.get_config())
+        with keras_compat.unchanged_object_names():
+            rebuilt = cls.from_config(config)
+    except Exception:  # cannot tell here; a load reports a config that does not rebuild
+        return []
+    fresh = vars(rebuilt)
+    return [
+        (layer.name, attribute, value, fresh[attribute])
+        for attribute, value in vars(layer).items()
+        if not attribute.startswith("_")
+        and attribute not in _KERAS_OWN
+        and attribute in fresh
+        and _plain(value)
+        and _plain(fresh[attribute])
+        and value != fresh[attribute]
+    ]
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    return isinstance(value, tuple | list) and all(_plain(v) for v in value)
