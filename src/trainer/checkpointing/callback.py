@@ -29,7 +29,7 @@ from typing import Any
 import keras
 
 from trainer._compat.keras import before_finalizing, innermost_optimizer, set_initial_epoch
-from trainer.checkpointing.callback_state import load_state, state_of
+from trainer.checkpointing.callback_state import keeps_state, load_state, state_of
 from trainer.checkpointing.manager import CheckpointManager, batches_trained
 from trainer.checkpointing.policy import CheckpointPolicy, scalar_metrics
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
@@ -81,7 +81,10 @@ class Checkpoint(keras.callbacks.Callback):
         self.manager = manager or CheckpointManager(directory, backend, make_policy(policy))
         self.policy = self.manager.policy
         self.resume = resume
-        self.track = dict(track or {})
+        self.track = _trackable(dict(track or {}))
+        self._began: set[str] = set()  # tracked callbacks whose on_train_begin ran this fit
+        for name, callback in self.track.items():
+            _report_begin(callback, name, self._began)
         self.state = state  # None: this callback counts (standalone); else the loop's
         self.standalone = state is None
         self.progress = progress  # the loop's RunProgress (interrupts), if any
@@ -89,13 +92,14 @@ class Checkpoint(keras.callbacks.Callback):
         self._pending_logs: dict[str, Any] | None = None
         self._replay = 0  # batches of the resumed epoch to run again before continuing
         self._replay_values: list[Any] | None = None
-        self._tracked_to_restore: dict[str, Any] | None = None
         self._read_metrics = ValueReader()  # the metrics' accumulators, at every save
+        self._tracked_after_replay: dict[str, Any] = {}
         self._unhook: Callable[[], None] | None = None  # see on_train_begin (EMA)
         self._batches = BatchCounter()
 
     # ------------------------------------------------------------- standalone
     def on_train_begin(self, logs=None):
+        self._refuse_tracked_after_me()
         if self.standalone:
             self._begin_standalone()
         if self.policy.every_n_epochs or self.policy.every_n_steps or self.policy.on_train_end:
@@ -107,6 +111,23 @@ class Checkpoint(keras.callbacks.Callback):
             # final save is made just before, with the weights training continues from.
             self._unhook = before_finalizing(optimizer, self.finish)
 
+    def _refuse_tracked_after_me(self) -> None:
+        """Tracked callbacks must run before this one: a save at an epoch end would hold
+        their state of the epoch before (EarlyStopping stopping an epoch late after a
+        resume), and batches replayed after a mid-epoch resume would reach them after
+        their state was put back. Keras runs callbacks in list order, so each tracked one
+        must have begun this fit before this callback does."""
+        late = sorted(set(self.track) - self._began)
+        self._began.clear()
+        if late:
+            raise ConfigError(
+                f"The callbacks tracked by Checkpoint ({', '.join(late)}) must come before it "
+                f"in fit(callbacks=[...]), and be in that list: after it, each checkpoint "
+                f"would hold their state of the step before, and a resumed run would differ. "
+                f"Put them first, e.g. callbacks=[{late[0]}, ..., checkpoint]. "
+                f"Received: {late} after the Checkpoint or not passed to fit"
+            )
+
     def _begin_standalone(self) -> None:
         self._pending_logs = None
         latest = self.manager.latest() if self.resume == "auto" else None
@@ -114,7 +135,11 @@ class Checkpoint(keras.callbacks.Callback):
             self.state = TrainingState(global_step=_iterations(self.model))
             return
         self.state = self.manager.restore(self.model, latest).state
-        self._tracked_to_restore = dict(self.state.callbacks)
+        # The tracked callbacks ran their on_train_begin (which resets them) before this
+        # one (``_refuse_tracked_after_me``): their state goes back now, and again after a
+        # mid-epoch resume's replayed batches (``_end_replay``).
+        self._restore_tracked(self.state.callbacks)
+        self._tracked_after_replay = dict(self.state.callbacks)
         epoch = self.state.epoch
         if self.state.stopped_early:
             epoch = max(epoch, int(self.params.get("epochs") or epoch))  # nothing left to do
@@ -132,11 +157,11 @@ class Checkpoint(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._batches.reset()
-        if self._tracked_to_restore is not None:  # after every on_train_begin (they reset)
-            for name, callback in self.track.items():
-                if name in self._tracked_to_restore:
-                    load_state(name, callback, self._tracked_to_restore[name])
-            self._tracked_to_restore = None
+
+    def _restore_tracked(self, states: dict[str, Any]) -> None:
+        for name, callback in self.track.items():
+            if name in states:
+                load_state(name, callback, states[name])
 
     def _end_replay(self) -> None:
         """The resumed epoch's already-trained batches ran again: put the checkpoint back."""
@@ -147,6 +172,10 @@ class Checkpoint(keras.callbacks.Callback):
             variable.assign(value)
         set_numpy_rng(self.state.numpy_rng)
         self._replay, self._replay_values = 0, None
+        # The replayed batches reached the tracked callbacks too (Keras calls every
+        # callback): their state as the checkpoint holds it, again.
+        tracked, self._tracked_after_replay = self._tracked_after_replay, {}
+        self._restore_tracked(tracked)
 
     # --------------------------------------------------------------- triggers
     def on_train_batch_begin(self, batch, logs=None):
@@ -257,6 +286,31 @@ class BatchCounter:
         ended = min(batch + 1, steps) if steps else batch + 1
         trained, self.ended = ended - self.ended, ended
         return trained
+
+
+def _trackable(track: dict[str, keras.callbacks.Callback]) -> dict[str, keras.callbacks.Callback]:
+    """``track`` if every entry keeps state trainer can read, else a ``ConfigError``."""
+    stateless = sorted(name for name, callback in track.items() if not keeps_state(callback))
+    if stateless:
+        raise ConfigError(
+            f"Checkpoint(track=...) can carry only callbacks whose state it can read: "
+            f"EarlyStopping, ReduceLROnPlateau, or a class defining state_dict() and "
+            f"load_state_dict(state). Define those methods, or leave these out of track. "
+            f"Received without state: {stateless}"
+        )
+    return track
+
+
+def _report_begin(callback: keras.callbacks.Callback, name: str, began: set[str]) -> None:
+    """Note in ``began`` when ``callback``'s ``on_train_begin`` runs (shadows the method on
+    the instance; the callback's own runs as before)."""
+    own = callback.on_train_begin
+
+    def on_train_begin(logs=None):
+        began.add(name)
+        return own(logs)
+
+    callback.on_train_begin = on_train_begin
 
 
 def make_policy(options: dict[str, Any]) -> CheckpointPolicy:

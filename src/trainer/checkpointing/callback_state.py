@@ -35,6 +35,12 @@ def state_of(callback: keras.callbacks.Callback) -> dict[str, Any] | None:
     return None
 
 
+def keeps_state(callback: keras.callbacks.Callback) -> bool:
+    """Whether ``state_of`` can read ``callback``'s state (its own ``state_dict``, or a
+    Keras callback listed in ``KERAS_STATE``)."""
+    return hasattr(callback, "state_dict") or isinstance(callback, tuple(KERAS_STATE))
+
+
 def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, Any]) -> None:
     """Put ``state`` (from ``state_of``) back into ``callback``."""
     if hasattr(callback, "load_state_dict"):
