@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from savedmodel_zoo import classes_hidden
 
 from trainer.callbacks import Checkpoint
 from trainer.errors import ModelNotReadyError
@@ -102,3 +103,40 @@ def test_attributes_the_config_carries_are_not_refused(backend, tmp_path):
     x = RNG.normal(size=(8, 4))
     loaded = get_backend(backend).load(get_backend(backend).save(model, tmp_path / "c")).model
     np.testing.assert_array_equal(loaded(x), model(x))
+
+
+@keras.saving.register_keras_serializable("test_structure_fidelity")
+class Affine(keras.layers.Layer):
+    def build(self, input_shape):
+        self.k = self.add_weight(shape=(input_shape[-1], 3), initializer="glorot_uniform")
+        self.b = self.add_weight(shape=(3,), initializer="zeros")
+
+    def call(self, x):
+        return x @ self.k + self.b
+
+
+def test_a_frozen_layer_revived_from_traces_trains_once_unfrozen(tmp_path):
+    """Its variables came back non-trainable for good: unfrozen, it stayed out of
+    trainable_weights and training silently skipped it."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(
+        inputs, keras.layers.Dense(1)(Affine(name="affine", trainable=False)(inputs))
+    )
+    model.compile("adam", "mse")
+    x, y = RNG.normal(size=(16, 4)), RNG.normal(size=(16, 1))
+    model.train_on_batch(x, y)
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    with classes_hidden(["Affine"], "test_structure_fidelity"):
+        checkpoint = get_backend("savedmodel").load(path)
+    assert checkpoint.metadata["revived_from"]["affine"] == "traced"
+    loaded = checkpoint.model
+    assert len(loaded.trainable_weights) == len(model.trainable_weights) == 2  # still frozen
+    for each in (model, loaded):
+        each.get_layer("affine").trainable = True
+        each.compile("adam", "mse")
+        for _ in range(3):
+            each.train_on_batch(x, y)
+    assert len(loaded.trainable_weights) == len(model.trainable_weights) == 4
+    for a, b in zip(model.variables, loaded.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)

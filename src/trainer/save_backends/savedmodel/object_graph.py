@@ -141,16 +141,21 @@ def _variable_table(
     var_records: list[dict[str, Any]] = []
     var_index: dict[int, int] = {}
     owners: dict[int, int] = {}
+    trainable_kind: set[int] = set()  # created trainable, whatever the flag is now
     for li, layer in enumerate(layers):
         for v in keras_compat.own_variables(layer):
             owners.setdefault(id(tf_variable(v)), li)
+        created_trainable = keras_compat.own_trainable_variables(layer)
+        trainable_kind.update(id(tf_variable(v)) for v in created_trainable)
     for layer in layers:
         for v in layer.variables:
             storage = tf_variable(v)
             if id(storage) in var_index:
                 continue
             var_index[id(storage)] = len(tf_vars)
-            var_records.append(variable_record_for(v, len(tf_vars), owners.get(id(storage))))
+            record = variable_record_for(v, len(tf_vars), owners.get(id(storage)))
+            record["trainable_kind"] = id(storage) in trainable_kind
+            var_records.append(record)
             tf_vars.append(storage)
     return tf_vars, var_records, var_index
 

@@ -262,6 +262,11 @@ class Reviver:
         own = [self._keras_variable(i) for i in own_ids]
         dtype = _policy(record["dtype_policy"])
         layer = standins.make_revived(record, node, children, own, dtype)
+        for index, variable in zip(own_ids, own, strict=True):
+            # Created as their kind (so that a frozen layer's weights are trainable again
+            # once it is unfrozen: Keras flips only those it created trainable), then given
+            # the flag they had when saved.
+            variable.trainable = self.var_records[index]["trainable"]
         self._attach_regularizers(node, own_ids, own)
         self.how[record["name"]] = "traced"
         return layer
@@ -273,7 +278,7 @@ class Reviver:
             self.keras_vars[index] = standins.wrap_variable(
                 self.storage[index],
                 name=rec.get("name") or f"variable_{index}",
-                trainable=rec["trainable"],
+                trainable=_trainable_kind(rec),
             )
         return self.keras_vars[index]
 
@@ -282,7 +287,7 @@ class Reviver:
         with_reg = [
             v
             for i, v in zip(own_ids, own, strict=True)
-            if self.var_records[i]["has_regularizer"] and self.var_records[i]["trainable"]
+            if self.var_records[i]["has_regularizer"] and _trainable_kind(self.var_records[i])
         ]
         for variable, function in zip(with_reg, functions, strict=False):
             variable.regularizer = standins.TracedRegularizer(function)
@@ -350,3 +355,10 @@ def _policy(config: Any) -> Any:
         return keras.dtype_policies.deserialize(config)
     except (ValueError, TypeError, LookupError, AttributeError):  # untrusted record
         return config if isinstance(config, str) else None
+
+
+def _trainable_kind(record: dict[str, Any]) -> bool:
+    """Whether the variable was created trainable (records written before this was kept:
+    its flag when saved)."""
+    kind = record.get("trainable_kind")
+    return kind if isinstance(kind, bool) else bool(record["trainable"])
