@@ -58,12 +58,12 @@ def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, A
 def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
     if callback.restore_best_weights and state.get("best") is not None:
         raise ConfigError(
-            f"callbacks.{name} is an EarlyStopping with restore_best_weights=true, but the "
+            f"Callback {name!r} is an EarlyStopping with restore_best_weights=True, but the "
             f"weights of its best epoch ({int(state.get('best_epoch') or 0) + 1}) are not part "
             f"of checkpoints, so a resumed run could not put them back. Set "
-            f"callbacks.{name}.restore_best_weights=false and keep the best checkpoint with "
-            f"checkpoint.policy.keep_best=1 instead, or start a fresh run. "
-            f"Received: restore_best_weights=True"
+            f"restore_best_weights=False (in a config: callbacks.{name}.restore_best_weights="
+            f"false) and keep the best checkpoint with keep_best=1 (checkpoint.policy."
+            f"keep_best=1) instead, or start a fresh run. Received: restore_best_weights=True"
         )
 
 
