@@ -167,6 +167,9 @@ def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exce
         f"arguments: it was traced with the inputs {'; '.join(traced)[:1000]}. Call it with "
         f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
         f"same rank and dtype), or make its class importable to load it from its config. "
+        f"A subclassed model is traced on the inputs Keras records for it, shapes only, in "
+        f"its input dtype: one called on other dtypes (int32 ids) revives only with its "
+        f"class, or build it as a Functional model on keras.Input(dtype=...). "
         f"Received: {repr(given[0])[:500]} ({type(err).__name__})"
     )
 
