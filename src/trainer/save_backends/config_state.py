@@ -22,6 +22,7 @@ per model and set of layers (``check``).
 from __future__ import annotations
 
 import copy
+import json
 import weakref
 from typing import Any
 
@@ -57,7 +58,8 @@ def check(model: keras.Model) -> None:
     key = tuple(id(layer) for layer in layers)
     if _CHECKED.get(model) == key:
         return
-    lost = [found for layer in layers for found in lost_attributes(layer)]
+    memo: dict[Any, dict[str, Any]] = {}
+    lost = [found for layer in layers for found in lost_attributes(layer, memo)]
     if lost:
         name, attribute, live, rebuilt = lost[0]
         more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
@@ -71,31 +73,38 @@ def check(model: keras.Model) -> None:
     _CHECKED[model] = key
 
 
-def lost_attributes(layer: keras.layers.Layer) -> list[tuple[str, str, Any, Any]]:
+def lost_attributes(
+    layer: keras.layers.Layer, rebuilt_by_config: dict[Any, dict[str, Any]] | None = None
+) -> list[tuple[str, str, Any, Any]]:
     """``(layer name, attribute, live value, rebuilt value)`` for each plain public
-    attribute of a user's layer that its config does not carry."""
+    attribute of a user's layer that its config does not carry. ``rebuilt_by_config``: a
+    memo of the plain attributes rebuilt per class and config (a model's repeated blocks
+    differ in their names only: one rebuild serves them all)."""
     cls = type(layer)
     if cls.__module__.startswith("keras.") or keras_compat.is_functional(layer):
         return []
     if layerstate.keeps_own_state(layer):  # its own save/load methods restore that state
         return []
     try:
-        config = copy.deepcopy(layer.get_config())
-        with keras_compat.unchanged_object_names():
-            rebuilt = cls.from_config(config)
+        config = layer.get_config()
+        key = (cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr))
+        memo = {} if rebuilt_by_config is None else rebuilt_by_config
+        if key not in memo:
+            with keras_compat.unchanged_object_names():
+                rebuilt = cls.from_config(copy.deepcopy(config))
+            memo[key] = {k: v for k, v in vars(rebuilt).items() if _compared(k, v)}
+        fresh = memo[key]
     except Exception:  # cannot tell here; a load reports a config that does not rebuild
         return []
-    fresh = vars(rebuilt)
     return [
         (layer.name, attribute, value, fresh[attribute])
         for attribute, value in vars(layer).items()
-        if not attribute.startswith("_")
-        and attribute not in _KERAS_OWN
-        and attribute in fresh
-        and _plain(value)
-        and _plain(fresh[attribute])
-        and value != fresh[attribute]
+        if _compared(attribute, value) and attribute in fresh and value != fresh[attribute]
     ]
+
+
+def _compared(attribute: str, value: Any) -> bool:
+    return not attribute.startswith("_") and attribute not in _KERAS_OWN and _plain(value)
 
 
 def _plain(value: Any) -> bool:
