@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 from keras.src.saving import object_registration
 
+from trainer.errors import MissingClassError
 from trainer.save_backends import get_backend, load_checkpoint
 
 
@@ -46,3 +48,26 @@ def test_metric_with_missing_class_is_dropped_and_reported(tmp_path):
     got = checkpoint.model.evaluate(x, y, verbose=0, return_dict=True)
     assert set(got) == set(want) - {"mine"} and len(got) == 3  # loss, mae, weighted mse
     assert all(got[name] == want[name] for name in got)
+
+
+@keras.saving.register_keras_serializable(package="test_compile_restore")
+def doubled_mse(y_true, y_pred):
+    return 2.0 * keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+
+def test_a_missing_loss_function_is_named_as_a_function(tmp_path):
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="adam", loss=doubled_mse)
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    path = get_backend("h5").save(model, tmp_path / "ckpt")
+    key = "test_compile_restore>doubled_mse"
+    objects = keras.saving.get_custom_objects()
+    names = object_registration.GLOBAL_CUSTOM_NAMES
+    function = objects.pop(key)
+    names.pop(function)
+    try:
+        with pytest.raises(MissingClassError, match=r"custom_objects=\{'[^']*doubled_mse': the_f"):
+            load_checkpoint(path)
+    finally:
+        objects[key], names[function] = function, key

@@ -342,14 +342,15 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
         # found by tests/test_untrusted.py's fuzzer). No trainer code runs here, so nothing
         # of ours is hidden by turning these into a clear error about the checkpoint.
         message = str(error)
-        missing = re.search(r"Could not locate (?:class|function) '([^']+)'", message)
+        missing = re.search(r"Could not locate (class|function) '([^']+)'", message)
         if missing:
-            name = _registered_name(config, missing.group(1))
+            name = _registered_name(config, missing.group(2))
+            kind = "the_function" if missing.group(1) == "function" else "cls"
             raise MissingClassError(
                 f"{where}: the stored {what} uses {name!r}, which is not registered in this "
                 f"process. Import the module that defines it (decorated with "
                 f"@keras.saving.register_keras_serializable) before loading, or pass "
-                f"custom_objects={{{name!r}: cls}}. Received: missing {name!r}"
+                f"custom_objects={{{name!r}: {kind}}}. Received: missing {name!r}"
             ) from error
         if "lambda" in message:
             raise UnsafeCheckpointError(
