@@ -222,11 +222,17 @@ def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
         )  # fmt: skip
         start = time.monotonic()
         # Wait for this process to write something new, then kill it at a random moment.
-        while time.monotonic() - start < 120 and proc.poll() is None:
+        wrote = False
+        while time.monotonic() - start < 120 and proc.poll() is None:  # a hang guard
             newest = _newest_step(run)
             if newest is not None and newest > previous_step:
+                wrote = True
                 break
             time.sleep(0.05)
+        if not wrote:  # killing now would test nothing new: say what happened instead
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"no new checkpoint within 120 s (exit code {proc.returncode})")
         time.sleep(rng.uniform(0.0, 1.2))
         proc.kill()
         proc.wait()
