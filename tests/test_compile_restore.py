@@ -7,13 +7,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from keras.src.saving import object_registration
+from savedmodel_zoo import classes_hidden
 
 from trainer.errors import MissingClassError
 from trainer.save_backends import get_backend, load_checkpoint
 
+PACKAGE = "test_compile_restore"
 
-@keras.saving.register_keras_serializable(package="test_compile_restore")
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class MeanPrediction(keras.metrics.Mean):
     def update_state(self, y_true, y_pred, sample_weight=None):
         return super().update_state(keras.ops.mean(y_pred))
@@ -30,17 +32,10 @@ def test_metric_with_missing_class_is_dropped_and_reported(tmp_path):
     )
     model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
     path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
-    key = "test_compile_restore>MeanPrediction"
-    objects = keras.saving.get_custom_objects()
-    names = object_registration.GLOBAL_CUSTOM_NAMES
-    cls = objects.pop(key)
-    names.pop(cls)
-    try:
+    with classes_hidden(["MeanPrediction"], PACKAGE):
         checkpoint = load_checkpoint(path)
-    finally:
-        objects[key], names[cls] = cls, key
     (dropped,) = checkpoint.metadata["dropped_metrics"]
-    assert dropped["registered_name"] == key
+    assert dropped["registered_name"] == f"{PACKAGE}>MeanPrediction"
     assert checkpoint.model.compiled
     assert int(checkpoint.model.optimizer.iterations.numpy()) == 1  # optimizer state kept
     x, y = np.ones((4, 3)), np.zeros((4, 2))
@@ -50,7 +45,7 @@ def test_metric_with_missing_class_is_dropped_and_reported(tmp_path):
     assert all(got[name] == want[name] for name in got)
 
 
-@keras.saving.register_keras_serializable(package="test_compile_restore")
+@keras.saving.register_keras_serializable(package=PACKAGE)
 def doubled_mse(y_true, y_pred):
     return 2.0 * keras.ops.mean(keras.ops.square(y_true - y_pred))
 
@@ -61,13 +56,6 @@ def test_a_missing_loss_function_is_named_as_a_function(tmp_path):
     model.compile(optimizer="adam", loss=doubled_mse)
     model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
     path = get_backend("h5").save(model, tmp_path / "ckpt")
-    key = "test_compile_restore>doubled_mse"
-    objects = keras.saving.get_custom_objects()
-    names = object_registration.GLOBAL_CUSTOM_NAMES
-    function = objects.pop(key)
-    names.pop(function)
-    try:
-        with pytest.raises(MissingClassError, match=r"custom_objects=\{'[^']*doubled_mse': the_f"):
-            load_checkpoint(path)
-    finally:
-        objects[key], names[function] = function, key
+    expected = r"custom_objects=\{'[^']*doubled_mse': the_f"
+    with classes_hidden(["doubled_mse"], PACKAGE), pytest.raises(MissingClassError, match=expected):
+        load_checkpoint(path)
