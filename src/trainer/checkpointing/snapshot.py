@@ -213,13 +213,11 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
         _call_once_like(model, clone)
         modelstate.build_optimizer(model)
         compile_config = modelstate.compile_config(model)
-        if compile_config and any(
-            k in compile_config for k in (trainable.BUILT_FOR, trainable.NO_DECAY)
-        ):
+        if compile_config and any(k in compile_config for k in modelstate.RECORDED_KEYS):
             # Keras compiled the clone from its config and built the optimizer for its
-            # trainable variables, deciding weight decay by the config alone: compile it
-            # again the way a load does, which builds a fresh optimizer like the model's.
-            # The live model's own config, so no safe mode.
+            # trainable variables, deciding weight decay and loss scaling by the config
+            # alone: compile it again the way a load does, which builds a fresh optimizer
+            # like the model's. The live model's own config, so no safe mode.
             where = f"the async copy of model {model.name!r}"
             modelstate.compile_model(
                 clone, compile_config, custom_objects={}, safe_mode=False, where=where

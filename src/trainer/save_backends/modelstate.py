@@ -123,6 +123,9 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
 # load compiling under the model's policy wrapped it in a LossScaleOptimizer (4 more
 # variables: refused as damaged) instead of compiling what was trained.
 NO_LOSS_SCALING = "trainer_no_loss_scaling"
+# Every key trainer records in a compile config beside Keras's own: a model Keras compiled
+# from its config alone (a clone) lacks what they say, and must be compiled as a load does.
+RECORDED_KEYS = (BUILT_FOR, NO_DECAY, NO_LOSS_SCALING)
 
 
 def _no_loss_scaling(model: keras.Model) -> bool | None:
