@@ -132,7 +132,7 @@ class Checkpoint(keras.callbacks.Callback):
         self._pending_logs = None
         latest = self.manager.latest() if self.resume == "auto" else None
         if latest is None:
-            self.state = TrainingState(global_step=_iterations(self.model))
+            self.state = TrainingState(global_step=batches_trained(self.model) or 0)
             return
         self.state = self.manager.restore(self.model, latest).state
         # The tracked callbacks ran their on_train_begin (which resets them) before this
@@ -323,7 +323,3 @@ def make_policy(options: dict[str, Any]) -> CheckpointPolicy:
             f"Unknown checkpoint option: {error}. The options are {', '.join(known)}. "
             f"Received: {sorted(options)}"
         ) from None
-
-
-def _iterations(model: keras.Model) -> int:
-    return batches_trained(model) or 0

@@ -363,28 +363,27 @@ def _without(value: Any, missing: Callable[[Any], bool], dropped: list[Any]) -> 
     """``value`` (a compile config's metrics: one entry, a list, a list per output or a
     dict by output name) without the entries ``missing`` picks, which go to ``dropped``.
     Lists per output keep their places, emptied if need be."""
-    if isinstance(value, dict) and "class_name" not in value:  # by output name
-        kept = {}
-        for name, entry in value.items():
-            if isinstance(entry, list) or not missing(entry):
-                kept[name] = _without(entry, missing, dropped) if isinstance(entry, list) else entry
-            else:
-                dropped.append(entry)
-        return kept
-    if isinstance(value, list):
-        kept = []
-        for entry in value:
-            if isinstance(entry, list | dict) and not _is_object(entry):
-                kept.append(_without(entry, missing, dropped))
-            elif missing(entry):
-                dropped.append(entry)
-            else:
-                kept.append(entry)
-        return kept
-    if missing(value):
-        dropped.append(value)
-        return None
-    return value
+    if not _is_container(value):
+        return None if _dropped(value, missing, dropped) else value
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    kept = [
+        (key, _without(entry, missing, dropped) if _is_container(entry) else entry)
+        for key, entry in items
+        if _is_container(entry) or not _dropped(entry, missing, dropped)
+    ]
+    return dict(kept) if isinstance(value, dict) else [entry for _, entry in kept]
+
+
+def _dropped(entry: Any, missing: Callable[[Any], bool], dropped: list[Any]) -> bool:
+    if missing(entry):
+        dropped.append(entry)
+        return True
+    return False
+
+
+def _is_container(value: Any) -> bool:
+    """A list, or a dict by output name (not a serialized object)."""
+    return isinstance(value, list) or (isinstance(value, dict) and not _is_object(value))
 
 
 def _is_object(entry: Any) -> bool:
