@@ -191,3 +191,17 @@ def test_side_by_side_child_reports_a_runs_figures(monkeypatch, capsys):
     figures = json.loads(line[len("RESULT ") :])
     assert figures["steps"] > 0 and figures["run"] > 0
     assert figures["blocking"] and all(b >= 0 for b in figures["blocking"])
+
+
+def test_repeat_pages_reports_both_kinds_of_repeat_save():
+    """``benchmarks.repeat_pages`` times the same repeat save kept and after a deletion."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "benchmarks.repeat_pages", "--size", "tiny", "--saves", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if "repeat save" in line]
+    assert [line.split(",")[1].split(":")[0].strip() for line in lines] == [
+        "kept",
+        "after a deletion",
+    ]
+    assert all(len(line.split("(")[1].split(",")) == 2 for line in lines)  # two saves each
