@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from savedmodel_zoo import classes_hidden
 
+from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import MissingClassError
 from trainer.save_backends import get_backend, load_checkpoint
 
@@ -59,3 +60,52 @@ def test_a_missing_loss_function_is_named_as_a_function(tmp_path):
     expected = r"custom_objects=\{'[^']*doubled_mse': the_f"
     with classes_hidden(["doubled_mse"], PACKAGE), pytest.raises(MissingClassError, match=expected):
         load_checkpoint(path)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TupleOfDicts(keras.Model):
+    """Outputs a tuple of dicts: its loss, a tuple too, must stay one (JSON has lists)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.first = keras.layers.Dense(3)
+        self.second = keras.layers.Dense(2)
+
+    def call(self, x):
+        a = self.first(x)
+        return ({"z": a, "b": self.second(x)}, {"only": 2.0 * a})
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_tuple_structured_loss_and_metrics_train_after_a_load(tmp_path, backend, background):
+    """The loss and metrics given as tuples came back as lists: the load succeeded and the
+    first training step raised a raw KeyError (the path () is not in y_pred). Async: the
+    shadow the background write saves is compiled from the same record."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 4)).astype("float32")
+    y = (
+        {"z": rng.normal(size=(8, 3)), "b": rng.normal(size=(8, 2))},
+        {"only": rng.normal(size=(8, 3))},
+    )
+    model = TupleOfDicts()
+    model(x)
+    model.compile(
+        optimizer="adam",
+        loss=({"z": "mse", "b": "mse"}, {"only": "mae"}),
+        metrics=({"z": ["mae"], "b": None}, {"only": ("mse",)}),
+    )
+    model.train_on_batch(x, y)
+    policy = CheckpointPolicy(async_save=background)
+    with CheckpointManager(tmp_path / "ckpt", backend=backend, policy=policy) as manager:
+        manager.save(model)
+        manager.wait()
+        path = manager.latest()
+    loaded = load_checkpoint(path).model
+    loaded(x)
+    assert loaded.train_on_batch(x, y, return_dict=True) == model.train_on_batch(
+        x, y, return_dict=True
+    )
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0)[1]["only"], model.predict(x, verbose=0)[1]["only"]
+    )

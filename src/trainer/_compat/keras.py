@@ -405,6 +405,20 @@ def before_finalizing(optimizer: Any, hook: Callable[[], None]) -> Callable[[], 
     return remove
 
 
+def compile_arguments(model: Any) -> dict[str, Any]:
+    """The arguments ``model.compile`` was called with, as given (tuples still tuples).
+
+    ``get_compile_config`` serializes them to JSON-like values, where a tuple becomes a
+    list; a model whose outputs are a tuple then fails to train on a list-structured loss
+    (Keras matches the two structures by type). Reads ``Trainer._compile_config.config``,
+    the ``SerializableDict`` ``compile`` fills; there is no public accessor. Checked:
+    Keras 3.15.1, trainers/trainer.py. Empty if the model was not compiled by Keras.
+    """
+    stored = getattr(model, "_compile_config", None)
+    config = getattr(stored, "config", None)
+    return dict(config) if isinstance(config, dict) else {}
+
+
 def innermost_optimizer(optimizer: Any) -> Any:
     """The optimizer that does the updates: ``optimizer`` itself, or the one a
     ``LossScaleOptimizer`` wraps (public ``inner_optimizer``), recursively."""

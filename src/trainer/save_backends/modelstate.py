@@ -36,6 +36,7 @@ import keras
 import numpy as np
 
 from trainer import limits
+from trainer._compat import keras as keras_compat
 from trainer.errors import (
     CorruptCheckpointError,
     MissingClassError,
@@ -112,6 +113,7 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
         BUILT_FOR: optimizer_built_for(model),
         NO_DECAY: no_weight_decay(model),
         NO_LOSS_SCALING: _no_loss_scaling(model),
+        TUPLES: _tuple_paths(model),
     }
     config.update({key: value for key, value in recorded.items() if value is not None})
     json.dumps(config)  # fail now, not in the middle of a write, if it is not JSON-able
@@ -123,9 +125,62 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
 # load compiling under the model's policy wrapped it in a LossScaleOptimizer (4 more
 # variables: refused as damaged) instead of compiling what was trained.
 NO_LOSS_SCALING = "trainer_no_loss_scaling"
+# Compile-config key: where the structures given to ``compile`` (loss, metrics...) held
+# tuples, which JSON stores as lists. A model with tuple outputs compiled from the lists
+# raised a raw KeyError at its first training step, after a load that had succeeded.
+TUPLES = "trainer_tuples"
+# The compile arguments whose structure follows the model's outputs.
+_STRUCTURED = ("loss", "loss_weights", "metrics", "weighted_metrics")
 # Every key trainer records in a compile config beside Keras's own: a model Keras compiled
 # from its config alone (a clone) lacks what they say, and must be compiled as a load does.
-RECORDED_KEYS = (BUILT_FOR, NO_DECAY, NO_LOSS_SCALING)
+RECORDED_KEYS = (BUILT_FOR, NO_DECAY, NO_LOSS_SCALING, TUPLES)
+
+
+def _tuple_paths(model: keras.Model) -> dict[str, list[list[str | int]]] | None:
+    """For each structured compile argument, the paths (dict keys and list positions) of
+    the tuples in it, deepest first; None if there is none anywhere."""
+    arguments = keras_compat.compile_arguments(model)
+    found = {}
+    for name in _STRUCTURED:
+        paths: list[list[str | int]] = []
+        _collect_tuples(arguments.get(name), [], paths)
+        if paths:
+            found[name] = sorted(paths, key=len, reverse=True)
+    return found or None
+
+
+def _collect_tuples(value: Any, path: list, paths: list) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _collect_tuples(item, [*path, key], paths)
+    elif isinstance(value, list | tuple):
+        if isinstance(value, tuple):
+            paths.append(path)
+        for index, item in enumerate(value):
+            _collect_tuples(item, [*path, index], paths)
+
+
+def _restore_tuples(kwargs: dict[str, Any], record: Any, where: Path) -> None:
+    """Turn back into tuples the lists ``_tuple_paths`` recorded, deepest first (a tuple
+    cannot take its converted children afterwards)."""
+    if not isinstance(record, dict):
+        raise CorruptCheckpointError(
+            f"{where}: the compile config's {TUPLES!r} record must map argument names to "
+            f"lists of paths; the checkpoint is damaged. Received: {str(record)[:200]}"
+        )
+    for name, paths in record.items():
+        for path in paths if isinstance(paths, list) else [None]:
+            try:
+                parent, key = kwargs, name
+                for step in path:
+                    parent, key = parent[key], step
+                parent[key] = tuple(parent[key])
+            except (KeyError, IndexError, TypeError) as error:
+                raise CorruptCheckpointError(
+                    f"{where}: the compile config's {TUPLES!r} record names a path that its "
+                    f"{name!r} argument does not have; the checkpoint is damaged. "
+                    f"Received path {path!r} ({type(error).__name__})"
+                ) from None
 
 
 def _no_loss_scaling(model: keras.Model) -> bool | None:
@@ -156,6 +211,7 @@ def compile_model(
     built_for = compile_config.pop(BUILT_FOR, None)
     no_decay = compile_config.pop(NO_DECAY, None)
     scaling = {"auto_scale_loss": False} if compile_config.pop(NO_LOSS_SCALING, None) else {}
+    tuples = compile_config.pop(TUPLES, None)
     if _overrides(model, "compile_from_config"):
         with keras.saving.custom_object_scope(custom_objects):
             try:
@@ -165,6 +221,8 @@ def compile_model(
         build_optimizer(model, built_for, where, no_decay=no_decay)
         return
     kwargs = _deserialize(compile_config, custom_objects, safe_mode, where, "compile config")
+    if tuples is not None:
+        _restore_tuples(kwargs, tuples, where)
     kwargs.update(scaling)
     with keras.saving.custom_object_scope(custom_objects):  # names compile() looks up itself
         if not (_overrides(model, "compile") and _own_compile(model, kwargs, compile_config)):
@@ -182,7 +240,8 @@ def _own_compile(model: keras.Model, kwargs: dict[str, Any], stored: dict[str, A
     try:
         inspect.signature(model.compile).bind(**kwargs)
         model.compile(**copy.copy(kwargs))
-        return json.loads(json.dumps(compile_config(model))) == stored
+        again = {k: v for k, v in compile_config(model).items() if k not in RECORDED_KEYS}
+        return json.loads(json.dumps(again)) == stored
     except Exception:  # another signature, or it fails on these arguments: not usable
         return False
 
