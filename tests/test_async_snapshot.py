@@ -183,3 +183,72 @@ def test_the_shadows_structure_fingerprint_follows_flags_and_variables():
     assert unbuilt != frozen
     shadow.optimizer.build(shadow.trainable_variables)  # its variables appear
     assert check() != unbuilt
+
+
+class DoublingUnregistered(keras.layers.Layer):  # deliberately not registered
+    def call(self, x):
+        return 2.0 * x
+
+
+class Factor:  # a plain Python object: Keras cannot put it in a config
+    def __init__(self, value):
+        self.value = value
+
+
+class NeedsFactor(keras.layers.Layer):  # so it has no config to be rebuilt from
+    def __init__(self, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor.value
+
+
+def _model_around(middle: keras.layers.Layer) -> keras.Model:
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(middle(inputs)))
+    model.compile(optimizer="adam", loss="mse")
+    model.fit(np.ones((8, 3)), np.zeros((8, 2)), verbose=0)
+    return model
+
+
+@pytest.mark.parametrize(
+    "middle",
+    [lambda: keras.layers.Lambda(lambda t: 2.0 * t), DoublingUnregistered],
+    ids=["lambda", "unregistered"],
+)
+def test_async_copy_of_a_model_with_a_lambda_or_an_unregistered_class(middle, tmp_path):
+    """The shadow was rebuilt in safe mode from registered classes only, so the default
+    (async) savedmodel checkpointing of these models, which it saves synchronously,
+    crashed fit with a raw Keras error. The copy is the live model's own config."""
+    from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+
+    model = _model_around(middle())
+    probe = np.random.default_rng(0).normal(size=(4, 3))
+    policy = CheckpointPolicy(async_save=True)
+    with CheckpointManager(tmp_path / "ckpt", backend="savedmodel", policy=policy) as manager:
+        manager.save(model)
+        assert manager.backend._shadow is not None  # written from the copy
+        manager.wait()
+        path = manager.latest()
+    loaded = load_checkpoint(path).model
+    np.testing.assert_array_equal(loaded.predict(probe, verbose=0), model.predict(probe, verbose=0))
+
+
+def test_a_model_that_cannot_be_copied_is_saved_synchronously_with_a_warning(tmp_path, caplog):
+    """No copy possible: every save writes the model itself (what a sync save writes), and
+    one warning says why, instead of a raw error from Keras ending fit."""
+    from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+
+    model = _model_around(NeedsFactor(Factor(3.0)))
+    probe = np.random.default_rng(0).normal(size=(4, 3))
+    policy = CheckpointPolicy(async_save=True, keep_last=5)
+    with CheckpointManager(tmp_path / "ckpt", backend="savedmodel", policy=policy) as manager:
+        for _ in range(2):
+            model.fit(np.ones((8, 3)), np.ones((8, 2)), verbose=0)
+            expected = model.predict(probe, verbose=0)
+            path = manager.save(model)  # returns once written: no copy to write later
+            loaded = load_checkpoint(path).model
+            np.testing.assert_array_equal(loaded.predict(probe, verbose=0), expected)
+    warnings = [r for r in caplog.records if "written synchronously" in r.getMessage()]
+    assert len(warnings) == 1 and "NeedsFactor" in warnings[0].getMessage()

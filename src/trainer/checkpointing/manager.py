@@ -33,7 +33,7 @@ from trainer.checkpointing.policy import (
     scalar_metrics,
 )
 from trainer.checkpointing.restoring import restore_into
-from trainer.checkpointing.snapshot import copy_state
+from trainer.checkpointing.snapshot import SnapshotUnavailable, copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import NotACheckpointError, SaveError
 from trainer.locks import remove_dead_leases, remove_unless_read
@@ -149,9 +149,14 @@ class CheckpointManager:
         metadata = copy_json_like(self.metadata)
         if isinstance(self.backend, AsyncBackend):
             blocked = _Blocking()
-            self.backend.submit(
-                model, lambda snap: self._write(snap, path, saved_state, metadata, blocked)
-            )
+            try:
+                self.backend.submit(
+                    model, lambda snap: self._write(snap, path, saved_state, metadata, blocked)
+                )
+            except SnapshotUnavailable as error:  # no copy to write in the background
+                self.backend.writing_synchronously(error)
+                self._write(model, path, saved_state, metadata, None, called)
+                return path
             blocked.done(time.perf_counter() - called)  # before any wait: the write reads it
             if wait:
                 self.backend_wait()

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import atomic
-from trainer._compat.keras import get_input_signature
+from trainer._compat.keras import get_input_signature, sublayers
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
 from trainer.save_backends import layerstate, modelstate, policies, trainable
@@ -203,33 +203,78 @@ def variable_copier(model: keras.Model, shadow: keras.Model) -> VariableCopier |
         return None
 
 
+class SnapshotUnavailable(SaveError):
+    """No shadow of the model can be built from its config: its saves are written
+    synchronously instead (``AsyncBackend``), with a warning saying why."""
+
+
 def clone_for_snapshot(model: keras.Model) -> keras.Model:
     """A second model of the same architecture and compile state, with its own variables,
     built under the model's own dtype policy (``policies``: a mixed-precision model keeps
-    its ``LossScaleOptimizer`` whatever the global policy is now)."""
-    with policies.global_policy(getattr(model, "dtype_policy", None)):
-        clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
-        modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
-        _call_once_like(model, clone)
-        modelstate.build_optimizer(model)
-        compile_config = modelstate.compile_config(model)
-        if compile_config and any(k in compile_config for k in modelstate.RECORDED_KEYS):
-            # Keras compiled the clone from its config and built the optimizer for its
-            # trainable variables, deciding weight decay and loss scaling by the config
-            # alone: compile it again the way a load does, which builds a fresh optimizer
-            # like the model's. The live model's own config, so no safe mode.
-            where = f"the async copy of model {model.name!r}"
-            modelstate.compile_model(
-                clone, compile_config, custom_objects={}, safe_mode=False, where=where
-            )
+    its ``LossScaleOptimizer`` whatever the global policy is now).
+
+    The config is the live model's, serialized a moment ago in this process, not read from
+    a checkpoint: it is rebuilt outside safe mode (a ``Lambda``'s code is the model's own)
+    and with every class of the model at hand, registered or not. A model that still
+    cannot be copied raises ``SnapshotUnavailable`` (its saves are then synchronous)."""
+    try:
+        with policies.global_policy(getattr(model, "dtype_policy", None)):
+            clone = _rebuilt_and_compiled(model)
+    except Exception as error:  # whatever the model's own code raises
+        raise SnapshotUnavailable(
+            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, and "
+            f"that copy could not be made, so its checkpoints are written synchronously "
+            f"(training waits for each write). Make the model's classes rebuildable from "
+            f"get_config() (keras.saving.register_keras_serializable), or set "
+            f"checkpoint.policy.async_save=false to silence this. Received "
+            f"{type(error).__name__}: {str(error)[:300]}"
+        ) from error
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
-        raise SaveError(
-            f"Async saving needs a copy of model {model.name!r} rebuilt from its config, but "
-            f"the copy's variables differ from the original's. Set checkpoint.async_save=false. "
+        raise SnapshotUnavailable(
+            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, but "
+            f"the copy's variables differ from the original's, so its checkpoints are written "
+            f"synchronously. Set checkpoint.policy.async_save=false to silence this. "
             f"Received {len(mine)} variables vs {len(theirs)} in the copy"
         )
     return clone
+
+
+def _rebuilt_and_compiled(model: keras.Model) -> keras.Model:
+    clone = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(model),
+        custom_objects=_classes_of(model),
+        safe_mode=False,
+    )
+    modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
+    _call_once_like(model, clone)
+    modelstate.build_optimizer(model)
+    compile_config = modelstate.compile_config(model)
+    if compile_config and any(k in compile_config for k in modelstate.RECORDED_KEYS):
+        # Keras compiled the clone from its config and built the optimizer for its
+        # trainable variables, deciding weight decay and loss scaling by the config
+        # alone: compile it again the way a load does, which builds a fresh optimizer
+        # like the model's. The live model's own config, so no safe mode.
+        where = f"the async copy of model {model.name!r}"
+        modelstate.compile_model(
+            clone, compile_config, custom_objects={}, safe_mode=False, where=where
+        )
+    return clone
+
+
+def _classes_of(model: keras.Model) -> dict[str, type]:
+    """Every layer class in ``model`` (the model's own included) under the name its
+    config records for it (``registered_name``: the class name if it is not registered),
+    so that unregistered classes are found. A name two classes share is left out: Keras
+    then looks it up as usual (and, failing, the saves are synchronous)."""
+    classes: dict[str, type] = {}
+    shared: set[str] = set()
+    for layer in sublayers(model, include_self=True):
+        cls = type(layer)
+        name = keras.saving.get_registered_name(cls)
+        if classes.setdefault(name, cls) is not cls:
+            shared.add(name)
+    return {name: cls for name, cls in classes.items() if name not in shared}
 
 
 def _call_once_like(model: keras.Model, clone: keras.Model) -> None:

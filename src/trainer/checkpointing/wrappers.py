@@ -20,6 +20,7 @@ import keras
 from trainer.checkpointing import rehearsal
 from trainer.checkpointing.snapshot import (
     AsyncWriter,
+    SnapshotUnavailable,
     VariableCopier,
     all_variables,
     clone_for_snapshot,
@@ -88,11 +89,26 @@ class AsyncBackend(WrappingBackend):
         self._own_state: list[tuple[Any, Any]] | None = None
         self._copied: tuple[int, ...] = ()  # ids of the variables the copier assigns
         self._checked: tuple[int, ...] = ()  # ids of the variables last found savable
+        # The model no shadow could be built for, and why (``SnapshotUnavailable``): its
+        # saves are synchronous; the copy is not tried again for it.
+        self._uncopied: tuple[keras.Model | None, SnapshotUnavailable | None] = (None, None)
+        self._warned_synchronous: keras.Model | None = None
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
         target = Path(self.inner.checkpoint_path(path))
-        self.submit(model, lambda snapshot: self.inner.save(snapshot, target, **kwargs))
+        try:
+            self.submit(model, lambda snapshot: self.inner.save(snapshot, target, **kwargs))
+        except SnapshotUnavailable as error:
+            self.writing_synchronously(error)
+            return Path(self.inner.save(model, target, **kwargs))
         return target
+
+    def writing_synchronously(self, error: SnapshotUnavailable) -> None:
+        """``submit`` found no copy of the model possible: the caller writes the model itself,
+        synchronously. Said once per model, as a warning: async was asked for."""
+        if self._warned_synchronous is not self._uncopied[0]:
+            self._warned_synchronous = self._uncopied[0]
+            log.warning("%s", error)
 
     def submit(self, model: keras.Model, job: Callable[[keras.Model], Any]) -> None:
         """Run ``job(snapshot)`` in the background, ``snapshot`` holding ``model``'s state now.
@@ -184,8 +200,15 @@ class AsyncBackend(WrappingBackend):
     def _refresh(self, model: keras.Model, current: tuple[int, ...]) -> Callable[[], None]:
         """Take ``model``'s state for the shadow (built here if need be); returns what
         completes the shadow, to run before anything reads it (``take_snapshot``)."""
+        if self._uncopied[0] is model:
+            raise self._uncopied[1]
         if self._shadow is None or self._source is not model or not self._fits(model, current):
-            self._shadow, self._source = clone_for_snapshot(model), model
+            try:
+                self._shadow, self._source = clone_for_snapshot(model), model
+            except SnapshotUnavailable as error:
+                self._shadow = self._source = None
+                self._uncopied = (model, error)
+                raise
             self._forget_copier()
         if current != self._copied:
             self._forget_copier()  # variables created since: copy eagerly
