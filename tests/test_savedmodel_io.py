@@ -221,7 +221,7 @@ def test_repeat_saves_manifest_holds_each_files_own_digest(tmp_path):
     model.fit(x, y, epochs=1, verbose=0)
     second = backend.save(model, tmp_path / "b")
     assert json.loads(metadata_path(second).read_text())["full_save"] is False
-    words = [p.relative_to(second) for p in second.rglob("vocabulary.txt")]
+    words = [p.relative_to(second) for p in second.rglob("vocabulary.json")]
     assert words and all((first / w).read_bytes() != (second / w).read_bytes() for w in words)
     for path in (first, second):
         manifest = integrity.read_manifest(path, backend.manifest_file)

@@ -30,7 +30,7 @@ from trainer.errors import (
     SaveError,
     TrainerError,
 )
-from trainer.save_backends import config_state, readiness
+from trainer.save_backends import config_state, readiness, vocabularies
 from trainer.serializables import register_serializables
 from trainer.state import TrainingState
 from trainer.version import __version__
@@ -175,6 +175,7 @@ class SaveBackend(abc.ABC):
         readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         config_state.check(model)  # state a rebuild from the config would lose
+        vocabularies.refuse_unstorable_vocabularies(model)  # tokens the asset file loses
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
 

@@ -6,7 +6,7 @@
     D/fingerprint.pb                     TF's fingerprint of the SavedModel
     D/variables/variables.{index,data*}  every model and optimizer variable, stored once
     D/assets/                            TF assets (e.g. lookup vocabularies)
-    D/assets/keras/<layer id>/vocabulary.txt  lookup layers' vocabularies, for config revival
+    D/assets/keras/<layer id>/vocabulary.json lookup layers' vocabularies, for config revival
     D/assets.extra/trainer_metadata.json per-layer records, compile config, training state
 
 The metadata file is written last: its presence marks the directory as complete and as
@@ -90,3 +90,36 @@ def read_metadata(directory: Path) -> dict[str, Any]:
             f"'savedmodel.format' = {FORMAT!r}). Received keys: {sorted(metadata)[:10]}"
         )
     return metadata
+
+
+def read_vocabulary(folder: Path, layer: Any) -> list[Any] | None:
+    """A lookup layer's vocabulary (special tokens first) as ``write_vocabularies`` stored
+    it in ``folder``, typed as the layer's tokens; None if none is stored. Checkpoints
+    written before kept it as text, one token per line (``vocabulary.txt``): an
+    ``IntegerLookup``'s lines are read back as integers, which they were."""
+    stored = Path(folder) / "vocabulary.json"
+    if stored.is_file():
+        try:
+            words = json.loads(stored.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            words = error
+        if not isinstance(words, list):
+            raise CorruptCheckpointError(
+                f"{stored} must hold a JSON list of tokens; the checkpoint is damaged. Load "
+                f"an older checkpoint. Received: {str(words)[:200]}"
+            )
+        return words
+    older = Path(folder) / "vocabulary.txt"
+    if not older.is_file():
+        return None
+    lines = older.read_text(encoding="utf-8").splitlines()
+    if str(getattr(layer, "vocabulary_dtype", "string")) == "string":
+        return lines
+    try:
+        return [int(line) for line in lines]
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"{older} holds a token that is not an integer, but its layer "
+            f"{getattr(layer, 'name', '?')!r} looks up integers; the checkpoint is damaged. "
+            f"Received: {[x for x in lines if not x.lstrip('-').isdigit()][:3]}"
+        ) from None

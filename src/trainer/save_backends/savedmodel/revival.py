@@ -39,7 +39,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
-from trainer.save_backends.savedmodel import graph_revival, standins
+from trainer.save_backends.savedmodel import graph_revival, layout, standins
 from trainer.save_backends.savedmodel.records import is_graph_config
 from trainer.save_backends.savedmodel.stored_variables import Stored
 
@@ -218,18 +218,18 @@ class Reviver:
         keras_compat.forget_call_nodes(layer)
 
     def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
-        path = self.directory / "assets" / "keras" / str(record["id"]) / "vocabulary.txt"
-        if not (path.is_file() and hasattr(layer, "set_vocabulary")):
+        folder = self.directory / "assets" / "keras" / str(record["id"])
+        words = layout.read_vocabulary(folder, layer)
+        if words is None or not hasattr(layer, "set_vocabulary"):
             return
-        lines = path.read_text().splitlines()
         if record["keras_config"].get("config", {}).get("output_mode") in ("tf_idf", "tf-idf"):
             # Its vocabulary needs its IDF weights with it: those it has (from its config),
             # or none yet, and both come back with its layer state (layer_state.restore).
             idf = getattr(layer, "idf_weights_const", None)
             if idf is not None:
-                layer.set_vocabulary(lines, idf_weights=idf)
+                layer.set_vocabulary(words, idf_weights=idf)
             return
-        layer.set_vocabulary(lines)
+        layer.set_vocabulary(words)
 
     def _require_functions(self, record: dict[str, Any], why: str) -> None:
         if self.nodes[record["id"]] is None:

@@ -16,6 +16,7 @@ to layers, so it never keeps a model alive.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import weakref
@@ -134,15 +135,22 @@ def _plain_variables_only(traced: object_graph.TracedModel) -> bool:
 VOCAB_DIR = "assets/keras"
 
 
+VOCAB_FILE = "vocabulary.json"
+
+
 def write_vocabularies(model: keras.Model, directory: Path) -> None:
-    """Lookup layers' vocabularies as plain text under ``assets/keras/<layer id>/``, so a
-    layer rebuilt from config does not depend on the vocabulary file it was made from."""
+    """Lookup layers' vocabularies as JSON lists under ``assets/keras/<layer id>/``, so a
+    layer rebuilt from config does not depend on the vocabulary file it was made from.
+    JSON, not Keras's one token per line: that text gave an ``IntegerLookup``'s tokens back
+    as strings (its OOV token ``-1`` became a word, every index shifted) and split tokens
+    holding line breaks (format version 1 wrote ``vocabulary.txt``; loads still read it)."""
     for index, layer in enumerate(object_graph.tracing.all_layers(model)):
         if hasattr(layer, "get_vocabulary") and hasattr(layer, "set_vocabulary"):
             target = directory / VOCAB_DIR / str(index)
             target.mkdir(parents=True, exist_ok=True)
             words = layer.get_vocabulary(include_special_tokens=True)
-            (target / "vocabulary.txt").write_text("\n".join(str(w) for w in words))
+            words = [w.item() if hasattr(w, "item") else w for w in words]  # NumPy scalars
+            (target / VOCAB_FILE).write_text(json.dumps(words, ensure_ascii=False))
 
 
 def remember_published(model: keras.Model, directory: Path) -> None:
