@@ -92,3 +92,31 @@ def test_a_stored_policy_is_read_only_if_it_is_a_keras_policy():
     unknown = {"class_name": "DTypePolicy", "config": {"name": "nonsense"}}
     for record in (None, "nonsense", 5, dense, unknown):
         assert policies.stored_policy(record) is None
+
+
+def _binning_model(**discretization_kwargs) -> keras.Model:
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        inputs = keras.Input((3,))
+        bins = keras.layers.Discretization(bin_boundaries=[0.0, 1.0], **discretization_kwargs)
+        outputs = keras.layers.Dense(1, dtype="float32")(keras.ops.cast(bins(inputs), "float32"))
+        return keras.Model(inputs, outputs)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_a_layer_whose_config_loses_its_policy_is_refused(tmp_path, backend):
+    """Discretization's config records "float32" while it bins bf16-rounded inputs under
+    mixed_bfloat16 (0.999 falls in the last bin): every load rebuilt it under float32 and
+    predicted otherwise, silently. Refused; with an explicit dtype it saves and loads."""
+    from trainer.errors import ModelNotReadyError
+    from trainer.save_backends import load_checkpoint
+
+    with pytest.raises(ModelNotReadyError, match="records dtype 'float32'"):
+        get_backend(backend).save(_binning_model(), tmp_path / "refused")
+    model = _binning_model(dtype="float32")
+    x = np.array([[0.999, 1.001, -0.0001]], dtype="float32")
+    loaded = load_checkpoint(get_backend(backend).save(model, tmp_path / "ckpt")).model
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -176,6 +176,7 @@ class SaveBackend(abc.ABC):
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         config_state.check(model)  # state a rebuild from the config would lose
         vocabularies.refuse_unstorable_vocabularies(model)  # tokens the asset file loses
+        readiness.refuse_unrecorded_policies(model)  # a policy the layer's config loses
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
 

@@ -190,3 +190,30 @@ def check_model_ready(model: Any) -> None:
             f"or train it before saving. Received model {model.name!r} "
             f"({type(model).__name__})"
         )
+
+
+def refuse_unrecorded_policies(model: keras.Model) -> None:
+    """Refuse a layer whose config records a dtype other than the policy it runs under.
+
+    Keras's ``Discretization``, ``HashedCrossing`` and ``SpatialDropout*`` write their
+    variable dtype (``"float32"``) into ``get_config()`` where other layers write their
+    policy: under ``mixed_bfloat16`` such a layer bins (or drops) its bf16-rounded inputs
+    in ``fit`` and ``predict``, but every load, Keras's ``.keras`` too, rebuilds it under
+    ``float32``: other outputs, silently (Keras 3.15.1)."""
+    for layer in keras_compat.sublayers(model):
+        if isinstance(layer, keras.Model | keras.layers.InputLayer):
+            continue  # a nested model's layers are visited themselves; inputs carry no policy
+        try:
+            recorded = layer.get_config().get("dtype")
+        except Exception:  # a layer without a config: the backends say so themselves
+            continue
+        policy = getattr(layer, "dtype_policy", None)
+        if isinstance(recorded, str) and policy is not None and recorded != policy.name:
+            raise ModelNotReadyError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) runs under dtype policy "
+                f"{policy.name!r}, but its get_config() records dtype {recorded!r} (a Keras "
+                f"bug in this class), so every load would rebuild it under {recorded!r} and "
+                f"compute other outputs. Construct it with an explicit dtype (for example "
+                f"dtype={recorded!r}), so that it runs as it will be rebuilt. "
+                f"Received policy {policy.name!r} vs config dtype {recorded!r}"
+            )
