@@ -120,6 +120,7 @@ def export_serving(
     if warmup is not None:
         _check_warmup_inputs(model)
     root = Path(export_root).absolute()
+    _check_export_root(root)
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(root)  # left by killed exports or prunes
     start = time.perf_counter()
@@ -162,6 +163,29 @@ def _check_export_arguments(
             "with format=savedmodel (or auto), or without the optimizer. "
             "Received format='keras', with_optimizer=True"
         )
+
+
+def _check_export_root(root: Path) -> None:
+    """Refuse a root that is a file, or that is (or lies inside) a checkpoint or an export:
+    a version written there would change a sealed directory (its manifest no longer
+    matches; ``trainer verify`` fails), and pruning would delete inside it."""
+    if root.exists() and not root.is_dir():
+        raise ExportError(
+            f"The export directory {root} is a file; exports are version directories under "
+            f"a directory. Pass a directory (for example <run>/export). Received: {str(root)!r}"
+        )
+    for directory in (root, *root.parents):
+        sealed = is_export(directory) or any(
+            (directory / location).is_file() for location in integrity.KNOWN_LOCATIONS
+        )
+        if sealed:
+            kind = "an export" if is_export(directory) else "a checkpoint"
+            raise ExportError(
+                f"The export directory {root} is inside {kind} ({directory}): a version "
+                f"written there would change that sealed directory, which would then fail "
+                f"verification. Export to a directory of its own (for example <run>/export). "
+                f"Received: {str(root)!r}"
+            )
 
 
 def _check_warmup_inputs(model: keras.Model) -> None:
@@ -315,10 +339,13 @@ def export_tag(board: RunBoard, final: Path) -> str:
 
 def prune(export_root: str | os.PathLike, keep: int) -> list[Path]:
     """Remove all but the ``keep`` newest versions; each is renamed to a hidden temporary
-    before deletion, so a server never sees a half-deleted version under a real name."""
+    before deletion, so a server never sees a half-deleted version under a real name. Only
+    trainer's exports count and go: a numbered directory of anything else is never touched
+    (it still takes its number: the next version is above it)."""
     root = Path(export_root)
     removed = []
-    for version in versions(root)[:-keep]:
+    exports = [version for version in versions(root) if is_export(root / str(version))]
+    for version in exports[:-keep]:
         path = root / str(version)
         if remove_atomically(path) is not None:  # None: removed concurrently
             removed.append(path)

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.errors import ExportError, TrainerError
-from trainer.export import DEFAULT_KEEP, export_serving
+from trainer.export import DEFAULT_KEEP, FORMATS, export_serving
 from trainer.tensorboard import LINK_KEY, RunBoard
 
 
@@ -44,6 +44,8 @@ def export_from_checkpoint(
     """
     from trainer.save_backends import load_checkpoint
 
+    if isinstance(warmup, int) and not isinstance(warmup, bool):
+        warmup_count(warmup, "warmup")
     checkpoint = load_checkpoint(checkpoint_path, compile=bool(with_optimizer))
     meta = checkpoint.metadata
     if isinstance(warmup, int) and not isinstance(warmup, bool):
@@ -52,7 +54,8 @@ def export_from_checkpoint(
         )
     extra = {
         "source": {
-            "checkpoint": str(Path(checkpoint_path).absolute()),
+            # Resolved: `latest` (a symlink the next save moves) must not be recorded.
+            "checkpoint": str(Path(checkpoint_path).resolve()),
             "backend": meta.get("backend"),
             "format_version": meta.get("format_version"),
         },
@@ -97,6 +100,33 @@ def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
         ) from None
 
 
+def check_export_options(options: Mapping[str, Any] | None) -> None:
+    """The ``export`` config group's values, checked when a run starts rather than when
+    its export is written after training: an ``ExportError`` naming the key."""
+    options = dict(options or {})
+    if not options.get("enabled", True):
+        return
+    warmup_count(options.get("warmup_examples") or 0, "export.warmup_examples")
+    keep = options.get("keep", DEFAULT_KEEP)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ExportError(f"export.keep must be at least 1 (the new version). Received: {keep!r}")
+    if options.get("format", "auto") not in FORMATS:
+        raise ExportError(
+            f"export.format must be one of {FORMATS}. Received: {options.get('format')!r}"
+        )
+
+
+def warmup_count(value: Any, what: str) -> int:
+    """A number of warmup examples: a whole number, at least 0 (used as a slice end, -1
+    took every example but one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ExportError(
+            f"{what} must be a whole number of validation examples, at least 0 (0: no "
+            f"warmup requests). Received: {value!r}"
+        )
+    return value
+
+
 def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any) -> np.ndarray:
     """The first ``count`` validation inputs (training inputs if there are none) of the data
     set a run config describes, for warmup requests."""
@@ -129,7 +159,7 @@ def export_for_run(
     options = dict(export_cfg or {})
     if not options.get("enabled", True):
         return None
-    count = int(options.get("warmup_examples") or 0)
+    count = warmup_count(options.get("warmup_examples") or 0, "export.warmup_examples")
     warmup = None
     if count and validation_x is not None and len(validation_x):
         warmup = np.asarray(validation_x[:count])

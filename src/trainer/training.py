@@ -14,7 +14,7 @@ import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
-from trainer import distribute, resume, run_end, sessions, user_callbacks
+from trainer import distribute, export_sources, resume, run_end, sessions, user_callbacks
 from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
@@ -148,6 +148,7 @@ def build_run(
     dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
     policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
     policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
+    export_sources.check_export_options(cfg.get("export"))  # not only once trained
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         state = restore(cfg, dist, model, resume_from)

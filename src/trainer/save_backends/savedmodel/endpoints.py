@@ -185,15 +185,35 @@ def input_names(structure: Any, hints: list[str] | None = None) -> list[str]:
 
 
 def output_dict(model: keras.Model, outputs: Any) -> dict[str, tf.Tensor]:
-    """Name the model's outputs for the signature (dict keys, else the output names)."""
+    """Name the model's outputs for the signature: a flat dict of tensors, one key each
+    (dict keys, else the output names; a dict entry holding several tensors gives
+    ``<key>_<j>``). Names that become equal once made valid (``a-b`` and ``a_b``) get a
+    suffix: a signature output under a shared key replaced the other, silently."""
     if isinstance(outputs, dict):
-        return {_safe_name(str(k), f"output_{i}"): v for i, (k, v) in enumerate(outputs.items())}
-    flat = tf.nest.flatten(outputs)
-    names = list(getattr(model, "output_names", None) or [])
-    if len(names) != len(flat) or len(set(names)) != len(names):
-        names = [f"output_{i}" for i in range(len(flat))]
-    pairs = enumerate(zip(names, flat, strict=True))
-    return {_safe_name(n, f"output_{i}"): t for i, (n, t) in pairs}
+        named = []
+        for i, (key, value) in enumerate(outputs.items()):
+            parts = tf.nest.flatten(value)
+            if len(parts) == 1 and not isinstance(value, list | tuple | dict):
+                named.append((_safe_name(str(key), f"output_{i}"), value))
+            else:
+                named += [
+                    (_safe_name(f"{key}_{j}", f"output_{i}_{j}"), t) for j, t in enumerate(parts)
+                ]
+    else:
+        flat = tf.nest.flatten(outputs)
+        names = list(getattr(model, "output_names", None) or [])
+        if len(names) != len(flat) or len(set(names)) != len(names):
+            names = [f"output_{i}" for i in range(len(flat))]
+        named = [
+            (_safe_name(n, f"output_{i}"), t)
+            for i, (n, t) in enumerate(zip(names, flat, strict=True))
+        ]
+    unique: dict[str, tf.Tensor] = {}
+    for i, (name, tensor) in enumerate(named):
+        while name in unique:
+            name = f"{name}_{i}"
+        unique[name] = tensor
+    return unique
 
 
 # -------------------------------------------------------------------------- functions

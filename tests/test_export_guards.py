@@ -1,0 +1,101 @@
+"""Exports never write into sealed directories nor delete what is not theirs, and their
+signatures keep every output (found by a fidelity probe of exports and serving)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainer.cli import main
+from trainer.errors import ExportError
+from trainer.export import export_serving, read_export_metadata, versions
+from trainer.export_sources import check_export_options, export_from_checkpoint
+from trainer.save_backends import get_backend
+
+
+def _model() -> keras.Model:
+    inputs = keras.Input((3,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def test_numbered_directories_that_are_not_exports_are_never_pruned(tmp_path):
+    root = tmp_path / "out"
+    for number in range(1, 4):  # a user's own numbered folders
+        (root / str(number)).mkdir(parents=True)
+        (root / str(number) / "notes.txt").write_text("mine")
+    model = _model()
+    made = [export_serving(model, root, keep=1, format="keras") for _ in range(2)]
+    assert [p.name for p in made] == ["4", "5"]
+    assert versions(root) == [1, 2, 3, 5]  # the older export went, the user's stayed
+    assert all((root / str(n) / "notes.txt").read_text() == "mine" for n in (1, 2, 3))
+
+
+def test_an_export_root_inside_a_checkpoint_or_an_export_or_a_file_is_refused(tmp_path):
+    model = _model()
+    checkpoint = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    export = export_serving(model, tmp_path / "export", format="keras")
+    (tmp_path / "file").write_text("x")
+    for root, what in [
+        (checkpoint, "inside a checkpoint"),
+        (checkpoint / "variables" / "more", "inside a checkpoint"),
+        (export, "inside an export"),
+        (tmp_path / "file", "is a file"),
+    ]:
+        with pytest.raises(ExportError, match=what):
+            export_serving(model, root, format="keras")
+    assert get_backend("savedmodel").check_integrity(checkpoint, digests=True, strict=True)
+    assert not (checkpoint / "1").exists() and not (export / "1").exists()
+    assert main(["export", str(checkpoint), str(checkpoint)]) == 2
+
+
+def test_warmup_counts_below_zero_are_refused(tmp_path):
+    checkpoint = get_backend("h5").save(_model(), tmp_path / "ckpt")
+    with pytest.raises(ExportError, match="at least 0"):
+        export_from_checkpoint(checkpoint, tmp_path / "out", warmup=-1)
+    for options, key in [
+        ({"warmup_examples": -1}, "export.warmup_examples"),
+        ({"keep": 0}, "export.keep"),
+        ({"format": "onnx"}, "export.format"),
+    ]:
+        with pytest.raises(ExportError, match=key):
+            check_export_options(options)
+    check_export_options({"warmup_examples": 0, "keep": 1, "format": "keras"})
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_source_of_an_export_of_latest_is_the_checkpoint_it_points_to(tmp_path):
+    checkpoint = get_backend("h5").save(_model(), tmp_path / "step-1")
+    (tmp_path / "latest").symlink_to(checkpoint.name)
+    path = export_from_checkpoint(tmp_path / "latest", tmp_path / "out", format="keras")
+    assert read_export_metadata(path)["source"]["checkpoint"] == str(checkpoint.resolve())
+
+
+def _serve(directory, x) -> dict[str, np.ndarray]:
+    signature = tf.saved_model.load(str(directory)).signatures["serving_default"]
+    (name,) = signature.structured_input_signature[1]
+    return {k: v.numpy() for k, v in signature(**{name: tf.constant(x)}).items()}
+
+
+@pytest.mark.parametrize("shape", ["colliding_keys", "nested_dict"])
+def test_every_output_is_in_the_serving_signature(tmp_path, shape):
+    """``a-b`` and ``a_b`` became one signature key (one output dropped, silently); a dict
+    entry holding a list could not be saved at all (a raw TensorFlow error)."""
+    inputs = keras.Input((3,), name="x")
+    one, two = keras.layers.Dense(1)(inputs), keras.layers.Dense(2)(inputs)
+    if shape == "colliding_keys":
+        outputs = {"a-b": one, "a_b": two}
+    else:
+        outputs = {"a": [one, two], "b": keras.layers.Dense(4)(inputs)}
+    model = keras.Model(inputs, outputs)
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype("float32")
+    served = _serve(get_backend("savedmodel").save(model, tmp_path / "ckpt"), x)
+    expected = keras.tree.flatten(model.predict(x, verbose=0))
+    assert len(served) == len(expected)
+    got = sorted(served.values(), key=lambda a: (a.shape[1], float(a.sum())))
+    want = sorted(expected, key=lambda a: (a.shape[1], float(a.sum())))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
