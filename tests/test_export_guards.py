@@ -99,3 +99,49 @@ def test_every_output_is_in_the_serving_signature(tmp_path, shape):
     want = sorted(expected, key=lambda a: (a.shape[1], float(a.sum())))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+@keras.saving.register_keras_serializable(package="test_export_guards")
+class TwoLayerNet(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def _subclassed() -> tuple[keras.Model, np.ndarray]:
+    model = TwoLayerNet()
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype("float32")
+    model(x)
+    model.compile(optimizer="adam", loss="mse")
+    return model, x
+
+
+@pytest.mark.parametrize("backend", ["h5", "weights"])
+def test_a_subclassed_model_rebuilt_from_its_config_exports(tmp_path, backend):
+    """Rebuilt from its config, the model is built but was never called: the export (CLI
+    and API) refused it, saying to call it, although the same checkpoint loaded and
+    predicted. Its input signature is the one Keras recorded when it was built."""
+    model, x = _subclassed()
+    checkpoint = get_backend(backend).save(model, tmp_path / "ckpt")
+    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+    (served,) = _serve(tmp_path / "out" / "1", x).values()
+    np.testing.assert_allclose(served, model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+
+
+def test_a_subclassed_model_revived_from_its_traces_exports(tmp_path):
+    from savedmodel_zoo import classes_hidden
+
+    from trainer.save_backends import load_checkpoint
+
+    model, x = _subclassed()
+    checkpoint = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    with classes_hidden(["TwoLayerNet"], "test_export_guards"):
+        revived = load_checkpoint(checkpoint).model
+        assert not isinstance(revived, TwoLayerNet)
+        path = export_serving(revived, tmp_path / "out")
+    (served,) = _serve(path, x).values()
+    np.testing.assert_allclose(served, model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)

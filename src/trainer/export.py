@@ -150,7 +150,8 @@ def _check_export_arguments(
 ) -> None:
     """Refuse bad arguments before anything is written."""
     check_model_ready(model)
-    input_signature(model)
+    if not (format != "keras" and _revived_from_traces(model)):  # its traces say it
+        input_signature(model)
     if format not in FORMATS:
         raise ExportError(
             f"Unknown export format {format!r}; valid: {FORMATS}. Received {format!r}"
@@ -186,6 +187,17 @@ def _check_export_root(root: Path) -> None:
                 f"verification. Export to a directory of its own (for example <run>/export). "
                 f"Received: {str(root)!r}"
             )
+
+
+def _revived_from_traces(model: keras.Model) -> bool:
+    """A model the savedmodel backend revived from its traced functions (its class was
+    missing): Keras knows no input signature for it, its traces do (``format="keras"``,
+    which needs Keras's, cannot export it)."""
+    try:
+        from trainer.save_backends.savedmodel.endpoints import revived_call_args
+    except ImportError:  # the savedmodel backend cannot be imported here
+        return False
+    return revived_call_args(model) is not None
 
 
 def _check_warmup_inputs(model: keras.Model) -> None:

@@ -36,16 +36,21 @@ def input_signature(model: keras.Model) -> list[Any]:
     try:
         structure = keras_compat.get_input_signature(model)
     except (ValueError, TypeError) as error:  # what Keras raises for an unbuilt model
+        # A model rebuilt from its config (h5, weights) is built but was never called.
+        structure = keras_compat.recorded_input_signature(model) if model.built else None
+        if structure is not None:
+            return [tf.nest.map_structure(_open_batch, s) for s in structure]
         raise ModelNotReadyError(
             f"The input signature of model {model.name!r} cannot be determined "
             f"({type(error).__name__}: {error}). Build the model on a batch of data before "
             f"exporting it. Received {type(model).__name__}"
         ) from error
 
-    def to_spec(spec: Any) -> tf.TensorSpec:
-        return tf.TensorSpec((None, *tuple(spec.shape)[1:]), spec.dtype, name="inputs")
+    return [tf.nest.map_structure(_open_batch, s) for s in structure]
 
-    return [tf.nest.map_structure(to_spec, s) for s in structure]
+
+def _open_batch(spec: Any) -> tf.TensorSpec:
+    return tf.TensorSpec((None, *tuple(spec.shape)[1:]), spec.dtype, name="inputs")
 
 
 def serving_function(model: keras.Model) -> tf.types.experimental.PolymorphicFunction:

@@ -270,6 +270,21 @@ def get_input_signature(model: keras.Model) -> Any:
     return export_utils.get_input_signature(model)
 
 
+def recorded_input_signature(model: keras.Model) -> Any:
+    """What ``get_input_signature`` returns for a subclassed model, from the shapes Keras
+    recorded when it was built, even if it was never called: a model rebuilt from its
+    config (``build_from_config``) has those shapes but no call, and Keras's check of
+    ``_called`` refuses it. None where no shapes were recorded.
+
+    Uses ``keras.src.export.export_utils._infer_input_signature_from_model``, the function
+    ``get_input_signature`` itself uses after that check (shapes, and the model's input
+    dtype, as Keras's own export assumes). Checked: Keras 3.15.1.
+    """
+    from keras.src.export import export_utils
+
+    return export_utils._infer_input_signature_from_model(model) or None
+
+
 def make_tf_tensor_spec(spec: Any, *, dynamic_batch: bool = False) -> tf.TensorSpec:
     """``tf.TensorSpec`` of an entry of ``get_input_signature`` (batch dimension free if
     ``dynamic_batch``), the conversion ``model.export`` applies.

@@ -48,7 +48,7 @@ def _safe_name(name: str | None, fallback: str) -> str:
 def model_call_args(model: keras.Model) -> tuple[Any, ...]:
     """The positional arguments of the model's call, each a nested structure of
     ``tf.TensorSpec`` with the batch dimension free."""
-    revived = _revived_call_args(model)
+    revived = revived_call_args(model)
     if revived is not None:
         return revived
     unlinked = input_signature.unlinked_sequential_input(model)
@@ -57,10 +57,19 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
     try:
         signature = list(keras_compat.get_input_signature(model))
     except (ValueError, TypeError) as err:
+        # Rebuilt from a config (an h5 or weights checkpoint): built, never called.
+        recorded = keras_compat.recorded_input_signature(model) if model.built else None
+        if recorded is not None:
+            return model_args_from(model, list(recorded))
         raise ModelNotReadyError(
             f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
             f"on a batch of data before saving. Received {type(model).__name__}"
         ) from None
+    return model_args_from(model, signature)
+
+
+def model_args_from(model: keras.Model, signature: list[Any]) -> tuple[Any, ...]:
+    """``model_call_args`` from Keras's input signature of ``model``."""
     names: list[str | None] = [None] * len(signature)
     if not (isinstance(model, keras.Sequential) or keras_compat.is_functional(model)):
         signature, names = _subclassed_positional(model, signature)
@@ -76,7 +85,7 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
     return input_signature.declared_dtypes(model, args)
 
 
-def _revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
+def revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
     """A model revived from traced functions is called as its traced ``call_infer`` was;
     its inputs keep the names the saved signature gave them (``keep_input_names``)."""
     function = getattr(model, "_trainer_call_infer", None)
