@@ -145,3 +145,34 @@ def test_a_subclassed_model_revived_from_its_traces_exports(tmp_path):
         path = export_serving(revived, tmp_path / "out")
     (served,) = _serve(path, x).values()
     np.testing.assert_allclose(served, model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+
+
+def _input_keys(directory) -> list[str]:
+    signature = tf.saved_model.load(str(directory)).signatures["serving_default"]
+    return sorted(signature.structured_input_signature[1])
+
+
+def test_an_unnamed_input_has_one_key_in_every_artifact_of_the_model(tmp_path):
+    """The key was the input tensor's counter name (keras_tensor_47), another for the
+    train-end export, the checkpoints and an export of a checkpoint: clients broke. It is
+    the input layer's name, which the config stores."""
+    from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+
+    keras.Input((3,))  # moves Keras's counters: names differ from a fresh process's
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    layer_name = model.layers[0].name
+    policy = CheckpointPolicy(async_save=True)
+    with CheckpointManager(tmp_path / "ckpt", backend="savedmodel", policy=policy) as manager:
+        manager.save(model)
+        manager.wait()
+        checkpoint = manager.latest()
+    keys = {
+        "checkpoint (async copy)": _input_keys(checkpoint),
+        "sync checkpoint": _input_keys(get_backend("savedmodel").save(model, tmp_path / "s")),
+        "export": _input_keys(export_serving(model, tmp_path / "e")),
+        "keras export": _input_keys(export_serving(model, tmp_path / "k", format="keras")),
+        "export of the checkpoint": _input_keys(export_from_checkpoint(checkpoint, tmp_path / "c")),
+    }
+    assert all(value == [layer_name] for value in keys.values()), keys

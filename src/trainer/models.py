@@ -93,7 +93,7 @@ def build_mlp(
     dropout: float = 0.1,
 ) -> keras.Model:
     model = keras.Sequential(name="mlp")
-    model.add(keras.Input(shape=tuple(input_shape)))
+    model.add(keras.Input(shape=tuple(input_shape), name="image"))  # the signature key
     model.add(layers.Flatten())
     for units in hidden:
         model.add(layers.Dense(units, activation="relu"))

@@ -27,11 +27,17 @@ def _functional(model: keras.Model) -> bool:
 def input_signature(model: keras.Model) -> list[Any]:
     """``tf.TensorSpec`` structure of the model's inputs, batch dimension left open.
 
-    A Functional model names each input after its ``keras.Input``; Sequential and
-    subclassed models get the shapes they were built with and the name ``inputs``.
+    A Functional model names each input after its ``InputLayer`` (the ``keras.Input``'s
+    name, or the one Keras gave its layer: stored in the config, unlike its tensor's
+    counter name); Sequential and subclassed models get the shapes they were built with
+    and the name ``inputs``.
     """
     if _functional(model) and model.inputs:
-        specs = [tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=t.name) for t in model.inputs]
+        names = keras_compat.input_layer_names(model) or [t.name for t in model.inputs]
+        specs = [
+            tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=n)
+            for t, n in zip(model.inputs, names, strict=True)
+        ]
         return [specs[0] if len(specs) == 1 else specs]
     try:
         structure = keras_compat.get_input_signature(model)

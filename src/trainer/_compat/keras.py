@@ -270,6 +270,26 @@ def get_input_signature(model: keras.Model) -> Any:
     return export_utils.get_input_signature(model)
 
 
+def input_layer_names(model: keras.Model) -> list[str] | None:
+    """The names of the ``InputLayer``s behind ``model.inputs`` (a Functional or Sequential
+    model), in that order; None if some input has none.
+
+    The input tensors' own names are Keras's global counter (``keras_tensor_47``) unless the
+    ``Input`` was named: another in every process and every rebuild. The layers' names are
+    stored in the config and come back with it. Reads ``KerasTensor._keras_history`` (the
+    operation that made the tensor): no public API maps an input tensor to its layer.
+    Checked: Keras 3.15.1.
+    """
+    names = []
+    for tensor in getattr(model, "inputs", None) or []:
+        history = getattr(tensor, "_keras_history", None)
+        operation = getattr(history, "operation", None)
+        if not isinstance(getattr(operation, "name", None), str):
+            return None
+        names.append(operation.name)
+    return names or None
+
+
 def recorded_input_signature(model: keras.Model) -> Any:
     """What ``get_input_signature`` returns for a subclassed model, from the shapes Keras
     recorded when it was built, even if it was never called: a model rebuilt from its

@@ -184,9 +184,9 @@ def input_names(structure: Any, hints: list[str] | None = None) -> list[str]:
         hints = [None] * len(flat)
     names: list[str] = []
     for i, (spec, key, hint) in enumerate(zip(flat, paths, hints, strict=True)):
-        # hints name composites only: dense inputs keep the keys they always had
-        hint = hint if composites.is_composite(spec) else None
-        name = _safe_name(key or getattr(spec, "name", None) or hint, f"input_{i}")
+        # The input layer's name before the tensor's: the same where the Input was named,
+        # stable where Keras named it (its tensor took a counter: keras_tensor_47).
+        name = _safe_name(key or hint or getattr(spec, "name", None), f"input_{i}")
         while name in names:
             name = f"{name}_{i}"
         names.append(name)
@@ -239,7 +239,7 @@ def named_args(
     if model is not None and (
         isinstance(model, keras.Sequential) or keras_compat.is_functional(model)
     ):
-        hints = [getattr(t, "name", None) for t in getattr(model, "inputs", None) or []]
+        hints = keras_compat.input_layer_names(model)
     names = input_names(structure, hints)
     flat = flat_named_specs(structure, hints)
     named = tf.nest.pack_sequence_as(structure, flat)
