@@ -22,6 +22,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from trainer.checkpointing.policy import CheckpointPolicy
+from trainer.errors import ConfigError
 from trainer.export import DEFAULT_KEEP
 from trainer.wrapping.pruning import CONFIG_DEFAULTS as PRUNE_DEFAULTS
 
@@ -143,3 +144,33 @@ def register() -> None:
 
 
 register()
+
+
+def check_values(cfg: Any) -> None:
+    """Values the schemas' types let through but no run can use, refused before anything
+    is built or written (``ConfigError``: exit 2, naming the key). Composing already
+    checked the types of the schema keys; ``resume`` and ``resume_dir`` have none."""
+    trainer = cfg.get("trainer") or {}
+    for key, least in (("epochs", 1), ("batch_size", 1), ("steps_per_epoch", 1)):
+        value = trainer.get(key)
+        if value is None and key == "steps_per_epoch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            none = " or null (the whole split)" if key == "steps_per_epoch" else ""
+            raise ConfigError(
+                f"trainer.{key} must be a whole number of at least {least}{none}. "
+                f"Received: {value!r}"
+            )
+    resume, resume_dir = cfg.get("resume"), cfg.get("resume_dir")
+    for key, value in (("resume", resume), ("resume_dir", resume_dir)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(
+                f"{key} must be a string: 'latest', 'auto' or a path (resume), a run directory "
+                f"(resume_dir). Received: {value!r} ({type(value).__name__})"
+            )
+    if resume_dir and not resume:
+        raise ConfigError(
+            f"resume_dir is set but resume is not, so nothing would be resumed and a new run "
+            f"would start. Add resume=latest (or resume=auto), or drop resume_dir. "
+            f"Received: resume_dir={resume_dir!r}, resume={resume!r}"
+        )

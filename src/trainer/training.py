@@ -13,14 +13,14 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
-import trainer.config  # noqa: F401  (registers the schemas conf/ extends, before Hydra composes)
+import trainer.config  # registers the schemas conf/ extends, before Hydra composes
 from trainer import distribute, export_sources, resume, run_end, sessions, user_callbacks
 from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.errors import ConfigError
-from trainer.save_backends import load_checkpoint
+from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.tensorboard import RunBoard, config_hash, flatten_config
 from trainer.wrapping import apply_wrap
@@ -63,6 +63,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     workers write the same things into their scratch directory (``dist.output_dir``).
     SIGTERM/SIGINT end it cleanly at any point: during ``fit`` after the current batch
     (with an interrupt checkpoint), before or after it at once."""
+    trainer.config.check_values(cfg)  # before anything is built or written
     with run_end.signals_raise():
         try:
             run_dir, resume_from = locate_run(cfg)
@@ -217,7 +218,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
     the epoch cutter; the progress bar right after the configured ones."""
     manager = CheckpointManager(
         out_dir / cfg.checkpoint.directory,
-        dist.backend(hydra.utils.instantiate(cfg.save)),
+        dist.backend(build_backend(cfg)),
         policy,
         metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
         board=board,
@@ -261,7 +262,20 @@ def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingSt
 def configured_backend(cfg: DictConfig) -> type:
     """The class of the run's configured save backend: resuming reads the run's own
     checkpoints with it when it is not registered (``save._target_``)."""
-    return type(hydra.utils.instantiate(cfg.save))
+    return type(build_backend(cfg))
+
+
+def build_backend(cfg: DictConfig) -> SaveBackend:
+    """The save backend ``save`` configures; anything else is a ``ConfigError``."""
+    backend = hydra.utils.instantiate(cfg.save)
+    if not isinstance(backend, SaveBackend):
+        raise ConfigError(
+            f"save._target_ must build a save backend (a subclass of "
+            f"trainer.save_backends.SaveBackend), such as save=savedmodel, save=h5 or "
+            f"save=weights. Received: {cfg.save.get('_target_')!r}, which built a "
+            f"{type(backend).__name__}"
+        )
+    return backend
 
 
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:

@@ -7,17 +7,25 @@ import os
 from pathlib import Path
 
 from trainer.atomic import temporary_sibling
-from trainer.errors import NotACheckpointError, TrainerError
+from trainer.errors import CorruptCheckpointError, NotACheckpointError, TrainerError
 from trainer.locks import LATEST
 from trainer.save_backends import detect_backend
 from trainer.save_backends.base import SaveBackend
 
+# What reading a damaged checkpoint's metadata raises (untrusted content).
+_UNREADABLE = (TrainerError, OSError, ValueError, KeyError, TypeError, AttributeError)
+
 
 def complete(
-    directory: Path, configured: type[SaveBackend] | None = None
+    directory: Path,
+    configured: type[SaveBackend] | None = None,
+    damaged: list[tuple[Path, str]] | None = None,
 ) -> list[tuple[tuple[int, int, str], Path]]:
     """Complete checkpoints with their sort key (step recorded inside, mtime, name);
-    ``configured``: also in this (maybe unregistered) backend's format.
+    ``configured``: also in this (maybe unregistered) backend's format. ``damaged``: if
+    given, receives (path, why) of each entry a backend claims (or whose manifest names
+    one) but that cannot be read: a crash leaves only hidden temporaries, so a damaged
+    checkpoint under a real name is damage, and it is not a candidate either.
 
     Temporaries are never candidates. Ordering by the step recorded inside each checkpoint
     (not by file times or the ``latest`` link) stays right after a crash between the
@@ -30,18 +38,49 @@ def complete(
                 continue
             try:
                 cls = detect_backend(child, configured=configured)
+            except NotACheckpointError:
+                continue  # not a checkpoint at all (a user's file)
+            except (TrainerError, OSError) as error:  # a manifest says what it was
+                _note(damaged, child, error)
+                continue
+            try:
                 state = cls.read_metadata(child).get("state") or {}
                 step = int(state.get("global_step", -1))
-            except (TrainerError, OSError, ValueError, KeyError, TypeError):
+            except (
+                TrainerError,
+                OSError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+            ) as error:
+                _note(damaged, child, error)
                 continue
             found.append(((step, child.stat().st_mtime_ns, child.name), child))
     return sorted(found, key=lambda item: item[0])
 
 
+def _note(damaged: list[tuple[Path, str]] | None, path: Path, error: Exception) -> None:
+    if damaged is not None:
+        damaged.append((path, f"{type(error).__name__}: {str(error)[:300]}"))
+
+
 def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
     """The complete checkpoint in ``directory`` with the highest global step (raises);
-    ``configured``: see ``complete``."""
-    found = complete(Path(directory), configured)
+    ``configured``: see ``complete``. A damaged checkpoint in the directory is refused
+    (``CorruptCheckpointError``): resuming from an older one would train over its step and
+    replace it, and the damage would go unnoticed."""
+    damaged: list[tuple[Path, str]] = []
+    found = complete(Path(directory), configured, damaged)
+    if damaged:
+        path, why = damaged[0]
+        raise CorruptCheckpointError(
+            f"{path} is a damaged checkpoint ({len(damaged)} in {directory}), so the newest "
+            f"checkpoint cannot be told: resuming from an older one would train over its step "
+            f"and replace it. Check it with `python -m trainer verify {path}`; move it out of "
+            f"{directory} to resume from the newest intact checkpoint, or pass "
+            f"resume=/path/to/checkpoint. Received error: {why}"
+        )
     if not found:
         raise NotACheckpointError(
             f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "

@@ -35,7 +35,7 @@ from trainer.checkpointing.policy import (
 from trainer.checkpointing.restoring import restore_into
 from trainer.checkpointing.snapshot import SnapshotUnavailable, copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
-from trainer.errors import NotACheckpointError, SaveError
+from trainer.errors import ConfigError, NotACheckpointError, SaveError
 from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
@@ -68,6 +68,7 @@ class CheckpointManager:
         metadata: dict[str, Any] | None = None,
         board: RunBoard | None = None,
     ):
+        _check_arguments(directory, backend, policy, metadata)
         self.directory = Path(directory)
         self.policy = policy or CheckpointPolicy()
         backend = get_backend(backend) if isinstance(backend, str) else backend
@@ -126,6 +127,11 @@ class CheckpointManager:
         ``called``: the ``time.perf_counter()`` at which the caller began the save (e.g. the
         callback, gathering the state), if before this call: counted as held too."""
         called = time.perf_counter() if called is None else called
+        if state is not None and not isinstance(state, TrainingState):
+            raise ConfigError(
+                f"CheckpointManager.save's state must be a trainer.state.TrainingState (or "
+                f"None: the step is the optimizer's). Received: {type(state).__name__}"
+            )
         state = state if state is not None else self._implicit_state(model)
         if self._last_saved_step == state.global_step:
             return None
@@ -324,6 +330,26 @@ def batches_trained(model: keras.Model) -> int | None:
     if optimizer is None or not optimizer.built:
         return None
     return int(keras.ops.convert_to_numpy(keras_compat.batches_trained(optimizer)))
+
+
+def _check_arguments(directory: Any, backend: Any, policy: Any, metadata: Any) -> None:
+    """Wrong argument types fail here, naming the argument, not as a raw error at the
+    first save (``backend=object()``) or in a later call."""
+    problems = []
+    if not isinstance(directory, str | os.PathLike):
+        problems.append(("directory", "a path", directory))
+    if not isinstance(backend, str | SaveBackend | WrappingBackend):
+        problems.append(("backend", "a backend name or a SaveBackend instance", backend))
+    if policy is not None and not isinstance(policy, CheckpointPolicy):
+        problems.append(("policy", "a CheckpointPolicy (CheckpointPolicy(**options))", policy))
+    if metadata is not None and not isinstance(metadata, dict):
+        problems.append(("metadata", "a dict", metadata))
+    if problems:
+        name, kind, value = problems[0]
+        raise ConfigError(
+            f"CheckpointManager's {name} must be {kind}. Received: {value!r} "
+            f"({type(value).__name__})"
+        )
 
 
 class _Blocking:

@@ -6,6 +6,7 @@ Plain data and pure functions: the manager applies them, the callback decides wh
 from __future__ import annotations
 
 import dataclasses
+import logging
 import string
 from collections.abc import Iterable
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from trainer.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -33,23 +36,31 @@ class CheckpointPolicy:
     on_save_error: str = "raise"  # "continue": log a failed save and keep training
 
     def __post_init__(self):
+        _check_types(self)
         if self.on_save_error not in ("raise", "continue"):
             raise ConfigError(
-                f"checkpoint.on_save_error must be 'raise' (stop training) or 'continue' "
-                f"(log it and keep training). Received: {self.on_save_error!r}"
+                f"checkpoint.policy.on_save_error must be 'raise' (stop training) or "
+                f"'continue' (log it and keep training). Received: {self.on_save_error!r}"
             )
         if self.mode not in ("min", "max"):
             raise ConfigError(
-                f"checkpoint.mode must be 'min' or 'max' (how checkpoint.monitor improves). "
-                f"Received: {self.mode!r}"
+                f"checkpoint.policy.mode must be 'min' or 'max' (how checkpoint.policy.monitor "
+                f"improves). Received: {self.mode!r}"
             )
         for field in ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs"):
             value = getattr(self, field)
             if value is not None and value < 1:
                 raise ConfigError(
-                    f"checkpoint.{field} must be a positive integer or null. Received: {value!r}"
+                    f"checkpoint.policy.{field} must be a positive integer or null. "
+                    f"Received: {value!r}"
                 )
+        if self.keep_best < 0:
+            raise ConfigError(
+                f"checkpoint.policy.keep_best must be 0 (keep no best ones) or more. "
+                f"Received: {self.keep_best!r}"
+            )
         name_fields(self.name)  # a malformed pattern fails here
+        check_plain_name(self.name)
 
     def check_name(self, metrics: Iterable[str], *, validation: bool) -> None:
         """Refuse, before training, a ``name`` pattern that some save could not fill.
@@ -83,9 +94,74 @@ class CheckpointPolicy:
                 f"checkpoint.policy.name {problem}. Use {{step}}, {{epoch}} or a logged metric. "
                 f"Received: {self.name!r}"
             )
+        self._check_monitor(known, validation=validation)
+
+    def _check_monitor(self, known: set[str], *, validation: bool) -> None:
+        """A ``monitor`` no save logs kept no best checkpoint, silently (a typo)."""
+        base = self.monitor[4:] if self.monitor.startswith("val_") else self.monitor
+        if not self.keep_best:
+            return
+        if base not in known:
+            raise ConfigError(
+                f"checkpoint.policy.monitor {self.monitor!r} is not a metric this run logs, so "
+                f"no best checkpoint would be kept. Use one of {sorted(known)} (or its val_ "
+                f"version), or checkpoint.policy.keep_best=0. Received: {self.monitor!r}"
+            )
+        if base != self.monitor and not validation:
+            log.warning(
+                "checkpoint.policy.monitor=%s: the run has no validation data, so no best "
+                "checkpoint is kept (checkpoint.policy.keep_best=%d is unused)",
+                self.monitor,
+                self.keep_best,
+            )
 
 
 NAME_FIELDS = ("step", "epoch")
+_INTEGERS = ("every_n_epochs", "every_n_steps", "keep_last", "keep_best", "keep_every_n_epochs")
+_BOOLEANS = ("on_train_end", "on_interrupt", "async_save")
+_STRINGS = ("monitor", "mode", "name", "on_save_error")
+_OPTIONAL = ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs", "async_save")
+
+
+def _check_types(policy: CheckpointPolicy) -> None:
+    """Each field of the type it is documented with (``keep_last=2.5`` failed inside
+    ``fit`` after the first saves; ``async_save='no'`` turned async saving on)."""
+    for field in (*_INTEGERS, *_BOOLEANS, *_STRINGS):
+        value = getattr(policy, field)
+        if value is None and field in _OPTIONAL:
+            continue
+        if field in _INTEGERS:
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif field in _BOOLEANS:
+            ok, kind = isinstance(value, bool), "true or false"
+        else:
+            ok, kind = isinstance(value, str), "a string"
+        if not ok:
+            none = " or null" if field in _OPTIONAL else ""
+            raise ConfigError(
+                f"checkpoint.policy.{field} must be {kind}{none}. "
+                f"Received: {value!r} ({type(value).__name__})"
+            )
+
+
+def check_plain_name(pattern: str) -> None:
+    """A checkpoint name is one entry of the checkpoint directory: a pattern holding a
+    path (``../other-run/step-{step}``) wrote into another run's checkpoints, a hidden one
+    (``.ck-{step}``) or ``latest`` were never found again by a resume."""
+    sample = pattern.format(**{f: 0 for f in name_fields(pattern)})
+    problem = None
+    if not sample or "/" in pattern or "\\" in pattern or "\0" in pattern:
+        problem = "must be a plain file name, without a path"
+    elif sample.startswith("."):
+        problem = "must not start with '.' (hidden names are the temporaries of saves)"
+    elif sample == "latest":
+        problem = "must not be 'latest' (the link to the newest checkpoint)"
+    if problem:
+        raise ConfigError(
+            f"checkpoint.policy.name {problem}: each checkpoint is an entry of the checkpoint "
+            f"directory (checkpoint.directory). Use a pattern such as 'step-{{step:08d}}'. "
+            f"Received: {pattern!r}"
+        )
 
 
 def name_fields(pattern: str) -> list[str]:

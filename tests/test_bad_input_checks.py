@@ -1,0 +1,116 @@
+"""Bad values are refused before anything is written, naming the key (found by a probe of
+the entry points): a checkpoint name holding a path overwrote another run's checkpoints; a
+damaged checkpoint was skipped by resume and then trained over; other values ended in raw
+errors or were silently accepted."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from trainer import train
+from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+from trainer.errors import ConfigError, CorruptCheckpointError
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"name": "../../other-run/checkpoints/step-{step:08d}"}, "without a path"),
+        ({"name": "sub/{step}"}, "without a path"),
+        ({"name": ".ck-{step}"}, "must not start with '.'"),
+        ({"name": "latest"}, "must not be 'latest'"),
+        ({"name": ""}, "plain file name"),
+        ({"keep_last": 2.5}, "keep_last must be an integer"),
+        ({"keep_last": "3"}, "keep_last must be an integer"),
+        ({"async_save": "no"}, "async_save must be true or false"),
+        ({"keep_best": -1}, "keep_best must be 0"),
+        ({"mode": "lowest"}, "checkpoint.policy.mode"),
+    ],
+)
+def test_policy_values_no_save_could_use_are_refused(options, said):
+    with pytest.raises(ConfigError, match=said):
+        CheckpointPolicy(**options)
+
+
+def test_a_monitor_no_save_logs_is_refused_before_training():
+    policy = CheckpointPolicy(monitor="val_los")
+    with pytest.raises(ConfigError, match="'val_los' is not a metric this run logs"):
+        policy.check_name(["loss", "accuracy"], validation=True)
+    CheckpointPolicy(monitor="val_accuracy").check_name(["loss", "accuracy"], validation=True)
+    CheckpointPolicy(monitor="val_los", keep_best=0).check_name(["loss"], validation=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["trainer.batch_size=0"], "trainer.batch_size must be a whole number of at least 1"),
+        (["trainer.batch_size=-4"], "trainer.batch_size"),
+        (["trainer.epochs=-1"], "trainer.epochs"),
+        (["trainer.steps_per_epoch=-1"], "trainer.steps_per_epoch"),
+        (["resume=true"], "resume must be a string"),
+        (["resume=1"], "resume must be a string"),
+        (["resume_dir=/somewhere"], "resume_dir is set but resume is not"),
+        (["checkpoint.policy.name='../x-{step}'"], "without a path"),
+        (["save._target_=collections.OrderedDict"], "save._target_ must build a save backend"),
+    ],
+)
+def test_run_values_are_refused_before_anything_is_written(compose_cfg, overrides, said):
+    cfg = compose_cfg(*overrides)
+    with pytest.raises(ConfigError, match=said):
+        train(cfg)
+    assert not (Path(cfg.run_dir) / "checkpoints").exists()
+
+
+def test_manager_arguments_of_the_wrong_type_are_refused(tmp_path):
+    for kwargs, said in [
+        ({"backend": object()}, "backend must be a backend name"),
+        ({"policy": {"keep_last": 2}}, "policy must be a CheckpointPolicy"),
+        ({"metadata": ["x"]}, "metadata must be a dict"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            CheckpointManager(tmp_path / "ckpt", **kwargs)
+    with pytest.raises(ConfigError, match="directory must be a path"):
+        CheckpointManager(None)
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    with (
+        CheckpointManager(tmp_path / "ckpt", backend="h5") as manager,
+        pytest.raises(ConfigError, match=r"state must be a trainer\.state\.TrainingState"),
+    ):
+        manager.save(model, state=collections.OrderedDict(global_step=1))
+
+
+@pytest.mark.parametrize("backend", ["h5", "savedmodel", "weights"])
+def test_resume_refuses_a_directory_holding_a_damaged_checkpoint(compose_cfg, backend):
+    """Skipped as "not complete", the damaged newest checkpoint was trained over from an
+    older one and replaced; with every checkpoint damaged, resume=auto started afresh and
+    replaced them all. A crash leaves only hidden temporaries: this is damage."""
+    cfg = compose_cfg(f"save={backend}", "trainer.epochs=2")
+    train(cfg)
+    checkpoints = sorted(
+        p
+        for p in (__import__("pathlib").Path(cfg.run_dir) / "checkpoints").iterdir()
+        if p.name.startswith("step-")
+    )
+    newest = checkpoints[-1]
+    metadata = {
+        "h5": newest,
+        "savedmodel": newest / "assets.extra" / "trainer_metadata.json",
+        "weights": newest / "trainer.json",
+    }[backend]
+    if backend == "h5":
+        data = metadata.read_bytes()
+        metadata.write_bytes(data[: len(data) // 2])
+    else:
+        metadata.write_text("{garbled")
+    damaged = metadata.read_bytes()
+    for resume in ("latest", "auto"):
+        again = compose_cfg(f"save={backend}", "trainer.epochs=4", f"resume={resume}")
+        with pytest.raises(CorruptCheckpointError, match="is a damaged checkpoint"):
+            train(again)
+    assert metadata.read_bytes() == damaged and np.all([p.exists() for p in checkpoints])
