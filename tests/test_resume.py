@@ -121,7 +121,7 @@ def test_retention_on_disk(compose_cfg, tmp_path):
 
 
 def test_policy_rejects_bad_values():
-    with pytest.raises(ValueError, match=r"checkpoint\.mode"):
+    with pytest.raises(ValueError, match=r"checkpoint\.policy\.mode"):
         CheckpointPolicy(mode="up")
     with pytest.raises(ValueError, match="every_n_steps"):
         CheckpointPolicy(every_n_steps=0)
