@@ -21,6 +21,7 @@ write took 15 s instead of 2 and the next save waited for it.)
 from __future__ import annotations
 
 import _thread
+import contextlib
 import logging
 import os
 import queue
@@ -279,8 +280,12 @@ def _classes_of(model: keras.Model) -> dict[str, type]:
 
 def _call_once_like(model: keras.Model, clone: keras.Model) -> None:
     """A subclassed model knows its input signature (which the SavedModel backend traces
-    with) only once called: call the fresh clone once on zeros shaped and typed like the
-    live model's inputs. Graph models (Functional, Sequential) know theirs already."""
+    with) only once called: call the fresh clone once, symbolically (no op runs), on
+    inputs shaped and typed like the live model's. Keras types them with the model's float
+    dtype, whatever it takes: a model taking strings cannot run on float zeros (the call
+    they were given failed, and with it every async save). Graph models (Functional,
+    Sequential) know theirs already. A model that cannot be called so stays uncalled: the
+    backend then takes the shapes Keras recorded when it was built."""
     try:
         get_input_signature(clone)
         return
@@ -290,11 +295,8 @@ def _call_once_like(model: keras.Model, clone: keras.Model) -> None:
         signature = get_input_signature(model)
     except ValueError:
         return  # the live model was never called either: the backend says so when saving
-
-    def zeros(spec):
-        return np.zeros([1 if d is None else d for d in spec.shape], dtype=spec.dtype)
-
-    clone(*keras.tree.map_structure(zeros, signature))
+    with contextlib.suppress(Exception):  # the model's own call: anything
+        clone(*keras.tree.map_structure(lambda s: keras.KerasTensor(s.shape, s.dtype), signature))
 
 
 class AsyncWriter:

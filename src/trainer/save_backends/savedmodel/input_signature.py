@@ -55,7 +55,9 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
     ``Embedding`` first), the model takes integer ids, and the structure with that integer
     type is returned (None if nothing changes). Keras records no dtype for the calls of a
     subclassed model, and serving ids as floats would make the revived model refuse the
-    ids it was trained on."""
+    ids it was trained on. A cast to string (a ``TextVectorization`` or ``StringLookup``
+    first) likewise means the model takes strings: TensorFlow cannot even run that cast,
+    so the float signature served nothing."""
     graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
     if graph or model.input_spec is not None:  # typed by its inputs, or as it declares
         return None
@@ -70,7 +72,7 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
             and len(consumers) == sum(op.type == "Cast" for op in consumers)
         ):
             target = tf.as_dtype(targets.pop())
-            if target.is_integer:
+            if target.is_integer or target == tf.string:
                 spec = tf.TensorSpec(spec.shape, target, name=spec.name)
         typed.append(spec)
     if all(a.dtype == b.dtype for a, b in zip(flat, typed, strict=True)):
