@@ -79,6 +79,24 @@ def test_train_py_on_a_run_directory_in_use_is_refused_before_writing(tmp_path, 
     assert "checkpoints" not in written and "tb" not in written, written
 
 
+def test_a_refused_train_py_leaves_the_runs_hydra_config_as_it_was(tmp_path, other_process):
+    """Hydra writes .hydra/config.yaml before trainer can refuse a run in use: the refused
+    process's config (seed 9) replaced the run's own, which `trainer runs` then read."""
+    run = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train.py"), *TINY, "model=mlp", f"hydra.run.dir={run}"]
+    first = subprocess.run(command, capture_output=True, text=True, env=subprocess_env())
+    assert first.returncode == 0, first.stderr[-2000:]
+    files = {
+        name: (run / ".hydra" / name).read_text() for name in ("config.yaml", "overrides.yaml")
+    }
+    holder = other_process(holding=run)
+    refused = subprocess.run(
+        [*command, "seed=9", "resume=auto"], capture_output=True, text=True, env=subprocess_env()
+    )
+    assert refused.returncode == 2 and f"in use by PID {holder.pid}" in refused.stderr
+    assert {name: (run / ".hydra" / name).read_text() for name in files} == files
+
+
 def test_temporaries_of_a_live_writer_are_not_cleaned(tmp_path, other_process):
     writer = other_process()
     live = tmp_path / f".step-00000002.tmp-{writer.pid}-0123abcd"

@@ -129,3 +129,41 @@ def mirror_file_logs(output_dir: Path, run_dir: Path) -> list[logging.Handler]:
         root.addHandler(mirror)
         added.append(mirror)
     return added
+
+
+def restore_hydra_files(run_dir: Path) -> list[Path]:
+    """Put back the run's own Hydra config files after a second process, refused because
+    the run is in use (``DirectoryInUseError``), was given the same output directory:
+    Hydra rewrote ``.hydra/config.yaml`` (and the others) before trainer could refuse, and
+    the run then described another config (``trainer runs`` read its checkpoint directory
+    from it). The copy is the newest session's whose Hydra outputs went to ``run_dir``.
+    Returns the files restored."""
+    output_dir = hydra_output_dir()
+    if output_dir is None or output_dir.resolve() != Path(run_dir).resolve():
+        return []
+    target = hydra_files_dir(output_dir)
+    source = _newest_session_written_to(Path(run_dir))
+    if target is None or source is None:
+        return []
+    restored = []
+    for name in HYDRA_FILES:
+        if (source / name).is_file():
+            tmp = temporary_sibling(target / name)
+            shutil.copy2(source / name, tmp)
+            os.replace(tmp, target / name)
+            restored.append(target / name)
+    return restored
+
+
+def _newest_session_written_to(run_dir: Path) -> Path | None:
+    root = run_dir / SESSIONS_DIR
+    numbered = sorted((p for p in root.glob("*") if p.name.isdigit()), key=lambda p: int(p.name))
+    for session_dir in reversed(numbered):
+        try:
+            info = yaml.safe_load((session_dir / "session.yaml").read_text()) or {}
+            written_to = Path(str(info.get("hydra_output_dir")))
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if written_to.resolve() == run_dir.resolve():
+            return session_dir
+    return None

@@ -19,7 +19,7 @@ from trainer.atomic import temporary_sibling
 from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, DirectoryInUseError
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.tensorboard import RunBoard, config_hash, flatten_config
@@ -67,8 +67,13 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     with run_end.signals_raise():
         try:
             run_dir, resume_from = locate_run(cfg)
+            try:
+                out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
+            except DirectoryInUseError:
+                sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before the lock
+                raise
             # This session's log and Hydra config go to the run it continues (sessions.py).
-            with sessions.session(dist.output_dir(run_dir), resume_from):
+            with sessions.session(out_dir, resume_from):
                 return run_session(cfg, dist, run_dir, resume_from)
         except run_end.RunInterrupted as interrupt:
             log.warning(
