@@ -114,3 +114,10 @@ def test_resume_refuses_a_directory_holding_a_damaged_checkpoint(compose_cfg, ba
         with pytest.raises(CorruptCheckpointError, match="is a damaged checkpoint"):
             train(again)
     assert metadata.read_bytes() == damaged and np.all([p.exists() for p in checkpoints])
+
+
+def test_checkpoint_track_must_name_its_callbacks(tmp_path):
+    from trainer.checkpointing import Checkpoint
+
+    with pytest.raises(ConfigError, match="track must be a dict naming each callback"):
+        Checkpoint(directory=tmp_path / "ckpt", track=[keras.callbacks.EarlyStopping()])

@@ -176,3 +176,25 @@ def test_an_unnamed_input_has_one_key_in_every_artifact_of_the_model(tmp_path):
         "export of the checkpoint": _input_keys(export_from_checkpoint(checkpoint, tmp_path / "c")),
     }
     assert all(value == [layer_name] for value in keys.values()), keys
+
+
+def test_a_dict_input_model_exports_in_keras_format_and_warms_up_on_strings(tmp_path):
+    """A Functional model on a dict of inputs: its keras-format export was given a flat
+    list (a raw Keras error, exit 1 from the CLI); warmup examples of a string input
+    raised a raw TypeError (NumPy has no dtype "string")."""
+    inputs = {"z": keras.Input((3,), name="a"), "y": keras.Input((3,), name="b")}
+    joined = keras.layers.Concatenate()([inputs["z"], inputs["y"]])
+    model = keras.Model(inputs, keras.layers.Dense(1)(joined))
+    x = {k: np.random.default_rng(0).normal(size=(4, 3)).astype("float32") for k in inputs}
+    path = export_serving(model, tmp_path / "dict", format="keras")
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    assert sorted(signature.structured_input_signature[1]) == ["a", "b"]
+    (served,) = signature(a=tf.constant(x["z"]), b=tf.constant(x["y"])).values()
+    np.testing.assert_allclose(served.numpy(), model.predict(x, verbose=0), rtol=1e-6)
+
+    text = keras.Input((), dtype="string", name="text")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b"], output_mode="one_hot")
+    strings = keras.Model(text, lookup(text))
+    for examples in (np.array(["a", "q"]), ["b", "a"], tf.constant(["a", "b"])):
+        warmed = export_serving(strings, tmp_path / "text", warmup=examples, format="keras")
+        assert read_export_metadata(warmed)["warmup_requests"] == 2

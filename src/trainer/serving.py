@@ -33,12 +33,16 @@ def input_signature(model: keras.Model) -> list[Any]:
     and the name ``inputs``.
     """
     if _functional(model) and model.inputs:
+        # The inputs' own structure: a dict of inputs stays a dict (as a flat list, the
+        # model refused it: "the structure of inputs doesn't match").
+        (structure,) = keras_compat.get_input_signature(model)
         names = keras_compat.input_layer_names(model) or [t.name for t in model.inputs]
+        flat = keras.tree.flatten(structure)
         specs = [
-            tf.TensorSpec((None, *t.shape[1:]), t.dtype, name=n)
-            for t, n in zip(model.inputs, names, strict=True)
+            tf.TensorSpec((None, *tuple(s.shape)[1:]), s.dtype, name=n)
+            for s, n in zip(flat, names, strict=True)
         ]
-        return [specs[0] if len(specs) == 1 else specs]
+        return [keras.tree.pack_sequence_as(structure, specs)]
     try:
         structure = keras_compat.get_input_signature(model)
     except (ValueError, TypeError) as error:  # what Keras raises for an unbuilt model

@@ -51,9 +51,7 @@ def write_warmup(
             f"Warmup examples must name exactly the signature inputs {sorted(inputs)}. "
             f"Received keys {sorted(examples)}"
         )
-    arrays = {
-        name: np.asarray(value, dtype=inputs[name]["dtype"]) for name, value in examples.items()
-    }
+    arrays = {name: _as_array(value, inputs[name]["dtype"]) for name, value in examples.items()}
     count = min(min(len(a) for a in arrays.values()), max_requests)
     path = version_dir / EXTRA_DIR / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,3 +75,14 @@ def count_warmup(version_dir: Path) -> int:
     if not path.is_file():
         return 0
     return sum(1 for _ in tf.data.TFRecordDataset(str(path)))
+
+
+def _as_array(value: Any, dtype: str) -> np.ndarray:
+    """Examples as an array of the input's dtype; strings as an object array of ``bytes``
+    or ``str``, which ``tf.make_tensor_proto`` stores as ``DT_STRING`` (NumPy has no
+    dtype named "string": such a model's warmup raised a raw TypeError)."""
+    if isinstance(value, tf.Tensor):
+        value = value.numpy()
+    if tf.as_dtype(dtype) == tf.string:
+        return np.asarray(value, dtype=object)
+    return np.asarray(value, dtype=dtype)

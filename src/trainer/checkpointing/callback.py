@@ -81,6 +81,12 @@ class Checkpoint(keras.callbacks.Callback):
         self.manager = manager or CheckpointManager(directory, backend, make_policy(policy))
         self.policy = self.manager.policy
         self.resume = resume
+        if track is not None and not isinstance(track, dict):
+            raise ConfigError(
+                f"Checkpoint's track must be a dict naming each callback whose state the "
+                f"checkpoints carry, e.g. track={{'early_stopping': EarlyStopping(...)}}. "
+                f"Received: {type(track).__name__}"
+            )
         self.track = _trackable(dict(track or {}))
         self._began: set[str] = set()  # tracked callbacks whose on_train_begin ran this fit
         for name, callback in self.track.items():
