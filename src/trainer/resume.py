@@ -137,7 +137,8 @@ def check_compatible(
         raise ConfigMismatchError(
             f"The config disagrees with checkpoint {where}: {shown}. Resume with the "
             f"checkpoint's settings (see its metadata: python -m trainer inspect {where}) or "
-            f"start a fresh run. Only settings such as trainer.epochs may change on resume."
+            f"start a fresh run. Only settings such as trainer.epochs may change on resume. "
+            f"Received: {', '.join(_keys(differences))}"
         )
     mid_epoch = state is not None and state.step_in_epoch > 0
     keys = EXACTNESS_KEYS + (MID_EPOCH_KEYS if mid_epoch else ())

@@ -34,7 +34,8 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
         raise ConfigMismatchError(
             f"Checkpoint {checkpoint.path} does not fit the configured model: {detail} "
             f"({len(source)} vs {len(target)} variables). Use the model config the checkpoint "
-            f"was trained with, or start a fresh run."
+            f"was trained with, or start a fresh run. Received: {type(model).__name__} "
+            f"{model.name!r} with {len(target)} variables"
         )
     try:
         trainable.match_trainable(checkpoint.model, model)
