@@ -121,3 +121,16 @@ def test_checkpoint_track_must_name_its_callbacks(tmp_path):
 
     with pytest.raises(ConfigError, match="track must be a dict naming each callback"):
         Checkpoint(directory=tmp_path / "ckpt", track=[keras.callbacks.EarlyStopping()])
+
+
+def test_a_json_command_that_fails_still_prints_json(tmp_path, capsys):
+    import json
+
+    from trainer.cli import main
+
+    damaged = tmp_path / "ckpt.h5"
+    damaged.write_bytes(b"not a checkpoint")
+    assert main(["verify", str(damaged), "--json"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["ok"] is False and report["error"] and captured.err.startswith("error: ")

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
     except (TrainerError, OSError) as error:
         message = " ".join(str(error).split())  # one line, even for multi-line causes
         print(f"error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reading stdout gets the verdict too
+            print(json.dumps({"ok": False, "error": type(error).__name__, "message": message}))
         return EXIT_USAGE
 
 
