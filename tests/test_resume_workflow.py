@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT, list_checkpoints, subprocess_env
 
@@ -264,3 +265,32 @@ def test_resume_hint_quotes_overrides_and_drops_the_old_resume_keys(tmp_path):
         "python", "train.py", "model=mlp", "+callbacks.x={_target_: a.B}",
         "resume=latest", f"resume_dir={tmp_path / 'run'}",
     ]  # fmt: skip
+
+
+def test_a_signal_during_validation_stops_at_the_epochs_end_and_resumes_exactly(compose_cfg):
+    """A SIGTERM that came while an epoch validated did not stop training: every later
+    epoch trained on, each batch wrote a checkpoint, and the state counted more steps in
+    the epoch than it has. It stops at that epoch's end now (its checkpoint holds the
+    whole epoch), and the resumed run ends as an uninterrupted one."""
+    from trainer import train
+    from trainer.save_backends import load_checkpoint
+
+    base = ("save=h5", "trainer.epochs=3", "checkpoint.policy.keep_last=null")
+    straight = compose_cfg(*base)
+    train(straight)
+    uninterrupted = Path(straight.run_dir).with_name("uninterrupted")
+    shutil.move(straight.run_dir, uninterrupted)  # the same run directory is used again
+    hook = "+callbacks.sigterm={_target_: faults.SignalInValidation, epoch: 0}"
+    interrupted = compose_cfg(*base, hook)
+    train(interrupted)
+    latest = load_checkpoint(Path(interrupted.run_dir) / "checkpoints" / "latest")
+    steps = latest.state.global_step
+    assert latest.state.epoch == 1 and latest.state.step_in_epoch == 0 and steps > 0
+    assert [h["epoch"] for h in latest.state.history] == [1]
+    assert len(list((Path(interrupted.run_dir) / "checkpoints").glob("step-*"))) == 1
+    train(compose_cfg(*base, "resume=auto"))
+    done = load_checkpoint(Path(interrupted.run_dir) / "checkpoints" / "latest")
+    want = load_checkpoint(uninterrupted / "checkpoints" / "latest")
+    assert done.state.global_step == want.state.global_step == 3 * steps
+    for a, b in zip(done.model.weights, want.model.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

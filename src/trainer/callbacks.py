@@ -98,6 +98,11 @@ class RunProgress(keras.callbacks.Callback):
         self.state.metrics = scalar_metrics(logs)
         self.state.history.append({"epoch": epoch + 1, **self.state.metrics})
         self.interrupted = self.requested_signal is not None
+        if self.interrupted:
+            # A signal that came after the epoch's last batch (during validation): the epoch
+            # is complete, and no batch of the next may run. Without this the next epoch
+            # trained on, past any stop, and its state counted more steps than it has.
+            self.model.stop_training = True
 
     @contextlib.contextmanager
     def stop_on_signals(self) -> Iterator[None]:

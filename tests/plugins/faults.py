@@ -41,6 +41,24 @@ class SignalAtStep(keras.callbacks.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalInValidation(keras.callbacks.Callback):
+    """Sends ``signum`` to this very process when the validation of epoch ``epoch``
+    (0-based) starts: after that epoch's last training batch, before its end."""
+
+    def __init__(self, epoch: int, signum: int = int(signal.SIGTERM)):
+        super().__init__()
+        self.epoch = epoch
+        self.signum = signum
+        self.current = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current = epoch
+
+    def on_test_begin(self, logs=None):
+        if self.current == self.epoch:
+            os.kill(os.getpid(), self.signum)
+
+
 def slow_backend(inner: str = "weights", delay: float = 0.5, **options: Any) -> SaveBackend:
     """The registered backend ``inner``, sleeping ``delay`` seconds inside every write.
 
