@@ -294,3 +294,29 @@ def test_a_signal_during_validation_stops_at_the_epochs_end_and_resumes_exactly(
     assert done.state.global_step == want.state.global_step == 3 * steps
     for a, b in zip(done.model.weights, want.model.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cfg, caplog):
+    """After resuming from an older checkpoint, resume=latest picked the highest step, on
+    the abandoned continuation, and jumped back to it; and this branch's saves replaced
+    that one's checkpoints of the same names. They are moved aside, whole, instead."""
+    from trainer import train
+    from trainer.save_backends import load_checkpoint
+
+    base = ("save=h5", "checkpoint.policy.keep_last=null", "checkpoint.policy.every_n_steps=2")
+    first = compose_cfg(*base, "trainer.epochs=3")
+    train(first)
+    checkpoints = Path(first.run_dir) / "checkpoints"
+    before = {p.name: p.read_bytes() for p in checkpoints.glob("step-*")}
+    steps = {n: load_checkpoint(checkpoints / n).state.global_step for n in before}
+    older = sorted(before)[1]  # a mid-run checkpoint
+    older_step = steps[older]
+    train(compose_cfg(*base, "trainer.epochs=2", f"resume={checkpoints / older}"))
+    (aside,) = checkpoints.glob("abandoned-*")
+    later = sorted(n for n in before if steps[n] > older_step)
+    assert later and sorted(p.name for p in aside.iterdir()) == later
+    assert all((aside / n).read_bytes() == before[n] for n in later)  # moved, not rewritten
+    branch_end = load_checkpoint(checkpoints / "latest").state
+    assert branch_end.epoch == 2
+    train(compose_cfg(*base, "trainer.epochs=2", "resume=latest"))
+    assert load_checkpoint(checkpoints / "latest").state.global_step == branch_end.global_step

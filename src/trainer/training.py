@@ -229,6 +229,8 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
         board=board,
     )
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
+    if state.global_step:  # resumed: what came after its checkpoint is another branch
+        manager.set_aside_after(state.global_step)
     configured = user_callbacks.ConfigCallbacks(
         user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
     )

@@ -49,6 +49,11 @@ from trainer.tensorboard import LINK_KEY, RunBoard, card_tag
 log = logging.getLogger(__name__)
 
 
+# Sub-directory prefix of a checkpoint directory for the checkpoints of a continuation that
+# a resume from an older checkpoint abandoned (``CheckpointManager.set_aside_after``).
+ABANDONED = "abandoned-"
+
+
 class CheckpointManager:
     """Saves, lists, restores and prunes the checkpoints in ``directory``.
 
@@ -285,6 +290,38 @@ class CheckpointManager:
         """Continue from a restored ``state``: its retention records; its step is saved."""
         self.records = copy.deepcopy(state.checkpoints)
         self._last_saved_step = state.global_step
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Training continues from a checkpoint at ``step`` older than the directory's
+        newest: the checkpoints after it belong to the continuation that is abandoned. They
+        are moved, whole, into ``abandoned-<n>/`` of the directory (nothing is deleted), so
+        that ``resume=latest`` continues this branch instead of jumping back to that one,
+        and no save of this branch replaces one of them under the same name. Returns the
+        folder, or None if there was nothing after ``step``."""
+        later = [
+            path for key, path in complete(self.directory, self._configured()) if key[0] > step
+        ]
+        if not later:
+            return None
+        number = 1
+        while (self.directory / f"{ABANDONED}{number}").exists():
+            number += 1
+        folder = self.directory / f"{ABANDONED}{number}"
+        folder.mkdir()
+        for path in later:
+            os.rename(path, folder / path.name)
+        remaining = complete(self.directory, self._configured())
+        if remaining:
+            point_latest(self.directory, remaining[-1][1])
+        log.warning(
+            "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
+            "after it (%s) belong to the abandoned continuation and were moved to %s",
+            step,
+            len(later),
+            ", ".join(p.name for p in later[:5]),
+            folder,
+        )
+        return folder
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self, model: keras.Model) -> None:
