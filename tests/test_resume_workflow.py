@@ -320,3 +320,18 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     assert branch_end.epoch == 2
     train(compose_cfg(*base, "trainer.epochs=2", "resume=latest"))
     assert load_checkpoint(checkpoints / "latest").state.global_step == branch_end.global_step
+
+
+def test_raising_epochs_under_pruning_with_a_derived_end_step_is_refused(compose_cfg):
+    """wrap.end_step=null ends the pruning schedule at the run's last step: raising
+    trainer.epochs on resume restarted it at another sparsity, and pruned weights came back
+    (sparsity 0.50 -> 0.486 in the probe), silently. Refused, saying which end_step
+    continues it; with that end_step the resume trains."""
+    from trainer import train
+    from trainer.errors import ConfigMismatchError
+
+    train(compose_cfg("wrap=prune", "trainer.epochs=2"))
+    raised = compose_cfg("wrap=prune", "trainer.epochs=3", "resume=auto")
+    with pytest.raises(ConfigMismatchError, match=r"set wrap\.end_step=6 to continue it"):
+        train(raised)
+    train(compose_cfg("wrap=prune", "trainer.epochs=3", "resume=auto", "wrap.end_step=6"))

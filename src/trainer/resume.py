@@ -44,6 +44,7 @@ ARCHITECTURE_KEYS = ("model", "optimizer", "schedule", "wrap")
 EXACTNESS_KEYS = ("data", "seed")
 MID_EPOCH_KEYS = ("trainer.batch_size", "trainer.steps_per_epoch")
 AUTO = "auto"
+PRUNING_END = "wrap.end_step"
 # Overrides that choose what to resume; the printed resume command sets them itself.
 RESUME_KEYS = ("resume", "resume_dir")
 
@@ -131,7 +132,11 @@ def check_compatible(
     if not isinstance(stored, dict):
         return  # saved outside `train`: only the variable shapes can be compared
     current = OmegaConf.to_container(cfg, resolve=True)
-    differences = _differences(stored, current, ARCHITECTURE_KEYS)
+    differences = [
+        d  # where the pruning schedule ends changes no variable: checked as exactness below
+        for d in _differences(stored, current, ARCHITECTURE_KEYS)
+        if not d.startswith(f"{PRUNING_END} ")
+    ]
     if differences:
         shown = "; ".join(differences[:8])
         raise ConfigMismatchError(
@@ -142,7 +147,7 @@ def check_compatible(
         )
     mid_epoch = state is not None and state.step_in_epoch > 0
     keys = EXACTNESS_KEYS + (MID_EPOCH_KEYS if mid_epoch else ())
-    inexact = _differences(stored, current, keys)
+    inexact = _differences(stored, current, keys) + _pruning_restarts(stored, current, state)
     if not inexact:
         return
     shown = "; ".join(inexact[:8])
@@ -166,6 +171,36 @@ def check_compatible(
         f"or pass resume_allow_inexact=true to continue knowing the result no longer matches "
         f"an uninterrupted run. Received: {', '.join(_keys(inexact))}"
     )
+
+
+def _pruning_restarts(
+    stored: dict[str, Any], current: dict[str, Any], state: TrainingState | None
+) -> list[str]:
+    """Pruning with ``wrap.end_step=null`` ends its schedule at the run's last step, which
+    ``trainer.epochs`` decides: a resume with more (or fewer) epochs restarted the schedule
+    at another sparsity, and weights already pruned came back. Setting ``wrap.end_step`` to
+    where the first session's schedule ended continues it exactly."""
+    wrap, before = current.get("wrap") or {}, stored.get("wrap") or {}
+    if not isinstance(wrap, dict) or "end_step" not in wrap or not isinstance(before, dict):
+        return []
+    derived = None  # where a null end_step ended the checkpoint's schedule
+    if state is not None and state.epoch and not state.step_in_epoch:
+        epochs = (stored.get("trainer") or {}).get("epochs")
+        if isinstance(epochs, int):
+            derived = state.global_step // state.epoch * epochs
+    was, now = before.get("end_step"), wrap.get("end_step")
+    if was is not None or now is not None:
+        same = now == (was if was is not None else derived)
+        return [] if same else [f"{PRUNING_END} is {was!r} in the checkpoint but {now!r} now"]
+    keys = ("trainer.epochs", "trainer.steps_per_epoch", "trainer.batch_size")
+    if not _differences(stored, current, keys):
+        return []
+    end = derived if derived is not None else "the step the first session's schedule ended"
+    return [
+        f"{PRUNING_END} (null: the pruning schedule ends at the run's last step, which "
+        f"trainer.epochs moves, so the schedule would restart and pruned weights come back; "
+        f"set {PRUNING_END}={end} to continue it)"
+    ]
 
 
 def _differences(stored: dict[str, Any], current: dict[str, Any], keys) -> list[str]:
