@@ -330,3 +330,22 @@ def test_a_kill_midway_leaves_the_old_or_the_new_file(big_run, tmp_path):
         replace_earlier_hparams(tb)  # the next session finishes the job, if it is left
         assert (tb / name).read_bytes() == new
         assert not [p for p in tb.iterdir() if p.name.startswith(".")]
+
+
+def test_a_resume_refused_by_a_callback_leaves_the_runs_hparams(compose_cfg):
+    """EarlyStopping(restore_best_weights=True) refuses a resume (its best weights are not
+    in checkpoints), but only at fit's start: the refused session had already replaced the
+    run's HParams session (its trainer.epochs shown as the config that trained the run)."""
+    from trainer import train
+    from trainer.errors import ConfigError
+
+    options = ("callbacks=[early_stopping]", "callbacks.early_stopping.restore_best_weights=true")
+    cfg = compose_cfg(*options)
+    train(cfg)
+    tb = Path(cfg.run_dir) / "tb"
+    before = {p.name: p.read_bytes() for p in tb.glob("*tfevents*")}
+    assert start_info(tb).hparams["trainer.epochs"].number_value == 2
+    with pytest.raises(ConfigError, match="restore_best_weights=True"):
+        train(compose_cfg(*options, "trainer.epochs=3", "resume=auto"))
+    assert start_info(tb).hparams["trainer.epochs"].number_value == 2
+    assert all((tb / name).read_bytes() == data for name, data in before.items())

@@ -175,11 +175,11 @@ def build_run(
     if state.global_step == 0:
         board.write_graph(model)
     finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
-    if not finished:  # this session trains: from now on its config is the run's
-        board.write_session_hparams(flatten_config(config_record))
     manager, callbacks = wire_callbacks(
         cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
     )
+    if not finished:  # this session trains (nothing refused it): its config is the run's
+        board.write_session_hparams(flatten_config(config_record))
     val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
     return RunParts(
         run_dir, out_dir, data, val, steps, model, state, progress, scalars, board, manager,
@@ -221,6 +221,10 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
     agreement (multi-worker), step counting, the configured ones, ``middle`` (wrappers'
     callbacks: masks baked in before epoch-end saves; TensorBoard scalars), checkpointing,
     the epoch cutter; the progress bar right after the configured ones."""
+    # The user's callbacks first: what they refuse is refused before anything is moved.
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
+    )
     manager = CheckpointManager(
         out_dir / cfg.checkpoint.directory,
         dist.backend(build_backend(cfg)),
@@ -231,9 +235,6 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
     if state.global_step:  # resumed: what came after its checkpoint is another branch
         manager.set_aside_after(state.global_step)
-    configured = user_callbacks.ConfigCallbacks(
-        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
-    )
     checkpoint = Checkpoint(
         manager=manager, state=state, progress=progress, callback_state=configured.state_dict
     )

@@ -21,7 +21,7 @@ from typing import Any
 import hydra
 import keras
 
-from trainer.checkpointing.callback_state import load_state, state_of
+from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,9 @@ class ConfigCallbacks(keras.callbacks.CallbackList):
         self.named = named
         self.state = state  # the run's TrainingState: step_in_epoch 0 = the epoch ended
         self.saved = dict(saved or {})
+        for name, callback in named.items():
+            if name in self.saved:
+                refuse_unrestorable(name, callback, self.saved[name])
 
     def on_train_begin(self, logs=None):
         check_rate_setters(self.named, self.model)

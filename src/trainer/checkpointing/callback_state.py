@@ -55,6 +55,13 @@ def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, A
                     setattr(callback, key, state[key])
 
 
+def refuse_unrestorable(name: str, callback: keras.callbacks.Callback, state: Any) -> None:
+    """What ``load_state`` would refuse for ``callback``, refused now: when a run is being
+    built, before it writes anything of its session (its TensorBoard hparams included)."""
+    if isinstance(callback, keras.callbacks.EarlyStopping) and isinstance(state, dict):
+        _check_best_weights(name, callback, state)
+
+
 def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
     if callback.restore_best_weights and state.get("best") is not None:
         raise ConfigError(
