@@ -46,14 +46,7 @@ def complete(
             try:
                 state = cls.read_metadata(child).get("state") or {}
                 step = int(state.get("global_step", -1))
-            except (
-                TrainerError,
-                OSError,
-                ValueError,
-                KeyError,
-                TypeError,
-                AttributeError,
-            ) as error:
+            except _UNREADABLE as error:
                 _note(damaged, child, error)
                 continue
             found.append(((step, child.stat().st_mtime_ns, child.name), child))

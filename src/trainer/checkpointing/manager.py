@@ -298,9 +298,8 @@ class CheckpointManager:
         that ``resume=latest`` continues this branch instead of jumping back to that one,
         and no save of this branch replaces one of them under the same name. Returns the
         folder, or None if there was nothing after ``step``."""
-        later = [
-            path for key, path in complete(self.directory, self._configured()) if key[0] > step
-        ]
+        found = complete(self.directory, self._configured())
+        later = [path for key, path in found if key[0] > step]
         if not later:
             return None
         number = 1
@@ -310,9 +309,9 @@ class CheckpointManager:
         folder.mkdir()
         for path in later:
             os.rename(path, folder / path.name)
-        remaining = complete(self.directory, self._configured())
+        remaining = [path for key, path in found if key[0] <= step]  # still in step order
         if remaining:
-            point_latest(self.directory, remaining[-1][1])
+            point_latest(self.directory, remaining[-1])
         log.warning(
             "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
             "after it (%s) belong to the abandoned continuation and were moved to %s",
