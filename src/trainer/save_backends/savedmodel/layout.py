@@ -92,12 +92,23 @@ def read_metadata(directory: Path) -> dict[str, Any]:
     return metadata
 
 
+# Lookup layers' vocabularies, one folder per layer: ``VOCAB_DIR/<layer id>/VOCAB_FILE``
+# (``trace_cache.write_vocabularies``; read by ``read_vocabulary``).
+VOCAB_DIR = "assets/keras"
+VOCAB_FILE = "vocabulary.json"
+_OLDER_VOCAB_FILE = "vocabulary.txt"  # one token per line: format version 1
+
+
+def vocabulary_folder(directory: Path, layer_id: int | str) -> Path:
+    return Path(directory) / VOCAB_DIR / str(layer_id)
+
+
 def read_vocabulary(folder: Path, layer: Any) -> list[Any] | None:
     """A lookup layer's vocabulary (special tokens first) as ``write_vocabularies`` stored
     it in ``folder``, typed as the layer's tokens; None if none is stored. Checkpoints
     written before kept it as text, one token per line (``vocabulary.txt``): an
     ``IntegerLookup``'s lines are read back as integers, which they were."""
-    stored = Path(folder) / "vocabulary.json"
+    stored = Path(folder) / VOCAB_FILE
     if stored.is_file():
         try:
             words = json.loads(stored.read_text(encoding="utf-8"))
@@ -109,7 +120,7 @@ def read_vocabulary(folder: Path, layer: Any) -> list[Any] | None:
                 f"an older checkpoint. Received: {str(words)[:200]}"
             )
         return words
-    older = Path(folder) / "vocabulary.txt"
+    older = Path(folder) / _OLDER_VOCAB_FILE
     if not older.is_file():
         return None
     lines = older.read_text(encoding="utf-8").splitlines()

@@ -218,8 +218,9 @@ class Reviver:
         keras_compat.forget_call_nodes(layer)
 
     def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
-        folder = self.directory / "assets" / "keras" / str(record["id"])
-        words = layout.read_vocabulary(folder, layer)
+        words = layout.read_vocabulary(
+            layout.vocabulary_folder(self.directory, record["id"]), layer
+        )
         if words is None or not hasattr(layer, "set_vocabulary"):
             return
         if record["keras_config"].get("config", {}).get("output_mode") in ("tf_idf", "tf-idf"):

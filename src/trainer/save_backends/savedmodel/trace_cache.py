@@ -29,7 +29,13 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
-from trainer.save_backends.savedmodel import object_graph, saver_def, structure, variables_writer
+from trainer.save_backends.savedmodel import (
+    layout,
+    object_graph,
+    saver_def,
+    structure,
+    variables_writer,
+)
 
 log = logging.getLogger(__name__)
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -132,12 +138,6 @@ def _plain_variables_only(traced: object_graph.TracedModel) -> bool:
     return not any(getattr(node, "resources", None) for node in root.layer_nodes)
 
 
-VOCAB_DIR = "assets/keras"
-
-
-VOCAB_FILE = "vocabulary.json"
-
-
 def write_vocabularies(model: keras.Model, directory: Path) -> None:
     """Lookup layers' vocabularies as JSON lists under ``assets/keras/<layer id>/``, so a
     layer rebuilt from config does not depend on the vocabulary file it was made from.
@@ -146,11 +146,11 @@ def write_vocabularies(model: keras.Model, directory: Path) -> None:
     holding line breaks (format version 1 wrote ``vocabulary.txt``; loads still read it)."""
     for index, layer in enumerate(object_graph.tracing.all_layers(model)):
         if hasattr(layer, "get_vocabulary") and hasattr(layer, "set_vocabulary"):
-            target = directory / VOCAB_DIR / str(index)
+            target = layout.vocabulary_folder(directory, index)
             target.mkdir(parents=True, exist_ok=True)
             words = layer.get_vocabulary(include_special_tokens=True)
             words = [w.item() if hasattr(w, "item") else w for w in words]  # NumPy scalars
-            (target / VOCAB_FILE).write_text(json.dumps(words, ensure_ascii=False))
+            (target / layout.VOCAB_FILE).write_text(json.dumps(words, ensure_ascii=False))
 
 
 def remember_published(model: keras.Model, directory: Path) -> None:
@@ -205,7 +205,7 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
         target = directory / relative
         if not _link_unchanged(entry, relative, target):
             target.write_bytes(content)
-        if not relative.startswith(f"{VOCAB_DIR}/"):  # rewritten next, maybe changed
+        if not relative.startswith(f"{layout.VOCAB_DIR}/"):  # rewritten next, maybe changed
             known[relative] = entry.digests[relative]
     (directory / "variables").mkdir(exist_ok=True)
     prefix = _variables_prefix(directory)
