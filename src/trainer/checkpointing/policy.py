@@ -59,8 +59,7 @@ class CheckpointPolicy:
                 f"checkpoint.policy.keep_best must be 0 (keep no best ones) or more. "
                 f"Received: {self.keep_best!r}"
             )
-        name_fields(self.name)  # a malformed pattern fails here
-        check_plain_name(self.name)
+        check_plain_name(self.name)  # a malformed pattern fails here too
 
     def check_name(self, metrics: Iterable[str], *, validation: bool) -> None:
         """Refuse, before training, a ``name`` pattern that some save could not fill.
@@ -117,29 +116,26 @@ class CheckpointPolicy:
 
 
 NAME_FIELDS = ("step", "epoch")
-_INTEGERS = ("every_n_epochs", "every_n_steps", "keep_last", "keep_best", "keep_every_n_epochs")
-_BOOLEANS = ("on_train_end", "on_interrupt", "async_save")
-_STRINGS = ("monitor", "mode", "name", "on_save_error")
-_OPTIONAL = ("every_n_epochs", "every_n_steps", "keep_last", "keep_every_n_epochs", "async_save")
+# The field types of ``CheckpointPolicy`` (its annotations, strings here: ``int | None``),
+# and how a message names each.
+_KINDS = {"int": (int, "an integer"), "bool": (bool, "true or false"), "str": (str, "a string")}
 
 
 def _check_types(policy: CheckpointPolicy) -> None:
-    """Each field of the type it is documented with (``keep_last=2.5`` failed inside
+    """Each field of the type its annotation declares (``keep_last=2.5`` failed inside
     ``fit`` after the first saves; ``async_save='no'`` turned async saving on)."""
-    for field in (*_INTEGERS, *_BOOLEANS, *_STRINGS):
-        value = getattr(policy, field)
-        if value is None and field in _OPTIONAL:
+    for field in dataclasses.fields(policy):
+        value = getattr(policy, field.name)
+        base, *rest = str(field.type).split(" | ")
+        optional = "None" in rest
+        if (value is None and optional) or base not in _KINDS:  # a subclass's own field
             continue
-        if field in _INTEGERS:
-            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif field in _BOOLEANS:
-            ok, kind = isinstance(value, bool), "true or false"
-        else:
-            ok, kind = isinstance(value, str), "a string"
-        if not ok:
-            none = " or null" if field in _OPTIONAL else ""
+        cls, kind = _KINDS[base]
+        # A bool is an int to Python, not to a config: true is no number of checkpoints.
+        if not isinstance(value, cls) or (cls is int and isinstance(value, bool)):
+            none = " or null" if optional else ""
             raise ConfigError(
-                f"checkpoint.policy.{field} must be {kind}{none}. "
+                f"checkpoint.policy.{field.name} must be {kind}{none}. "
                 f"Received: {value!r} ({type(value).__name__})"
             )
 
