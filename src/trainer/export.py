@@ -152,17 +152,25 @@ def _check_export_arguments(
     check_model_ready(model)
     if not (format != "keras" and _revived_from_traces(model)):  # its traces say it
         input_signature(model)
-    if format not in FORMATS:
-        raise ExportError(
-            f"Unknown export format {format!r}; valid: {FORMATS}. Received {format!r}"
-        )
-    if keep < 1:
-        raise ExportError(f"keep must be at least 1 (the new version). Received keep={keep!r}")
+    check_format_and_keep(format, keep)
     if with_optimizer and format == "keras":
         raise ExportError(
             "A format=keras export is inference-only and cannot carry the optimizer; export "
             "with format=savedmodel (or auto), or without the optimizer. "
             "Received format='keras', with_optimizer=True"
+        )
+
+
+def check_format_and_keep(format: Any, keep: Any, *, prefix: str = "") -> None:
+    """The export format and the number of versions kept, each named as the caller's user
+    knows it (``prefix="export."``: a run's config, checked when the run starts)."""
+    if format not in FORMATS:
+        raise ExportError(
+            f"Unknown export {prefix}format {format!r}; valid: {FORMATS}. Received {format!r}"
+        )
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ExportError(
+            f"{prefix}keep must be at least 1 (the new version). Received {prefix}keep={keep!r}"
         )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.errors import ExportError, TrainerError
-from trainer.export import DEFAULT_KEEP, FORMATS, export_serving
+from trainer.export import DEFAULT_KEEP, check_format_and_keep, export_serving
 from trainer.tensorboard import LINK_KEY, RunBoard
 
 
@@ -44,11 +44,12 @@ def export_from_checkpoint(
     """
     from trainer.save_backends import load_checkpoint
 
-    if isinstance(warmup, int) and not isinstance(warmup, bool):
-        warmup_count(warmup, "warmup")
+    counted = isinstance(warmup, int) and not isinstance(warmup, bool)  # N examples
+    if counted:
+        warmup_count(warmup, "warmup")  # before the checkpoint is loaded
     checkpoint = load_checkpoint(checkpoint_path, compile=bool(with_optimizer))
     meta = checkpoint.metadata
-    if isinstance(warmup, int) and not isinstance(warmup, bool):
+    if counted:
         warmup = (
             validation_examples(meta.get("config"), warmup, checkpoint_path) if warmup else None
         )
@@ -108,12 +109,7 @@ def check_export_options(options: Mapping[str, Any] | None) -> None:
         return
     warmup_count(options.get("warmup_examples") or 0, "export.warmup_examples")
     keep = options.get("keep", DEFAULT_KEEP)
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ExportError(f"export.keep must be at least 1 (the new version). Received: {keep!r}")
-    if options.get("format", "auto") not in FORMATS:
-        raise ExportError(
-            f"export.format must be one of {FORMATS}. Received: {options.get('format')!r}"
-        )
+    check_format_and_keep(options.get("format", "auto"), keep, prefix="export.")
 
 
 def warmup_count(value: Any, what: str) -> int:
