@@ -184,11 +184,9 @@ def _check_export_root(root: Path) -> None:
             f"a directory. Pass a directory (for example <run>/export). Received: {str(root)!r}"
         )
     for directory in (root, *root.parents):
-        sealed = is_export(directory) or any(
-            (directory / location).is_file() for location in integrity.KNOWN_LOCATIONS
-        )
-        if sealed:
-            kind = "an export" if is_export(directory) else "a checkpoint"
+        export = is_export(directory)
+        if export or any((directory / at).is_file() for at in integrity.KNOWN_LOCATIONS):
+            kind = "an export" if export else "a checkpoint"
             raise ExportError(
                 f"The export directory {root} is inside {kind} ({directory}): a version "
                 f"written there would change that sealed directory, which would then fail "
