@@ -311,6 +311,7 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     steps = {n: load_checkpoint(checkpoints / n).state.global_step for n in before}
     older = sorted(before)[1]  # a mid-run checkpoint
     older_step = steps[older]
+    branch_start = time.time()
     train(compose_cfg(*base, "trainer.epochs=2", f"resume={checkpoints / older}"))
     (aside,) = checkpoints.glob("abandoned-*")
     later = sorted(n for n in before if steps[n] > older_step)
@@ -318,8 +319,39 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     assert all((aside / n).read_bytes() == before[n] for n in later)  # moved, not rewritten
     branch_end = load_checkpoint(checkpoints / "latest").state
     assert branch_end.epoch == 2
+    _abandoned_links_do_not_resolve(aside, checkpoints / older, branch_start)
     train(compose_cfg(*base, "trainer.epochs=2", "resume=latest"))
     assert load_checkpoint(checkpoints / "latest").state.global_step == branch_end.global_step
+
+
+def _abandoned_links_do_not_resolve(aside: Path, kept: Path, branch_start: float) -> None:
+    """TensorBoard hides the abandoned branch's cards (the resumed session's restart
+    purges them; a card of the same name that TensorBoard shows is the new branch's):
+    their links are reported as not resolving, by ``resolve_link`` and by the run
+    listing; the kept checkpoint's still resolves."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    from trainer.errors import TensorBoardLinkError
+    from trainer.runs import describe_artifact
+    from trainer.save_backends import load_checkpoint
+    from trainer.tensorboard import resolve_link
+
+    kept_meta = load_checkpoint(kept, compile=False).metadata
+    log_dir = resolve_link(kept, kept_meta).log_dir
+    shown = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})  # TensorBoard's
+    shown.Reload()
+    cards = shown.Tags()["tensors"]
+    assert shown.Tensors(f"checkpoints/{kept.name}")
+    for path in aside.iterdir():
+        meta = load_checkpoint(path, compile=False).metadata
+        tag = f"checkpoints/{path.name}"  # as TensorBoard shows it: hidden or replaced
+        assert tag in cards and all(e.wall_time > branch_start for e in shown.Tensors(tag))
+        with pytest.raises(TensorBoardLinkError, match="abandoned"):
+            resolve_link(path, meta)
+        listed = describe_artifact(path, "checkpoint", aside.parent.parent)
+        assert listed["tensorboard"]["resolves"] is False
+    listed = describe_artifact(kept, "checkpoint", kept.parent.parent)
+    assert listed["tensorboard"]["resolves"] is True
 
 
 def test_raising_epochs_under_pruning_with_a_derived_end_step_is_refused(compose_cfg):

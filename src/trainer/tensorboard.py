@@ -2,7 +2,8 @@
 
 Every checkpoint and export records a *link* in its metadata (log dir, run name, step,
 event file) so that a tool holding only the artifact can open the curves that produced
-it; ``resolve_link`` follows it and checks the event file really holds that step.
+it; ``resolve_link`` follows it and checks the event file really holds that step, and
+that no later session's restart hides it from TensorBoard.
 
 ``RunBoard`` owns one event file (a unique filename suffix makes it findable), written next
 to whatever else logs into the same directory: TensorBoard merges the files of one
@@ -23,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
-from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import api as hp
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary
 from tensorboard.plugins.text import summary_v2 as text_summary
@@ -37,6 +38,7 @@ from trainer.summary_writes import SummaryWrites, open_writer
 
 LINK_KEY = "tensorboard"  # where the link lives in checkpoint / export metadata
 HPARAM_TYPES = (bool, int, float, str)
+_START = event_pb2.SessionLog.START
 
 
 def to_container(cfg: Any) -> Any:
@@ -368,6 +370,30 @@ def event_steps(event_file: str | os.PathLike) -> dict[int, set[str]]:
     return steps
 
 
+def restarts(log_dir: str | os.PathLike) -> list[tuple[str, int]]:
+    """``(event file name, step)`` of every ``SessionLog.START`` in ``log_dir``'s event
+    files (``callbacks.mark_session_start`` writes one per training session)."""
+    found = []
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+        for event in LegacyEventFileLoader(str(path)).Load():
+            if event.HasField("session_log") and event.session_log.status == _START:
+                found.append((path.name, event.step))
+    return found
+
+
+def purging_restart(
+    event_file: Path, step: int, found: list[tuple[str, int]]
+) -> tuple[str, int] | None:
+    """The restart in ``found`` that hides ``step`` of ``event_file`` from TensorBoard, or
+    None. TensorBoard reads a directory's files in name order and, at each restart, drops
+    what it has read at or after the restart's step: an event is hidden by a restart in a
+    later file at a step not above its own (the branch a resume abandoned)."""
+    for name, restart_step in found:
+        if name > event_file.name and restart_step <= step:
+            return name, restart_step
+    return None
+
+
 def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ResolvedLink:
     """Follow the link of the checkpoint/export at ``artifact_path`` to its event file and
     check the file holds the link's step (and its card tag, if it names one).
@@ -408,6 +434,15 @@ def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) 
             f"{event_file} holds no {'card ' + repr(wanted) if wanted else 'event'} at step "
             f"{step}: the artifact was saved but its card was never written (the run stopped "
             f"in between?). Received tags at that step: {tags}"
+        )
+    restart = purging_restart(event_file, step, restarts(log_dir))
+    if restart is not None:
+        raise TensorBoardLinkError(
+            f"TensorBoard no longer shows step {step} of {event_file}: a later session of the "
+            f"run restarted at step {restart[1]} ({restart[0]}), and TensorBoard drops every "
+            f"earlier event at or after a restart's step. {artifact} belongs to the branch "
+            f"that a resume from an earlier checkpoint abandoned; its card and curves are "
+            f"still in the event file, but TensorBoard hides them. Received link: {dict(link)}"
         )
     return ResolvedLink(
         event_file=event_file,
