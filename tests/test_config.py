@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import hydra
 import keras
 import numpy as np
@@ -11,6 +13,7 @@ from omegaconf import OmegaConf
 
 from trainer import train
 from trainer.data import DataSplits, epoch_dataset, epoch_order
+from trainer.errors import ConfigError
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.training import build_model, build_optimizer
 
@@ -75,7 +78,42 @@ def test_npz_missing_file_is_a_clear_error(compose_cfg, tmp_path):
     cfg = compose_cfg("data=npz", f"data.path={tmp_path / 'nope.npz'}")
     with pytest.raises(hydra.errors.InstantiationException, match=r"data\.path=") as caught:
         hydra.utils.instantiate(cfg.data)
-    assert isinstance(caught.value.__cause__, FileNotFoundError)
+    assert isinstance(caught.value.__cause__, ConfigError)
+
+
+@pytest.mark.parametrize(
+    ("y", "match"),
+    [
+        (np.array(["cat", "dog"] * 20), r"integer class labels 0\.\.N-1.*dtype <U3"),
+        (np.linspace(0, 2, 40), r"would be truncated.*such as \[0\.05"),  # 1.7 -> class 1
+        (np.r_[np.zeros(39), -1], r"whole numbers from 0 up.*such as \[-1\.0\]"),
+        (np.eye(3)[np.arange(40) % 3], r"one-hot labels: save their argmax.*\(40, 3\)"),
+        (np.zeros(39), r"\(40 examples.*shape \(39,\)"),
+    ],
+)
+def test_npz_labels_that_would_train_wrongly_or_fail_inside_fit_are_refused(
+    compose_cfg, tmp_path, y, match
+):
+    """Float labels were cast with astype(int32): 1.7 became class 1, silently; strings
+    ended in a raw "invalid literal for int()"; negative ids failed inside fit."""
+    path = tmp_path / "arrays.npz"
+    np.savez(path, x=np.zeros((40, 4), "float32"), y=y)
+    cfg = compose_cfg("data=npz", f"data.path={path}")
+    with pytest.raises(hydra.errors.InstantiationException) as caught:
+        hydra.utils.instantiate(cfg.data)
+    assert isinstance(caught.value.__cause__, ConfigError)
+    assert re.search(match, str(caught.value.__cause__)), caught.value.__cause__
+
+
+def test_npz_whole_float_labels_and_bad_features(compose_cfg, tmp_path):
+    path = tmp_path / "arrays.npz"
+    np.savez(path, x=np.zeros((40, 4)), y=(np.arange(40) % 3).astype("float64"))
+    data = hydra.utils.instantiate(compose_cfg("data=npz", f"data.path={path}").data)
+    assert data.num_classes == 3 and data.y_train.dtype == np.int32
+    np.savez(path, x=np.array(["a"] * 40), y=np.arange(40) % 3)
+    with pytest.raises(hydra.errors.InstantiationException) as caught:
+        hydra.utils.instantiate(compose_cfg("data=npz", f"data.path={path}").data)
+    assert "data.x_key='x' must hold one numeric array" in str(caught.value.__cause__)
 
 
 @pytest.mark.parametrize("option", config_options("optimizer"))

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from trainer.errors import ConfigError
+
 
 @dataclasses.dataclass
 class DataSplits:
@@ -73,28 +75,67 @@ def load_npz(
     validation_split: float = 0.2,
     seed: int = 0,
 ) -> DataSplits:
-    """User arrays from an ``.npz`` file (integer class labels); pickled objects are refused."""
+    """User arrays from an ``.npz`` file (integer class labels); pickled objects are refused.
+
+    Everything a run could not train on, or would train on wrongly, is a ``ConfigError``
+    before anything is written: float labels such as 1.7 would be truncated to class 1
+    without a word, and string or negative labels would fail inside ``fit``."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigError(
             f"data=npz needs an existing .npz file; set data.path=/path/to/file.npz. "
             f"Received path={str(path)!r}"
         )
-    with np.load(path, allow_pickle=False) as arrays:
-        missing = [k for k in (x_key, y_key) if k not in arrays.files]
-        if missing:
-            raise KeyError(
-                f"{path} has no array named {missing}; set data.x_key / data.y_key to the "
-                f"right names. Received arrays: {arrays.files}"
-            )
-        x = arrays[x_key].astype("float32")
-        y = arrays[y_key].astype("int32")
-    if len(x) != len(y) or y.ndim != 1:
-        raise ValueError(
-            f"{path}: expected one integer label per example; received x with shape "
-            f"{x.shape} and y with shape {y.shape}"
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            missing = [k for k in (x_key, y_key) if k not in arrays.files]
+            if missing:
+                raise ConfigError(
+                    f"{path} has no array named {missing}; set data.x_key / data.y_key to "
+                    f"the right names. Received arrays: {arrays.files}"
+                )
+            x, y = arrays[x_key], arrays[y_key]
+    except (OSError, ValueError) as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(
+            f"{path} cannot be read as an .npz of plain arrays (object arrays need pickle, "
+            f"which is refused; save with numeric dtypes). Received "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    return split(_features(path, x, x_key), _labels(path, y, y_key, len(x)), validation_split, seed)
+
+
+def _features(path: Path, x: np.ndarray, key: str) -> np.ndarray:
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool) or x.ndim < 2 or not len(x):
+        raise ConfigError(
+            f"{path}: data.x_key={key!r} must hold one numeric array per example (at least "
+            f"one example, at least 2 dimensions). Received dtype {x.dtype}, shape {x.shape}"
         )
-    return split(x, y, validation_split, seed)
+    return x.astype("float32")
+
+
+def _labels(path: Path, y: np.ndarray, key: str, examples: int) -> np.ndarray:
+    """Integer class ids, one per example: integers, or floats that are whole numbers."""
+    where = f"{path}: data.y_key={key!r}"
+    if y.ndim != 1 or len(y) != examples:
+        raise ConfigError(
+            f"{where} must hold one integer class label per example ({examples} examples; "
+            f"one-hot labels: save their argmax). Received shape {y.shape}"
+        )
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+        raise ConfigError(
+            f"{where} must hold integer class labels 0..N-1; map names to ids before saving. "
+            f"Received dtype {y.dtype}, first labels {y[:3].tolist()}"
+        )
+    whole = np.isfinite(y) & (y == np.round(y)) if y.dtype.kind == "f" else np.ones(len(y), bool)
+    if not whole.all() or (y < 0).any() or (y > np.iinfo(np.int32).max).any():
+        bad = y[~whole | (y < 0) | (y > np.iinfo(np.int32).max)][:3].tolist()
+        raise ConfigError(
+            f"{where} must hold class labels that are whole numbers from 0 up; a float label "
+            f"would be truncated to another class. Received labels such as {bad}"
+        )
+    return y.astype("int32")
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
