@@ -95,3 +95,31 @@ def test_verify_json_report(saved, capsys):
     assert cli_main(["verify", "--json", str(saved["h5"])]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["backend"] == "h5" and report["files"] == 1 and report["global_step"] == 2
+
+
+def test_variables_hashed_beside_the_save_are_the_files_digests(tmp_path):
+    """The variables' data is hashed in a thread while the save goes on (first and repeat
+    saves): the manifest holds the digest of the bytes on disk, changed between saves."""
+    from trainer.save_backends import get_backend
+
+    model, backend = build_model(), get_backend("savedmodel")
+    digests = []
+    for name in ("first", "repeat"):
+        path = backend.save(model, tmp_path / name)
+        manifest = json.loads((path / backend.manifest_file).read_text())
+        data = [e for e in manifest["files"] if e["path"].startswith("variables/variables.data")]
+        assert data and all(e["sha256"] == integrity.file_digest(path / e["path"]) for e in data)
+        digests.append(data[0]["sha256"])
+        backend.check_integrity(path, digests=True, strict=True)
+        for variable in model.trainable_variables:
+            variable.assign(variable + 1.0)
+    assert digests[0] != digests[1]
+
+
+def test_a_digest_that_failed_in_its_thread_fails_the_manifest(tmp_path):
+    pending = integrity.PendingDigest(tmp_path / "gone")
+    with pytest.raises(FileNotFoundError):
+        pending.result()
+    (tmp_path / "gone").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError):
+        integrity.build_manifest(tmp_path, "manifest.json", {"gone": pending})

@@ -12,7 +12,7 @@ import datetime as _dt
 import errno
 import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -261,7 +261,7 @@ class SaveBackend(abc.ABC):
             return None
         return {"manifest": self.manifest_file, "algorithm": integrity.ALGORITHM}
 
-    def seal(self, tmp: Path, known: Mapping[str, tuple[int, str]] | None = None) -> None:
+    def seal(self, tmp: Path, known: integrity.Known | None = None) -> None:
         """Write the manifest of a finished directory checkpoint (before its rename);
         ``known``: what ``_write`` returned, sizes and digests it need not read back."""
         if self.is_directory and self.manifest_file:
@@ -312,12 +312,13 @@ class SaveBackend(abc.ABC):
     @abc.abstractmethod
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
-    ) -> Mapping[str, tuple[int, str]] | None:
+    ) -> integrity.Known | None:
         """Write everything into ``tmp`` (a fresh directory, or a file path to create).
 
         May return the size and SHA-256 of files it wrote from memory, by path relative to
-        ``tmp`` (``integrity.known_digest``), which the manifest then takes instead of
-        reading those files back."""
+        ``tmp`` (``integrity.known_digest``), or hashed in a thread while it wrote the rest
+        (``integrity.PendingDigest``), which the manifest then takes instead of reading
+        those files back."""
 
     def _published(self, model: keras.Model, path: Path) -> None:
         """``save`` published ``path``, complete (a backend may remember it: the savedmodel

@@ -108,7 +108,7 @@ class SavedModelBackend(SaveBackend):
 
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
-    ) -> dict[str, tuple[int, str]]:
+    ) -> dict[str, Any]:
         with keras_compat.call_losses_kept(model):  # tracing must not empty model.losses
             traced, full, known = trace_cache.write_saved_model(model, tmp, reuse=self.reuse_traces)
         if traced.encoded is None:

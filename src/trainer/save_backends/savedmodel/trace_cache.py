@@ -64,7 +64,7 @@ def cached(model: keras.Model) -> Entry | None:
 
 def write_saved_model(
     model: keras.Model, directory: Path, *, reuse: bool = True
-) -> tuple[object_graph.TracedModel, bool, dict[str, tuple[int, str]]]:
+) -> tuple[object_graph.TracedModel, bool, dict[str, Any]]:
     """Write the SavedModel of ``model`` into ``directory``; returns (traced, full_save,
     the size and digest of the files written from memory, for the manifest)."""
     directory = Path(directory)
@@ -75,6 +75,7 @@ def write_saved_model(
         return entry.traced, False, known
     traced = object_graph.trace_model(model)
     writer = _save_with_our_saver(traced, directory)
+    pending = _digest_variables(directory)
     write_vocabularies(model, directory)
     files = {}
     for path in directory.rglob("*"):
@@ -84,7 +85,16 @@ def write_saved_model(
     _annotate_node_ids(traced, files["saved_model.pb"])
     digests = {relative: integrity.known_digest(content) for relative, content in files.items()}
     _CACHE[model] = Entry(traced=traced, files=files, writer=writer, digests=digests)
-    return traced, True, dict(digests)  # read back from disk just above
+    return traced, True, {**digests, **pending}  # digests: read back from disk just above
+
+
+def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
+    """The variables' data files (most of a large model's bytes), hashed in a thread from
+    now on, while the rest of the save is written (``integrity.PendingDigest``)."""
+    return {
+        f"variables/{path.name}": integrity.PendingDigest(path)
+        for path in (directory / "variables").glob("variables.data-*")
+    }
 
 
 def _save_with_our_saver(
@@ -193,7 +203,7 @@ def _link_unchanged(entry: Entry, relative: str, target: Path) -> bool:
     return True
 
 
-def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
+def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
     """Write the remembered files and a new variables checkpoint; returns the size and
     digest of what was written from memory (the remembered files, the fingerprint)."""
     known = {}
@@ -214,6 +224,7 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, tuple[int, str]]:
         index_hash = entry.writer.write(prefix)
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
+    known.update(_digest_variables(directory))
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
         previous = entry.files.get("fingerprint.pb")
         if previous is None:
