@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from savedmodel_zoo import classes_hidden
 
+from trainer._compat.keras import wrapped_function_arguments
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import MissingClassError
 from trainer.save_backends import get_backend, load_checkpoint
@@ -109,3 +110,52 @@ def test_tuple_structured_loss_and_metrics_train_after_a_load(tmp_path, backend,
     np.testing.assert_array_equal(
         loaded.predict(x, verbose=0)[1]["only"], model.predict(x, verbose=0)[1]["only"]
     )
+
+
+class _TightHuber(keras.losses.Huber):
+    """Its function takes ``delta``; its constructor does not, and its config says nothing."""
+
+    def __init__(self, tight=False, name="tight_huber", reduction="sum_over_batch_size"):
+        super().__init__(delta=0.1 if tight else 1.0, name=name, reduction=reduction)
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_loss_and_metric_arguments_their_configs_leave_out_are_kept(tmp_path, backend):
+    """Keras 3.15's Huber.get_config leaves out delta, CosineSimilarity's and
+    SparseTopKCategoricalAccuracy's leave out axis and from_sorted_ids: a Huber(delta=0.3)
+    came back as delta=1.0, and the loaded model evaluated and trained on another loss."""
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4)(inputs)
+    model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(hidden),
+                                 "b": keras.layers.Dense(2, name="b")(hidden)})  # fmt: skip
+    model.compile(
+        optimizer="sgd",
+        loss={"a": keras.losses.Huber(delta=0.3), "b": keras.losses.CosineSimilarity(axis=0)},
+        metrics={"a": [keras.metrics.CosineSimilarity(axis=0)]},
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 3)), {"a": rng.normal(size=(8, 2)), "b": rng.normal(size=(8, 2))}
+    model.fit(x, y, verbose=0)
+    path = get_backend(backend).save(model, tmp_path / "ckpt")
+    loaded = load_checkpoint(path).model
+    want = model.evaluate(x, y, verbose=0, return_dict=True)
+    got = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+    assert wrapped_function_arguments(loaded.loss["a"])["delta"] == 0.3
+    model.fit(x, y, verbose=0)
+    loaded.fit(x, y, verbose=0)
+    for a, b in zip(model.weights, loaded.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_loss_argument_no_config_can_hold_is_refused_at_save(tmp_path):
+    from trainer.errors import ModelNotReadyError
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss=_TightHuber(tight=True))
+    with pytest.raises(
+        ModelNotReadyError, match=r"computes with \['delta'\].*Received: \{'delta': 0\.1\}"
+    ):
+        get_backend("weights").save(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()

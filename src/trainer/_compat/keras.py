@@ -454,6 +454,16 @@ def compile_arguments(model: Any) -> dict[str, Any]:
     return dict(config) if isinstance(config, dict) else {}
 
 
+def wrapped_function_arguments(obj: Any) -> dict[str, Any]:
+    """The keyword arguments a loss or metric that wraps a function passes to it on every
+    call (``LossFunctionWrapper`` and ``MeanMetricWrapper`` keep them in ``_fn_kwargs``):
+    what the object computes with, whether or not its ``get_config`` records them (Keras
+    3.15's ``Huber`` leaves out ``delta``). No public accessor. Checked: Keras 3.15.1,
+    losses/losses.py and metrics/reduction_metrics.py. Empty for any other object."""
+    arguments = getattr(obj, "_fn_kwargs", None)
+    return dict(arguments) if isinstance(arguments, dict) else {}
+
+
 def innermost_optimizer(optimizer: Any) -> Any:
     """The optimizer that does the updates: ``optimizer`` itself, or the one a
     ``LossScaleOptimizer`` wraps (public ``inner_optimizer``), recursively."""

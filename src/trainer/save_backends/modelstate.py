@@ -45,7 +45,7 @@ from trainer.errors import (
     TrainerError,
     UnsafeCheckpointError,
 )
-from trainer.save_backends import policies, rebuild
+from trainer.save_backends import compile_objects, policies, rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.save_backends.trainable import (  # build_optimizer: part of this kit
     BUILT_FOR,
@@ -104,7 +104,8 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
     the save is ``inference_only``)."""
     if not getattr(model, "compiled", False) or not saving_optimizer():
         return None
-    config = dict(model.get_compile_config())
+    config = copy.deepcopy(model.get_compile_config())
+    compile_objects.complete(config, keras_compat.compile_arguments(model), model.name)
     if config.get("optimizer") is None and getattr(model, "optimizer", None) is not None:
         # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
         # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
