@@ -153,3 +153,39 @@ def test_fuzzed_metadata_gives_a_model_or_a_project_error(originals, backend, mu
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=2))
 def test_fuzzed_savedmodel_metadata_gives_a_model_or_a_project_error(originals, mutations):
     fuzz_backend("savedmodel", originals["savedmodel"], mutations)
+
+
+# ----------------------------------------------------- config stored in a checkpoint
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"_target_": "numpy.savetxt", "fname": "MARKER", "X": [1.0]},  # any callable
+        {"_target_": "trainer.data.make_synthetic",  # a nested target, instantiated too
+         "num_examples": {"_target_": "numpy.savetxt", "fname": "MARKER", "X": [1.0]}},
+    ],
+)  # fmt: skip
+def test_export_warmup_never_calls_what_a_checkpoint_names(tmp_path, data):
+    """`trainer export --warmup N` built its examples with hydra.utils.instantiate on the
+    checkpoint's stored data config: a `_target_` there ran (numpy.savetxt wrote a file).
+    Only trainer's own loaders, with plain arguments, are called now."""
+    from trainer.errors import ExportError
+    from trainer.export_sources import export_from_checkpoint
+
+    marker = tmp_path / "code-ran"
+    data = json.loads(json.dumps(data).replace("MARKER", str(marker)))
+    path = get_backend("weights").save(
+        build_model(), tmp_path / "ckpt", metadata={"config": {"data": data}}
+    )
+    with pytest.raises(ExportError, match=r"only by trainer's own data loaders.*Received"):
+        export_from_checkpoint(path, tmp_path / "out", warmup=2)
+    assert not marker.exists(), "a callable named in the checkpoint ran"
+    plain = {"_target_": "trainer.data.make_synthetic", "num_examples": 8, "image_size": 2}
+    path = get_backend("weights").save(
+        keras.Sequential([keras.Input((2, 2, 1)), keras.layers.Flatten(), keras.layers.Dense(3)]),
+        tmp_path / "ok",
+        metadata={"config": {"data": plain}},
+    )
+    from trainer.export import read_export_metadata
+
+    exported = export_from_checkpoint(path, tmp_path / "out2", warmup=2)
+    assert read_export_metadata(exported)["warmup_requests"] == 2

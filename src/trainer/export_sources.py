@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer import data as data_sets
 from trainer.errors import ExportError, TrainerError
 from trainer.export import DEFAULT_KEEP, check_format_and_keep, export_serving
 from trainer.tensorboard import LINK_KEY, RunBoard
@@ -123,20 +124,51 @@ def warmup_count(value: Any, what: str) -> int:
     return value
 
 
+# The data loaders that warmup may call from a checkpoint's run config: trainer's own. A
+# checkpoint is data, and its config could name any importable callable as `_target_`
+# (``numpy.savetxt`` wrote a file of the probe's choosing through ``hydra.utils.instantiate``).
+_DATA_LOADERS = {
+    f"trainer.data.{loader.__name__}": loader
+    for loader in (data_sets.load_digits, data_sets.make_synthetic, data_sets.load_npz)
+}
+
+
 def validation_examples(config: Mapping[str, Any] | None, count: int, where: Any) -> np.ndarray:
     """The first ``count`` validation inputs (training inputs if there are none) of the data
-    set a run config describes, for warmup requests."""
+    set a run config describes, for warmup requests. Only trainer's own loaders are called,
+    with plain arguments: nothing the checkpoint names is imported or instantiated."""
     if not isinstance(config, Mapping) or "data" not in config:
         raise ExportError(
             f"{where} records no run config with a `data` section, so no validation examples "
             f"can be built for warmup. Export without warmup. Received config keys: "
             f"{sorted(config) if isinstance(config, Mapping) else config!r}"
         )
-    import hydra
-
-    data = hydra.utils.instantiate(dict(config["data"]))
+    spec = dict(config["data"]) if isinstance(config["data"], Mapping) else {}
+    loader = _DATA_LOADERS.get(spec.pop("_target_", None))
+    plain = all(
+        isinstance(key, str) and not key.startswith("_") and isinstance(value, _PLAIN)
+        for key, value in spec.items()
+    )
+    if loader is None or not plain:
+        raise ExportError(
+            f"Warmup examples are built only by trainer's own data loaders "
+            f"({sorted(_DATA_LOADERS)}) with plain arguments; the run config of {where} "
+            f"describes another data set, and a checkpoint must not choose code to run. Pass "
+            f"the examples to export_from_checkpoint(warmup=array) or export without warmup. "
+            f"Received data config: {str(dict(config['data']))[:300]}"
+        )
+    try:
+        data = loader(**spec)
+    except (TypeError, TrainerError) as error:
+        raise ExportError(
+            f"The data set of {where}'s run config cannot be built for warmup examples: "
+            f"{error}. Export without warmup. Received data config: {str(spec)[:300]}"
+        ) from None
     inputs = data.x_val if len(data.x_val) else data.x_train
     return np.asarray(inputs[:count])
+
+
+_PLAIN = (str, int, float, bool, type(None))
 
 
 def export_for_run(
