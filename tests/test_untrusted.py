@@ -189,3 +189,47 @@ def test_export_warmup_never_calls_what_a_checkpoint_names(tmp_path, data):
 
     exported = export_from_checkpoint(path, tmp_path / "out2", warmup=2)
     assert read_export_metadata(exported)["warmup_requests"] == 2
+
+
+@keras.saving.register_keras_serializable(package="test_untrusted")
+class ElsewhereModel(keras.Model):
+    """A subclassed model whose class the loading process will not have."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_training_a_safely_loaded_model_with_async_saves_runs_no_stored_code(tmp_path):
+    """A model revived from traced functions (its class missing) returns the config its
+    checkpoint stored. The async copy rebuilt the model from that config outside safe
+    mode: a stored config edited into a graph holding a Lambda ran the Lambda's bytecode
+    as soon as the loaded model was trained with async checkpointing. The copy is now made
+    in safe mode (it cannot be here: the saves are synchronous, with a warning)."""
+    from savedmodel_zoo import classes_hidden
+
+    from trainer.checkpointing import Checkpoint
+
+    marker = tmp_path / "code-ran"
+    model = ElsewhereModel()
+    model(np.ones((1, 4), "float32"))
+    model.compile("sgd", "mse")
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    graph = keras.saving.serialize_keras_object(lambda_model(marker))["config"]
+    meta_file = path / "assets.extra" / "trainer_metadata.json"
+    meta = json.loads(meta_file.read_text())
+    root = meta["savedmodel"]["layers"][0]["keras_config"]["config"]
+    root.update({key: graph[key] for key in ("layers", "input_layers", "output_layers")})
+    meta_file.write_text(json.dumps(meta))
+    reseal(path)
+    marker.unlink(missing_ok=True)  # building the graph above called the lambda
+    with classes_hidden(["ElsewhereModel"], "test_untrusted"):
+        loaded = load_checkpoint(path).model
+        x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+        saves = Checkpoint(tmp_path / "tuned", backend="savedmodel", async_save=True)
+        loaded.fit(x, y, epochs=2, verbose=0, callbacks=[saves])
+    assert not marker.exists(), "the async copy ran bytecode stored in the checkpoint"
+    assert len(list((tmp_path / "tuned").glob("step-*"))) == 2

@@ -37,7 +37,7 @@ from trainer import atomic
 from trainer._compat.keras import get_input_signature, sublayers
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
-from trainer.save_backends import layerstate, modelstate, policies, trainable
+from trainer.save_backends import layerstate, modelstate, policies, readiness, trainable
 from trainer.save_backends.savedmodel.tracing import tf_variable
 from trainer.state import TrainingState
 
@@ -214,9 +214,10 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     built under the model's own dtype policy (``policies``: a mixed-precision model keeps
     its ``LossScaleOptimizer`` whatever the global policy is now).
 
-    The config is the live model's, serialized a moment ago in this process, not read from
-    a checkpoint: it is rebuilt outside safe mode (a ``Lambda``'s code is the model's own)
-    and with every class of the model at hand, registered or not. A model that still
+    The config is the live model's, serialized a moment ago in this process: it is rebuilt
+    outside safe mode (a ``Lambda``'s code is the model's own), unless a layer was revived
+    from traced functions (its config is the one its checkpoint stored), and with every
+    class of the model at hand, registered or not. A model that still
     cannot be copied raises ``SnapshotUnavailable`` (its saves are then synchronous)."""
     try:
         with policies.global_policy(getattr(model, "dtype_policy", None)):
@@ -242,10 +243,14 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
 
 
 def _rebuilt_and_compiled(model: keras.Model) -> keras.Model:
+    # A layer revived from traced functions returns the config its checkpoint stored: data
+    # from a file, which may hold a Lambda's bytecode (the load ran none of it). Such a
+    # model is copied in safe mode; one built in this process, outside it.
+    safe_mode = bool(readiness.revived_layers(model))
     clone = keras.saving.deserialize_keras_object(
         keras.saving.serialize_keras_object(model),
         custom_objects=_classes_of(model),
-        safe_mode=False,
+        safe_mode=safe_mode,
     )
     modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
     _call_once_like(model, clone)
@@ -255,10 +260,10 @@ def _rebuilt_and_compiled(model: keras.Model) -> keras.Model:
         # Keras compiled the clone from its config and built the optimizer for its
         # trainable variables, deciding weight decay and loss scaling by the config
         # alone: compile it again the way a load does, which builds a fresh optimizer
-        # like the model's. The live model's own config, so no safe mode.
+        # like the model's.
         where = f"the async copy of model {model.name!r}"
         modelstate.compile_model(
-            clone, compile_config, custom_objects={}, safe_mode=False, where=where
+            clone, compile_config, custom_objects={}, safe_mode=safe_mode, where=where
         )
     return clone
 
