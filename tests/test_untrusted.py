@@ -233,3 +233,43 @@ def test_training_a_safely_loaded_model_with_async_saves_runs_no_stored_code(tmp
         loaded.fit(x, y, epochs=2, verbose=0, callbacks=[saves])
     assert not marker.exists(), "the async copy ran bytecode stored in the checkpoint"
     assert len(list((tmp_path / "tuned").glob("step-*"))) == 2
+
+
+@pytest.mark.parametrize("name", ["../victim", "/abs/victim", ".hidden", "a/b", "", 7])
+def test_a_stored_retention_record_naming_no_plain_entry_is_refused(tmp_path, name):
+    """Retention deletes the checkpoints its records name, and a resumed manager adopts the
+    records the checkpoint stored: `../victim` or an absolute path deleted a directory
+    outside the checkpoint directory on the next save of the resumed run."""
+    from trainer.checkpointing import CheckpointManager
+    from trainer.errors import CorruptCheckpointError
+    from trainer.state import TrainingState
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    record = {"name": name, "step": 0, "epoch": 0, "epoch_end": True, "monitor": None}
+    state = {"epoch": 1, "step_in_epoch": 0, "global_step": 3, "checkpoints": [record]}
+    with pytest.raises(ValueError, match="retention record"):
+        TrainingState.from_dict(state)
+    path = get_backend("weights").save(build_model(), tmp_path / "ckpt")
+    index = json.loads((path / "trainer.json").read_text())
+    index["training_state"] = state
+    (path / "trainer.json").write_text(json.dumps(index))
+    reseal(path)
+    with pytest.raises(CorruptCheckpointError, match="not a plain entry"):
+        load_checkpoint(path)
+    manager = CheckpointManager(tmp_path / "checkpoints", "weights")
+    by_hand = TrainingState(global_step=3, checkpoints=[record])
+    with pytest.raises(CorruptCheckpointError, match="nothing outside it is ever deleted"):
+        manager.adopt(by_hand)
+    assert victim.is_dir()
+
+
+def test_retention_records_with_wrong_field_types_are_refused():
+    from trainer.state import TrainingState
+
+    record = {"name": "step-1", "step": "1", "epoch": 0, "epoch_end": True, "monitor": None}
+    with pytest.raises(ValueError, match="field 'step' must be an integer >= 0"):
+        TrainingState.from_dict({"checkpoints": [record]})
+    record.update(step=1, monitor="low")
+    with pytest.raises(ValueError, match="'monitor' must be a number or null"):
+        TrainingState.from_dict({"checkpoints": [record]})

@@ -100,6 +100,8 @@ class TrainingState:
                     f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}; "
                     f"received {type(data[name]).__name__}: {data[name]!r}"
                 )
+        for record in data.get("checkpoints", ()):
+            check_record(record)
         state = cls(**data)
         for name in ("epoch", "step_in_epoch", "global_step"):
             value = getattr(state, name)
@@ -113,6 +115,41 @@ class TrainingState:
     @classmethod
     def from_json(cls, text: str) -> TrainingState:
         return cls.from_dict(json.loads(text))
+
+
+def check_record(record: Any) -> None:
+    """A retention record names a checkpoint that retention may delete later: only a plain
+    entry of the checkpoint directory (no separator, no ``..``, not hidden), with the
+    fields retention sorts and filters by. A stored name such as ``../data`` or an
+    absolute path would have been deleted by the next resumed save's retention."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a retention record must be a JSON object; received {record!r}")
+    name = record.get("name")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or any(sep in name for sep in ("/", "\\", "\0"))
+    ):
+        raise ValueError(
+            f"retention record names {name!r}, which is not a plain entry of a checkpoint "
+            f"directory (no path separator, not hidden); received record {record!r}"
+        )
+    kinds = {"step": int, "epoch": int, "epoch_end": bool}  # "step" required: the order
+    for key, kind in kinds.items():
+        value = record.get(key)
+        if key != "step" and key not in record:
+            continue
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+            raise ValueError(
+                f"retention record field {key!r} must be "
+                f"{'an integer >= 0' if kind is int else 'a boolean'}; received record {record!r}"
+            )
+    monitor = record.get("monitor")
+    if monitor is not None and (isinstance(monitor, bool) or not isinstance(monitor, int | float)):
+        raise ValueError(
+            f"retention record field 'monitor' must be a number or null; received record {record!r}"
+        )
 
 
 _PLAIN_TYPES = frozenset((int, float, str, bool, type(None)))

@@ -35,7 +35,7 @@ from trainer.checkpointing.policy import (
 from trainer.checkpointing.restoring import restore_into
 from trainer.checkpointing.snapshot import SnapshotUnavailable, copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
-from trainer.errors import ConfigError, NotACheckpointError, SaveError
+from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
 from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
@@ -43,7 +43,7 @@ from trainer.save_backends import (
     load_checkpoint,
 )
 from trainer.save_backends.base import SaveBackend
-from trainer.state import TrainingState, copy_json_like
+from trainer.state import TrainingState, check_record, copy_json_like
 from trainer.tensorboard import LINK_KEY, RunBoard, card_tag
 
 log = logging.getLogger(__name__)
@@ -287,7 +287,18 @@ class CheckpointManager:
         return checkpoint
 
     def adopt(self, state: TrainingState) -> None:
-        """Continue from a restored ``state``: its retention records; its step is saved."""
+        """Continue from a restored ``state``: its retention records; its step is saved.
+        Each record names a checkpoint retention may delete: checked again here, since a
+        state may be built by hand as well as read from a checkpoint (``check_record``)."""
+        for record in state.checkpoints:
+            try:
+                check_record(record)
+            except ValueError as error:
+                raise CorruptCheckpointError(
+                    f"The training state to continue from holds a retention record that "
+                    f"names no checkpoint of {self.directory}; nothing outside it is ever "
+                    f"deleted. Resume from another checkpoint. Received: {error}"
+                ) from None
         self.records = copy.deepcopy(state.checkpoints)
         self._last_saved_step = state.global_step
 

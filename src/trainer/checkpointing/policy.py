@@ -207,7 +207,9 @@ def retained(records: list[dict[str, Any]], policy: CheckpointPolicy) -> set[str
         keep.update(
             r["name"]
             for r in records
-            if r["epoch_end"] and r["epoch"] and r["epoch"] % policy.keep_every_n_epochs == 0
+            if r.get("epoch_end")
+            and r.get("epoch")
+            and r["epoch"] % policy.keep_every_n_epochs == 0
         )
     return keep
 
