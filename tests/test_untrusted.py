@@ -273,3 +273,26 @@ def test_retention_records_with_wrong_field_types_are_refused():
     record.update(step=1, monitor="low")
     with pytest.raises(ValueError, match="'monitor' must be a number or null"):
         TrainingState.from_dict({"checkpoints": [record]})
+
+
+def test_a_layer_record_id_is_never_joined_into_a_path_outside(tmp_path):
+    """A savedmodel layer record's id names its vocabulary folder: an id edited into
+    ``../../x`` read a vocabulary from outside the checkpoint, and the lookup layer mapped
+    every token differently, even under verify=True (the files were all intact)."""
+    from trainer.errors import CorruptCheckpointError
+
+    inputs = keras.Input((1,), dtype="string")
+    lookup = keras.layers.StringLookup(vocabulary=["a", "b", "c"])
+    model = keras.Model(inputs, lookup(inputs))
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    elsewhere = tmp_path / "elsewhere" / "keras"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "vocabulary.json").write_text(json.dumps(["[UNK]", "c", "b", "a"]))
+    meta_file = path / "assets.extra" / "trainer_metadata.json"
+    meta = json.loads(meta_file.read_text())
+    (record,) = [r for r in meta["savedmodel"]["layers"] if r["class_name"] == "StringLookup"]
+    record["id"] = "../../../elsewhere/keras"
+    meta_file.write_text(json.dumps(meta))
+    reseal(path)
+    with pytest.raises(CorruptCheckpointError, match=r"its id must be its position.*Received"):
+        load_checkpoint(path, verify=True)

@@ -55,6 +55,32 @@ class NeedsTracedFunctions(Exception):
         self.layer_id = layer_id
 
 
+def _check_record_ids(records: list[dict[str, Any]], where: str) -> None:
+    """Every layer record's ``id`` is its position, and its children name records that
+    exist: an ``id`` is joined into paths inside the checkpoint (its vocabulary folder),
+    and one edited into ``../../elsewhere`` read a vocabulary from outside it (the layer
+    then mapped every token differently, without an error)."""
+    for index, record in enumerate(records):
+        children = record.get("sublayers", []) if isinstance(record, dict) else None
+        ids = [c.get("id") if isinstance(c, dict) else None for c in children or []]
+        if (
+            not isinstance(record, dict)
+            or record.get("id") != index
+            or isinstance(record.get("id"), bool)
+            or not isinstance(children, list)
+            or not all(type(i) is int and 0 <= i < len(records) for i in ids)
+        ):
+            raise CorruptCheckpointError(
+                f"{where}: layer record {index} is damaged: its id must be its position "
+                f"({index}) and its sublayers must name records 0..{len(records) - 1}. Load "
+                f"another checkpoint. Received: id={_short(record)}, sublayers={ids!r:.200}"
+            )
+
+
+def _short(record: Any) -> str:
+    return repr(record.get("id") if isinstance(record, dict) else record)[:100]
+
+
 class Reviver:
     def __init__(
         self,
@@ -88,6 +114,7 @@ class Reviver:
                 f"{len(self.nodes)} layer nodes but the metadata lists {len(variables)} and "
                 f"{len(records)}. The metadata belongs to another save; re-save the model."
             )
+        _check_record_ids(records, where)
 
     # ------------------------------------------------------------------ entry point
     def revive(self, index: int = 0) -> keras.layers.Layer:
