@@ -141,3 +141,27 @@ def test_csv_logger_drops_rows_logged_after_the_checkpoint(tmp_path):
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [(r["epoch"], r["loss"]) for r in rows] == [("0", "1.0"), ("1", "0.5"), ("2", "0.3")]
     assert logger.state_dict() == {"rows": 3}
+
+
+@pytest.mark.parametrize(
+    ("callback", "saved"),
+    [
+        (keras.callbacks.EarlyStopping(), {"wait": 0, "best": "abc"}),
+        (keras.callbacks.EarlyStopping(), {"wait": -1, "best": 0.5}),
+        (keras.callbacks.ReduceLROnPlateau(), {"wait": 1.5, "cooldown_counter": 0}),
+        ("csv", {"rows": "abc"}),
+        (keras.callbacks.EarlyStopping(), ["not", "a", "dict"]),
+    ],
+)
+def test_damaged_callback_state_is_refused_when_the_run_is_built(tmp_path, callback, saved):
+    """The checkpoint's callback state was applied as stored: best="abc" failed with a raw
+    error at the first epoch's end, rows="abc" with a raw ValueError, after the session
+    had started writing. Refused when the callbacks are built, before anything is written."""
+    from trainer.errors import CorruptCheckpointError
+    from trainer.state import TrainingState
+    from trainer.user_callbacks import ConfigCallbacks, CSVLogger
+
+    if callback == "csv":
+        callback = CSVLogger(str(tmp_path / "metrics.csv"))
+    with pytest.raises(CorruptCheckpointError, match=r"is damaged: .*Received"):
+        ConfigCallbacks({"mine": callback}, TrainingState(), {"mine": saved})

@@ -217,3 +217,27 @@ def _example_backend_importable():
     yield
     sys.path.remove(str(EXAMPLE_DIR))
     sys.modules.pop("mybackend", None)
+
+
+def test_the_run_log_is_never_appended_through_a_symbolic_link(tmp_path, caplog):
+    """A resumed session appends its log to the run's train.log; a run directory from
+    elsewhere whose train.log is a link made it append to the file the link names."""
+    import logging
+
+    from trainer.sessions import mirror_file_logs
+
+    output, run, target = tmp_path / "out", tmp_path / "run", tmp_path / "elsewhere"
+    output.mkdir()
+    run.mkdir()
+    target.write_text("theirs\n")
+    (run / "train.log").symlink_to(target)
+    handler = logging.FileHandler(output / "train.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        added = mirror_file_logs(output, run)
+        logging.getLogger("trainer").warning("a line")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert added == [] and target.read_text() == "theirs\n"
+    assert "it is a symbolic link" in caplog.text

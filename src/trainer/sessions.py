@@ -114,7 +114,9 @@ def mark_session_of(output_dir: Path, run_dir: Path, number: int) -> None:
 
 def mirror_file_logs(output_dir: Path, run_dir: Path) -> list[logging.Handler]:
     """For each root file handler writing into ``output_dir`` (Hydra's ``train.log``), one
-    appending to the same file name in ``run_dir``, same format and level."""
+    appending to the same file name in ``run_dir``, same format and level; not where that
+    name is a symbolic link (a run directory may come from elsewhere: appending would
+    write to whatever file the link names)."""
     added: list[logging.Handler] = []
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -123,7 +125,11 @@ def mirror_file_logs(output_dir: Path, run_dir: Path) -> list[logging.Handler]:
         path = Path(handler.baseFilename)
         if path.parent.resolve() != output_dir.resolve():
             continue
-        mirror = logging.FileHandler(Path(run_dir) / path.name, mode="a", encoding=handler.encoding)
+        target = Path(run_dir) / path.name
+        if target.is_symlink():  # a run's log is its own file; never append through a link
+            log.warning("Not mirroring the log into %s: it is a symbolic link", target)
+            continue
+        mirror = logging.FileHandler(target, mode="a", encoding=handler.encoding)
         mirror.setFormatter(handler.formatter)
         mirror.setLevel(handler.level)
         root.addHandler(mirror)

@@ -22,7 +22,7 @@ import hydra
 import keras
 
 from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, CorruptCheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ class ConfigCallbacks(keras.callbacks.CallbackList):
             elif state_of(callback) is not None:
                 log.info("callbacks.%s has no saved state: it starts afresh", name)
         for name in self.saved:
-            log.warning("The checkpoint holds state of callbacks.%s; it is not configured", name)
+            # %r: the name is the checkpoint's, and could hold a line break of its own.
+            log.warning("The checkpoint holds state of callback %r; it is not configured", name)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.state.step_in_epoch == 0:  # RunProgress ran first: 0 = the epoch completed
@@ -142,10 +143,21 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def state_dict(self) -> dict[str, Any]:
         return {"rows": self.rows}
 
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Refuse a saved state ``load_state_dict`` cannot take (checked when the run is
+        built, before its session writes anything)."""
+        rows = state.get("rows", 0)
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise CorruptCheckpointError(
+                f"The checkpoint's CSVLogger state is damaged: 'rows' must be a count of the "
+                f"rows logged. Resume from another checkpoint. Received: {str(state)[:300]}"
+            )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the header and the first ``rows`` rows. Runs after ``on_train_begin``
         opened the file for appending, so the file is rewritten through that handle."""
-        self.rows = int(state.get("rows", 0))
+        self.check_state_dict(state)
+        self.rows = state.get("rows", 0)
         path = Path(self.filename)
         if not path.is_file():
             return

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, CorruptCheckpointError
 
 # Keras callbacks whose counters decide what they do next, and the attributes holding them.
 KERAS_STATE: dict[type, tuple[str, ...]] = {
@@ -57,9 +57,42 @@ def load_state(name: str, callback: keras.callbacks.Callback, state: dict[str, A
 
 def refuse_unrestorable(name: str, callback: keras.callbacks.Callback, state: Any) -> None:
     """What ``load_state`` would refuse for ``callback``, refused now: when a run is being
-    built, before it writes anything of its session (its TensorBoard hparams included)."""
-    if isinstance(callback, keras.callbacks.EarlyStopping) and isinstance(state, dict):
+    built, before it writes anything of its session (its TensorBoard hparams included).
+    The state is the checkpoint's: values of the wrong type (``best: "abc"``) failed with
+    a raw error at the first epoch's end, after the session had started writing."""
+    if not isinstance(state, dict):
+        raise _damaged(name, "its saved state must be a JSON object", state)
+    if hasattr(callback, "check_state_dict"):  # a callback of trainer's own
+        callback.check_state_dict(state)
+    for cls, names in KERAS_STATE.items():
+        if isinstance(callback, cls):
+            for key in names:
+                if not _restorable(key, state.get(key)):
+                    raise _damaged(
+                        name,
+                        f"{key!r} must be {'a number' if key == 'best' else 'a count'} or null",
+                        state,
+                    )
+    if isinstance(callback, keras.callbacks.EarlyStopping):
         _check_best_weights(name, callback, state)
+
+
+def _restorable(key: str, value: Any) -> bool:
+    """A Keras callback counter as ``state_of`` writes it: None, a number for ``best``,
+    else a count."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return key == "best" or (isinstance(value, int) and value >= 0)
+
+
+def _damaged(name: str, problem: str, state: Any) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"The checkpoint's state of callback {name!r} is damaged: {problem}. Resume from "
+        f"another checkpoint, or remove callbacks.{name} from the config to start it "
+        f"afresh. Received: {str(state)[:300]}"
+    )
 
 
 def _check_best_weights(name: str, callback, state: dict[str, Any]) -> None:
