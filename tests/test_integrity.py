@@ -123,3 +123,12 @@ def test_a_digest_that_failed_in_its_thread_fails_the_manifest(tmp_path):
     (tmp_path / "gone").write_bytes(b"x")
     with pytest.raises(FileNotFoundError):
         integrity.build_manifest(tmp_path, "manifest.json", {"gone": pending})
+
+
+@pytest.mark.parametrize("backend", ["weights", "savedmodel"])
+def test_verify_reports_a_directory_link_added_after_the_save(saved, tmp_path, backend):
+    """os.walk does not enter a linked directory: `assets_link -> /etc` passed verify."""
+    path = copy_checkpoint(saved[backend], tmp_path / "copy")
+    (path / "assets_link").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(CorruptCheckpointError, match=r"'assets_link' is a symbolic link"):
+        backend_class(backend)().check_integrity(path, digests=True, strict=True)

@@ -272,7 +272,8 @@ def verify_directory(
         _verify_entry(directory, root, entry, digests=digests)
     if strict:
         listed = {entry["path"] for entry in manifest["files"]} | {relative}
-        for root_dir, _dirs, names in os.walk(directory):
+        for root_dir, dirs, names in os.walk(directory):
+            _refuse_linked_directories(directory, root_dir, dirs)
             for name in sorted(names):
                 rel = Path(root_dir, name).relative_to(directory).as_posix()
                 if rel not in listed:
@@ -284,6 +285,21 @@ def verify_directory(
                         file=rel,
                     )
     return manifest
+
+
+def _refuse_linked_directories(directory: Path, root_dir: str, dirs: list[str]) -> None:
+    """``os.walk`` lists a symbolic link to a directory among the directories and never
+    enters it: whatever it holds was not checked, so it is reported as added."""
+    for name in sorted(dirs):
+        if os.path.islink(os.path.join(root_dir, name)):
+            rel = Path(root_dir, name).relative_to(directory).as_posix()
+            raise IntegrityError(
+                f"{directory}: {rel!r} is a symbolic link to a directory, which no checkpoint "
+                f"holds; it was added after the checkpoint was written. Remove it. Received "
+                f"link to {os.readlink(os.path.join(root_dir, name))!r}",
+                path=directory,
+                file=rel,
+            )
 
 
 def _verify_entry(directory: Path, root: str, entry: dict[str, Any], *, digests: bool) -> None:
