@@ -332,5 +332,5 @@ def test_multiworker_checkpoints_kill_resume_and_stop_together(compose_cfg, tmp_
     assert not [p for p in (run / "checkpoints").iterdir() if is_temporary(p)]
     # Only the chief wrote events: one session mark per chief start, no worker event file.
     events = [p.name for p in (run / "tb").iterdir()]
-    assert len([n for n in events if "0session" in n]) == 2
+    assert len([n for n in events if "+session" in n]) == 2
     assert not [n for n in events for pid in pids if f".{pid}." in n]

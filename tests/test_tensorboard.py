@@ -232,7 +232,7 @@ def test_cards_from_a_background_thread_land_next_to_main_thread_scalars(tmp_pat
 
 def test_a_restart_within_the_second_of_the_old_events_still_purges_them(tmp_path):
     """A short run resumed at once: its event files and the restart marker share a second,
-    where the marker's name ("<second>.0session...") sorted before the old file and was
+    where the marker's name ("<second>.+session...") sorted before the old file and was
     read first, so the re-trained steps showed twice (seen in CI under load)."""
     from tensorboard.backend.event_processing.plugin_event_accumulator import (
         EventAccumulator as PluginAccumulator,
@@ -253,3 +253,36 @@ def test_a_restart_within_the_second_of_the_old_events_still_purges_them(tmp_pat
     events = PluginAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     assert [e.step for e in events.Tensors("batch/loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
+    """TensorBoard reads a directory's event files in name order. The restart marker was
+    named "<second>.0session...": on a host named like a container id starting with 0
+    ("0a1b2c3d"), a resumed session's own file sorted before its marker, and TensorBoard
+    purged that session's events. And the run's first marker, which TensorBoard takes as
+    the start of the run, was counted as a restart by the link checks."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import (
+        EventAccumulator as PluginAccumulator,
+    )
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from trainer.callbacks import mark_session_start
+    from trainer.tensorboard import restarts
+
+    def session(first_step, last_step):
+        mark_session_start(tmp_path, first_step - 1)
+        second = max(int(p.name.split(".")[3]) for p in tmp_path.glob("events.out.tfevents.*"))
+        name = tmp_path / f"events.out.tfevents.{second}.0a1b2c3d.{first_step}.v2"
+        with tf.io.TFRecordWriter(str(name)) as records:
+            records.write(event_pb2.Event(file_version="brain.Event:2").SerializeToString())
+            for step in range(first_step, last_step + 1):
+                value = summary_pb2.Summary.Value(tag="loss", simple_value=float(step))
+                event = event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[value]))
+                records.write(event.SerializeToString())
+
+    session(1, 6)
+    session(4, 8)  # resumed from step 3
+    events = PluginAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    assert [e.step for e in events.Tensors("loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [step for _name, step in restarts(tmp_path)] == [4]

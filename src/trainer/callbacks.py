@@ -222,6 +222,11 @@ def current_learning_rate(optimizer) -> float | None:
     return None if rate is None else float(keras.ops.convert_to_numpy(rate))
 
 
+# Sorts before any host name (letters and digits; "0session" sorted after a host named
+# "0a1b..." , a container id, whose resumed sessions TensorBoard then purged).
+SESSION_MARK = "+session"
+
+
 def mark_session_start(log_dir: Path, step: int) -> None:
     """Record that training (re)starts after ``step``, so TensorBoard drops older events
     at later steps that a crashed or abandoned run wrote.
@@ -229,10 +234,10 @@ def mark_session_start(log_dir: Path, step: int) -> None:
     TensorBoard treats every ``SessionLog.START`` after a run's first one as a restart and
     discards earlier events at or after its step; so every session writes one, at
     ``step + 1``. It goes into its own event file whose name sorts before the writer's
-    next file (same timestamp prefix, then "0" before any host name), so it is read in
+    next file (same timestamp prefix, then "+" before any host name), so it is read in
     between the old events and the new ones. That order holds only if its timestamp is
     later than every older event file's: within the second an earlier session's file was
-    made (a short run resumed at once), "0session" would sort before that file and the
+    made (a short run resumed at once), "+session" would sort before that file and the
     restart would be read first, purging nothing. It then waits for the next second.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -241,7 +246,7 @@ def mark_session_start(log_dir: Path, step: int) -> None:
     if int(now) <= newest:
         time.sleep(newest + 1 - now)
         now = time.time()
-    name = f"events.out.tfevents.{int(now)}.0session.{step}.start"
+    name = f"events.out.tfevents.{int(now)}.{SESSION_MARK}.{step}.start"
     with tf.io.TFRecordWriter(str(log_dir / name)) as records:
         records.write(
             event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString()

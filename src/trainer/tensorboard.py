@@ -371,14 +371,15 @@ def event_steps(event_file: str | os.PathLike) -> dict[int, set[str]]:
 
 
 def restarts(log_dir: str | os.PathLike) -> list[tuple[str, int]]:
-    """``(event file name, step)`` of every ``SessionLog.START`` in ``log_dir``'s event
-    files (``callbacks.mark_session_start`` writes one per training session)."""
+    """``(event file name, step)`` of every restart in ``log_dir``: each
+    ``SessionLog.START`` (``callbacks.mark_session_start`` writes one per training session)
+    but the first TensorBoard reads, which starts the run and purges nothing."""
     found = []
     for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
         for event in LegacyEventFileLoader(str(path)).Load():
             if event.HasField("session_log") and event.session_log.status == _START:
                 found.append((path.name, event.step))
-    return found
+    return found[1:]
 
 
 def purging_restart(
