@@ -367,3 +367,37 @@ def test_raising_epochs_under_pruning_with_a_derived_end_step_is_refused(compose
     with pytest.raises(ConfigMismatchError, match=r"set wrap\.end_step=6 to continue it"):
         train(raised)
     train(compose_cfg("wrap=prune", "trainer.epochs=3", "resume=auto", "wrap.end_step=6"))
+
+
+def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(compose_cfg):
+    """A fresh run (no resume) given an earlier run's directory replaced its checkpoints of
+    the same names, left the later ones, and a later resume=latest continued the earlier
+    run. Refused before anything is written, naming resume=auto and a new directory."""
+    base = ("save=h5", "checkpoint.policy.keep_last=null")
+    first = compose_cfg(*base, "trainer.epochs=2")
+    train(first)
+    checkpoints = Path(first.run_dir) / "checkpoints"
+    before = {p.name: p.read_bytes() for p in checkpoints.glob("step-*")}
+    with pytest.raises(
+        ConfigError, match=r"holds 2 checkpoint\(s\) of an earlier run.*resume=auto"
+    ):
+        train(compose_cfg(*base, "trainer.epochs=1"))
+    assert {p.name: p.read_bytes() for p in checkpoints.glob("step-*")} == before
+    train(compose_cfg(*base, "trainer.epochs=3", "resume=auto"))  # continuing it is fine
+    assert len(before) == 2 and len(list(checkpoints.glob("step-*"))) == 3
+
+
+def test_resuming_an_abandoned_checkpoint_continues_in_its_run(compose_cfg, tmp_path):
+    """A checkpoint set aside in checkpoints/abandoned-<n>/ belongs to the run too: resuming
+    it started a new run directory (the run-directory check missed the extra level)."""
+    base = ("save=h5", "checkpoint.policy.keep_last=null")
+    train(compose_cfg(*base, "trainer.epochs=3"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    older = sorted(checkpoints.glob("step-*"))[0]
+    train(compose_cfg(*base, "trainer.epochs=3", f"resume={older}"))
+    (aside,) = checkpoints.glob("abandoned-*")
+    abandoned = sorted(aside.glob("step-*"))[0]
+    elsewhere = f"run_dir={tmp_path / 'elsewhere'}"
+    train(compose_cfg(*base, "trainer.epochs=3", f"resume={abandoned}", elsewhere))
+    assert not (tmp_path / "elsewhere" / "checkpoints").exists()
+    assert len(list(checkpoints.glob("abandoned-*"))) == 2  # this branch set the other aside

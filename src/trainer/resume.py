@@ -17,8 +17,14 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from trainer.checkpointing import LATEST, find_latest, restore_into
-from trainer.errors import ConfigMismatchError, NotACheckpointError
+from trainer.checkpointing import (
+    ABANDONED,
+    LATEST,
+    complete_checkpoints,
+    find_latest,
+    restore_into,
+)
+from trainer.errors import ConfigError, ConfigMismatchError, NotACheckpointError
 from trainer.export import is_export
 from trainer.save_backends import SaveBackend, detect_backend
 from trainer.state import TrainingState
@@ -112,12 +118,31 @@ def checkpoint_dir_of(directory: Path, dirname: str = CHECKPOINT_DIR) -> Path:
 
 
 def run_dir_of(checkpoint: Path, dirname: str = CHECKPOINT_DIR) -> Path | None:
-    """The run directory a checkpoint belongs to (``<run>/<dirname>/<name>``), if any."""
+    """The run directory a checkpoint belongs to (``<run>/<dirname>/<name>``, or
+    ``<run>/<dirname>/abandoned-<n>/<name>`` for one a resume set aside), if any."""
     parent = checkpoint.resolve().parent
+    if parent.name.startswith(ABANDONED) and parent.name[len(ABANDONED) :].isdigit():
+        parent = parent.parent
     tail = Path(dirname).parts
     if tail and parent.parts[-len(tail) :] == tail:
         return Path(*parent.parts[: -len(tail)])
     return None
+
+
+def refuse_fresh_over(run_dir: Path, dirname: str, configured: type[SaveBackend]) -> None:
+    """Refuse a fresh run (no ``resume``) in a run directory whose checkpoint directory
+    holds an earlier run's checkpoints: its saves replaced those of the same names, left
+    the later ones, and a later ``resume=latest`` continued the earlier run."""
+    directory = Path(run_dir) / dirname
+    found = complete_checkpoints(directory, configured) if directory.is_dir() else []
+    if found:
+        raise ConfigError(
+            f"{run_dir} already holds {len(found)} checkpoint(s) of an earlier run in "
+            f"{directory}; a fresh run there would replace them. Continue that run with "
+            f"resume=auto (or resume=latest), or start this one in a new directory "
+            f"(hydra.run.dir=... or run_dir=...). Received: newest {found[-1].name}, "
+            f"resume=null"
+        )
 
 
 def check_compatible(

@@ -132,6 +132,12 @@ def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
         # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
         # TensorBoard curves carry on in one place.
         run_dir = resume.run_dir_of(resume_from, checkpoint_dirname) or run_dir
+    else:
+        try:
+            resume.refuse_fresh_over(run_dir, checkpoint_dirname, configured_backend(cfg))
+        except ConfigError:
+            sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before this check
+            raise
     return run_dir, resume_from
 
 

@@ -15,8 +15,8 @@
 """
 
 from trainer.checkpointing.callback import Checkpoint
-from trainer.checkpointing.listing import find_latest, point_latest
-from trainer.checkpointing.manager import CheckpointManager
+from trainer.checkpointing.listing import complete_checkpoints, find_latest, point_latest
+from trainer.checkpointing.manager import ABANDONED, CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, name_fields, retained
 from trainer.checkpointing.restoring import numpy_rng_record, restore_into
 from trainer.checkpointing.snapshot import (
@@ -29,6 +29,7 @@ from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innerm
 from trainer.locks import LATEST
 
 __all__ = [
+    "ABANDONED",
     "LATEST",
     "AsyncBackend",
     "AsyncWriter",
@@ -38,6 +39,7 @@ __all__ = [
     "WrappingBackend",
     "all_variables",
     "clone_for_snapshot",
+    "complete_checkpoints",
     "find_latest",
     "format_name",
     "innermost",

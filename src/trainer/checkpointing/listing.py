@@ -58,6 +58,13 @@ def _note(damaged: list[tuple[Path, str]] | None, path: Path, error: Exception) 
         damaged.append((path, f"{type(error).__name__}: {str(error)[:300]}"))
 
 
+def complete_checkpoints(
+    directory: Path, configured: type[SaveBackend] | None = None
+) -> list[Path]:
+    """The complete checkpoints in ``directory``, oldest step first (``complete``)."""
+    return [path for _key, path in complete(Path(directory), configured)]
+
+
 def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
     """The complete checkpoint in ``directory`` with the highest global step (raises);
     ``configured``: see ``complete``. A damaged checkpoint in the directory is refused
