@@ -165,3 +165,25 @@ def test_damaged_callback_state_is_refused_when_the_run_is_built(tmp_path, callb
         callback = CSVLogger(str(tmp_path / "metrics.csv"))
     with pytest.raises(CorruptCheckpointError, match=r"is damaged: .*Received"):
         ConfigCallbacks({"mine": callback}, TrainingState(), {"mine": saved})
+
+
+def test_csv_logger_without_append_keeps_the_rows_of_a_resumed_run(tmp_path):
+    """append=False: Keras empties the file when training begins, so a resumed session lost
+    every row its checkpoint had counted; it keeps them, and a fresh run starts empty."""
+    from trainer.user_callbacks import CSVLogger
+
+    (tmp_path / "metrics.csv").write_text("epoch,loss\r\n0,1.0\r\n1,0.5\r\n2,0.25\r\n")
+    resumed = CSVLogger("metrics.csv", append=False)
+    resumed.set_run_dir(tmp_path)
+    resumed.on_train_begin()
+    resumed.load_state_dict({"rows": 2})
+    resumed.on_epoch_end(2, {"loss": 0.3})
+    resumed.on_train_end()
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [(r["epoch"], r["loss"]) for r in rows] == [("0", "1.0"), ("1", "0.5"), ("2", "0.3")]
+    fresh = CSVLogger("metrics.csv", append=False)
+    fresh.set_run_dir(tmp_path)
+    fresh.on_train_begin()
+    fresh.on_epoch_end(0, {"loss": 0.9})
+    fresh.on_train_end()
+    assert [r["loss"] for r in csv.DictReader((tmp_path / "metrics.csv").open())] == ["0.9"]

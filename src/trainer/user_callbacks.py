@@ -131,6 +131,14 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def __init__(self, filename: str = "metrics.csv", separator: str = ",", append: bool = True):
         super().__init__(filename, separator=separator, append=append)
         self.rows = 0
+        # With append=False Keras empties the file when training begins; a resumed session
+        # keeps the rows its checkpoint counted from what the file held then.
+        self._before: bytes | None = None
+
+    def on_train_begin(self, logs=None):
+        path = Path(self.filename)
+        self._before = path.read_bytes() if not self.append and path.is_file() else None
+        super().on_train_begin(logs)
 
     def set_run_dir(self, run_dir: Path) -> None:
         if not Path(self.filename).is_absolute():
@@ -159,12 +167,15 @@ class CSVLogger(keras.callbacks.CSVLogger):
         self.check_state_dict(state)
         self.rows = state.get("rows", 0)
         path = Path(self.filename)
-        if not path.is_file():
+        before, self._before = self._before, None
+        if before is None and not path.is_file():
             return
-        lines = path.read_bytes().splitlines(keepends=True)
-        if len(lines) <= 1 + self.rows:
+        lines = (path.read_bytes() if before is None else before).splitlines(keepends=True)
+        if before is None and len(lines) <= 1 + self.rows:
             return
         self.csv_file.seek(0)
         self.csv_file.truncate()
         self.csv_file.write(b"".join(lines[: 1 + self.rows]).decode())
         self.csv_file.flush()
+        if self.rows and len(lines) > 1:
+            self.append_header = False  # the kept header is the file's
