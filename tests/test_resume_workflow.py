@@ -401,3 +401,36 @@ def test_resuming_an_abandoned_checkpoint_continues_in_its_run(compose_cfg, tmp_
     train(compose_cfg(*base, "trainer.epochs=3", f"resume={abandoned}", elsewhere))
     assert not (tmp_path / "elsewhere" / "checkpoints").exists()
     assert len(list(checkpoints.glob("abandoned-*"))) == 2  # this branch set the other aside
+
+
+def test_a_finished_branch_does_not_take_the_abandoned_branchs_export_or_finals(tmp_path):
+    """A branch resumed from an older checkpoint reaches the step of the branch it
+    abandoned. Its end of run (after a SIGTERM at the end, re-run) found that branch's
+    export and final metrics "already written at step N" by step alone, and kept them:
+    the run served the abandoned model and showed no finals of its own."""
+    import keras
+    import tensorflow as tf
+
+    from trainer.callbacks import mark_session_start
+    from trainer.run_end import FINAL_PREFIX, export_of_step, has_final_metrics
+    from trainer.state import TrainingState
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    abandoned = TrainingState(epoch=2, global_step=6, history=[{"epoch": 1, "loss": 0.5}])
+    mine = TrainingState(epoch=2, global_step=6, history=[{"epoch": 1, "loss": 0.4}])
+    export_serving(model, tmp_path / "export", metadata={"state": abandoned.to_dict()})
+    options = {"enabled": True}
+    assert export_of_step(tmp_path, options, mine) is None
+    assert export_of_step(tmp_path, options, abandoned) == tmp_path / "export" / "1"
+
+    tb = tmp_path / "tb"
+    for first, last, finals in ((1, 6, True), (4, 6, False)):  # resumed from step 3
+        mark_session_start(tb, first - 1)
+        writer = tf.summary.create_file_writer(str(tb))
+        with writer.as_default():
+            for step in range(first, last + 1):
+                tf.summary.scalar("batch/loss", 1.0, step=step)
+            if finals:
+                tf.summary.scalar(f"{FINAL_PREFIX}val_loss", 0.2, step=last)
+        writer.close()
+        assert has_final_metrics(tb, 6) is finals

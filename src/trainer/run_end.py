@@ -10,6 +10,7 @@ them ends the process cleanly (exit 0) instead of killing it with a half-written
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import signal
 import threading
@@ -27,7 +28,13 @@ from trainer.errors import TrainerError
 from trainer.export import read_export_metadata, versions
 from trainer.export_sources import export_for_run
 from trainer.state import TrainingState
-from trainer.tensorboard import RunBoard, event_steps, flatten_config
+from trainer.tensorboard import (
+    RunBoard,
+    event_steps,
+    flatten_config,
+    purging_restart,
+    restarts,
+)
 from trainer.wrapping import unwrap_model
 
 log = logging.getLogger(__name__)
@@ -99,7 +106,7 @@ def finish_run(
     if resumed_finished and not board.replace_earlier_hparams():
         board.write_session_hparams(flatten_config(config_record))
     export_cfg = cfg.get("export")
-    existing = export_of_step(out_dir, export_cfg, state.global_step) if resumed_finished else None
+    existing = export_of_step(out_dir, export_cfg, state) if resumed_finished else None
     if existing is not None:
         log.info("Export:        %s (already written at step %d)", existing, state.global_step)
         return metrics
@@ -118,20 +125,32 @@ def finish_run(
 
 
 def has_final_metrics(tb_dir: Path, step: int) -> bool:
-    """Whether an event file under ``tb_dir`` holds the final metrics at ``step``."""
+    """Whether an event file under ``tb_dir`` holds the final metrics at ``step`` that
+    TensorBoard shows: not those of a branch a later session's restart hid (a resume from
+    an older checkpoint that then reached the same step)."""
+    found = {}
     for event_file in sorted(Path(tb_dir).rglob("events.out.tfevents*")):
         try:
             tags = event_steps(event_file).get(step, set())
         except Exception:  # a truncated file (killed writer): it does not count
             continue
-        if any(tag.startswith(FINAL_PREFIX) for tag in tags):
+        if not any(tag.startswith(FINAL_PREFIX) for tag in tags):
+            continue
+        if event_file.parent not in found:
+            found[event_file.parent] = restarts(event_file.parent)
+        if purging_restart(event_file, step, found[event_file.parent]) is None:
             return True
     return False
 
 
-def export_of_step(out_dir: Path, export_cfg: Mapping[str, Any] | None, step: int) -> Path | None:
-    """The run's complete export of ``step``, if one exists (None when exports are off:
-    then nothing is missing either, and the caller's export call returns None)."""
+def export_of_step(
+    out_dir: Path, export_cfg: Mapping[str, Any] | None, state: TrainingState
+) -> Path | None:
+    """The run's complete export of the model ``state`` describes, if one exists (None when
+    exports are off: then nothing is missing either, and the caller's export call returns
+    None). The same step is not enough: a branch resumed from an older checkpoint reaches
+    the steps of the one it abandoned, whose export is another model; the export's
+    recorded history of epochs must be this state's."""
     options = dict(export_cfg or {})
     if not options.get("enabled", True):
         return None
@@ -141,7 +160,10 @@ def export_of_step(out_dir: Path, export_cfg: Mapping[str, Any] | None, step: in
             meta = read_export_metadata(root / str(version))
         except TrainerError:
             continue
-        if int((meta.get("state") or {}).get("global_step", -1)) == int(step):
+        recorded = meta.get("state") or {}
+        if int(recorded.get("global_step", -1)) == int(state.global_step) and recorded.get(
+            "history"
+        ) == json.loads(json.dumps(state.history)):
             return root / str(version)
     return None
 
