@@ -322,6 +322,16 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     _abandoned_links_do_not_resolve(aside, checkpoints / older, branch_start)
     train(compose_cfg(*base, "trainer.epochs=2", "resume=latest"))
     assert load_checkpoint(checkpoints / "latest").state.global_step == branch_end.global_step
+    # Moved with its run, a set-aside checkpoint still finds its run's log (its link was
+    # written one folder up: it said "the event file is gone").
+    from trainer.errors import TensorBoardLinkError
+    from trainer.tensorboard import resolve_link
+
+    moved = Path(first.run_dir).parent / "moved"
+    shutil.move(first.run_dir, moved)
+    for path in (moved / "checkpoints" / aside.name).iterdir():
+        with pytest.raises(TensorBoardLinkError, match="abandoned"):
+            resolve_link(path, load_checkpoint(path, compile=False).metadata)
 
 
 def _abandoned_links_do_not_resolve(aside: Path, kept: Path, branch_start: float) -> None:

@@ -15,7 +15,13 @@ from trainer.atomic import is_temporary
 from trainer.errors import NotACheckpointError, TrainerError
 from trainer.export import is_export, read_export_metadata, versions
 from trainer.save_backends import SaveBackend
-from trainer.tensorboard import LINK_KEY, event_steps, purging_restart, restarts
+from trainer.tensorboard import (
+    LINK_KEY,
+    event_steps,
+    link_run_dirs,
+    purging_restart,
+    restarts,
+)
 
 # Where a run keeps what, by config key; the first key present wins, then the default.
 DIR_KEYS = {
@@ -101,8 +107,8 @@ def _link_summary(
     path: Path, link: dict[str, Any], output_dir: Path, cache: _StepCache
 ) -> dict[str, Any]:
     summary = {"run_name": link.get("run_name"), "step": link.get("step")}
-    for run_dir in filter(None, [link.get("run_dir"), link.get("run_dir_absolute")]):
-        log_dir = Path(os.path.normpath(path.absolute().parent / run_dir / link.get("log_dir", "")))
+    for run_dir in link_run_dirs(path.absolute(), link):
+        log_dir = Path(os.path.normpath(run_dir / link.get("log_dir", "")))
         event_file = log_dir / str(link.get("event_file"))
         if event_file.is_file():
             summary["run"] = _relative_or_absolute(log_dir, output_dir)

@@ -395,6 +395,20 @@ def purging_restart(
     return None
 
 
+def link_run_dirs(artifact: Path, link: Mapping[str, Any]) -> list[Path]:
+    """Where a link's run directory may be, in order: relative to the artifact's folder (the
+    whole run moved), relative to the folder above it (the artifact was set aside one level
+    down, into ``checkpoints/abandoned-<n>/``, after its link was written), then the
+    absolute path it was written at."""
+    candidates = []
+    if link.get("run_dir") is not None:
+        candidates.append(artifact.parent / link["run_dir"])
+        candidates.append(artifact.parent.parent / link["run_dir"])
+    if link.get("run_dir_absolute"):
+        candidates.append(Path(link["run_dir_absolute"]))
+    return candidates
+
+
 def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ResolvedLink:
     """Follow the link of the checkpoint/export at ``artifact_path`` to its event file and
     check the file holds the link's step (and its card tag, if it names one).
@@ -409,13 +423,8 @@ def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) 
             f"'event_file' and 'step'); it was saved without a RunBoard. "
             f"Received keys: {sorted(metadata)[:12]}"
         )
-    candidates = []
-    if link.get("run_dir") is not None:
-        candidates.append(artifact.parent / link["run_dir"])
-    if link.get("run_dir_absolute"):
-        candidates.append(Path(link["run_dir_absolute"]))
     tried = []
-    for run_dir in candidates:
+    for run_dir in link_run_dirs(artifact, link):
         log_dir = Path(os.path.normpath(run_dir / link.get("log_dir", ".")))
         event_file = log_dir / link["event_file"]
         tried.append(str(event_file))
