@@ -107,6 +107,18 @@ def test_nothing_to_resume_is_one_error_line_and_exit_2(tmp_path):
     assert error.endswith(f"Received directory {str(tmp_path)!r}")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("override", ["callbacks=null", "save=null"])
+def test_a_group_override_hydra_cannot_apply_is_one_error_line_and_exit_2(tmp_path, override):
+    """Hydra raises a plain ValueError for a group set to null ("Config group override must
+    be a string or a list"): a traceback and exit 1 before; now an error line and exit 2."""
+    proc = train_py(override, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2, output_of(proc)[-3000:]
+    assert "Traceback" not in output_of(proc)
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "Config group override must be a string or a list" in error
+
+
 # ------------------------------------------------ resume=auto, export, finished runs
 def has_hidden(directory: Path) -> bool:
     return directory.is_dir() and any(c.name.startswith(".") for c in directory.iterdir())

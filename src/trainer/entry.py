@@ -35,6 +35,8 @@ def job(cfg: DictConfig) -> float | None:
     """The body of train.py's ``@hydra.main`` function: train, return the objective."""
     from trainer.training import train
 
+    if _jobs_started:  # errors from here on are the job's, not Hydra's composing
+        _jobs_started[-1] = True
     if sweeps.skip_job():  # a multirun stopped by a signal: no further job trains
         return None
     try:
@@ -59,16 +61,22 @@ def run(main: Callable[[], Any]) -> None:
     """Call train.py's ``@hydra.main`` function; a deliberate error ends the process
     with one ``error:`` line and exit code 2."""
     _users.append(os.environ.get(FULL_ERROR))
+    _jobs_started.append(False)
     # Hydra then re-raises errors instead of printing its own report, so they reach us.
     os.environ[FULL_ERROR] = "1"
     try:
         with sweeps.watch():  # a signal during a multirun stops the sweep
             main()
     except Exception as error:  # raised while Hydra composed the config
+        if not _jobs_started[-1] and deliberate_message(error) is None:
+            # Hydra raises plain ValueErrors for some overrides it cannot apply
+            # (`callbacks=null`: "Config group override must be a string or a list").
+            error = HydraException(f"The config cannot be composed: {error}")
         refuse(error)
         raise
     finally:
         _restore(_users.pop())
+        _jobs_started.pop()
 
 
 def refuse(error: Exception) -> None:
@@ -105,6 +113,8 @@ def one_line(message: str) -> str:
 
 # The user's HYDRA_FULL_ERROR while ``run`` has set it (one entry per active ``run``).
 _users: list[str | None] = []
+# Whether the job of each active ``run`` started: an error before it is Hydra's.
+_jobs_started: list[bool] = []
 
 
 @contextlib.contextmanager
