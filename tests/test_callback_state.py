@@ -187,3 +187,24 @@ def test_csv_logger_without_append_keeps_the_rows_of_a_resumed_run(tmp_path):
     fresh.on_epoch_end(0, {"loss": 0.9})
     fresh.on_train_end()
     assert [r["loss"] for r in csv.DictReader((tmp_path / "metrics.csv").open())] == ["0.9"]
+
+
+def test_a_callback_state_json_cannot_hold_is_named_not_blamed_on_the_disk(tmp_path):
+    """A configured callback's state_dict() returning a NumPy float failed inside the save
+    as "free space or fix permissions", and on_save_error=continue trained on without it."""
+    from trainer.checkpointing import Checkpoint
+
+    class Counting(keras.callbacks.Callback):
+        def state_dict(self):
+            return {"seen": np.float32(1.5)}
+
+        def load_state_dict(self, state):
+            pass
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    counting = Counting()
+    saves = Checkpoint(tmp_path / "ckpt", backend="h5", track={"counting": counting},
+                       on_save_error="continue")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"state_dict\(\) of callback Counting must return JSON"):
+        model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0, callbacks=[counting, saves])

@@ -10,6 +10,7 @@ attributes), ``load_state`` puts them back; a callback of your own takes part by
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -28,11 +29,27 @@ KERAS_STATE: dict[type, tuple[str, ...]] = {
 def state_of(callback: keras.callbacks.Callback) -> dict[str, Any] | None:
     """The callback's resumable state, or None if it keeps none."""
     if hasattr(callback, "state_dict"):
-        return callback.state_dict()
+        return _json_state(callback, callback.state_dict())
     for cls, names in KERAS_STATE.items():
         if isinstance(callback, cls):
             return {name: _plain(getattr(callback, name, None)) for name in names}
     return None
+
+
+def _json_state(callback: keras.callbacks.Callback, state: Any) -> Any:
+    """A callback's own ``state_dict()``, which every backend stores as JSON: anything else
+    is the callback's to fix, said so here (it failed inside the save, reported as a disk
+    or permission problem, and ``on_save_error=continue`` trained on without it)."""
+    try:
+        json.dumps(state, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"The state_dict() of callback {type(callback).__name__} must return JSON values "
+            f"(a dict of numbers, strings, booleans, None, lists and dicts; float(x) for a "
+            f"NumPy value, finite numbers only): checkpoints store it as JSON. Received "
+            f"{type(error).__name__}: {error}"
+        ) from None
+    return state
 
 
 def keeps_state(callback: keras.callbacks.Callback) -> bool:
