@@ -75,6 +75,13 @@ def test_inspect_reports_a_checkpoint(compose_cfg, tmp_path, capsys):
     assert cli_main(["inspect", str(checkpoint)]) == 0
     text = capsys.readouterr().out
     assert "backend:        h5" in text and "- block0 (ResidualBlock)" in text
+    # An export written without a log of its own reports its checkpoint's link (it said
+    # "no link (saved without a RunBoard)" though the link is in its metadata).
+    assert cli_main(["export", str(checkpoint), str(tmp_path / "served")]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", str(tmp_path / "served" / "1"), "--json"]) == 0
+    link = json.loads(capsys.readouterr().out)["tensorboard"]
+    assert link["resolves"] is True and link["step"] == 3 and "source checkpoint" in link["via"]
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty_dir", "junk_file"])

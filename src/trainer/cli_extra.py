@@ -106,6 +106,7 @@ def format_links_and_signatures(report: dict[str, Any]) -> list[str]:
         return lines
     lines.append(
         f"tensorboard:    run {link.get('run_name')} step {link.get('step')}, tag {link.get('tag')}"
+        + (f" (no log of its own: the link of {link['via']})" if link.get("via") else "")
     )
     if link["resolves"]:
         lines.append(f"  event file:   {link['event_file_path']}")
@@ -113,6 +114,20 @@ def format_links_and_signatures(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"  BROKEN:       {link['problem']}")
     return lines
+
+
+def _source_link(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """For an export written without a TensorBoard log of its own (``trainer export``
+    without ``--tensorboard``): the link of the checkpoint it was made from, resolved from
+    that checkpoint's location (``source.checkpoint``), where it was written."""
+    link = meta.get("checkpoint_tensorboard")
+    source = (meta.get("source") or {}).get("checkpoint")
+    if not isinstance(link, dict) or not source:
+        return None
+    report = link_report(Path(source), {LINK_KEY: link})
+    if report is not None:
+        report["via"] = f"the source checkpoint {source}"
+    return report
 
 
 def inspect_export(path: Path, *, as_json: bool) -> int:
@@ -134,7 +149,7 @@ def inspect_export(path: Path, *, as_json: bool) -> int:
         "warmup_requests": meta.get("warmup_requests", 0),
         "signatures": saved_model_signatures(path),
         "signatures_source": "saved_model.pb",
-        "tensorboard": link_report(path, meta),
+        "tensorboard": link_report(path, meta) or _source_link(meta),
     }
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
