@@ -165,10 +165,10 @@ def test_train_writes_checkpoints_and_events(compose_cfg, tmp_path, save):
     assert OmegaConf.create(restored.metadata["config"]).trainer.epochs == 2
 
 
-def test_training_is_repeatable(compose_cfg):
-    cfg = compose_cfg("model=mlp", "save=weights")
-    first = train(cfg)
-    second = train(cfg)
+def test_training_is_repeatable(compose_cfg, tmp_path):
+    first = train(compose_cfg("model=mlp", "save=weights"))
+    # The same config in a new directory (a fresh run over the first one's is refused).
+    second = train(compose_cfg("model=mlp", "save=weights", f"run_dir={tmp_path / 'again'}"))
     assert first == second
 
 

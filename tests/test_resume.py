@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 from conftest import ROOT, config_options, list_checkpoints, subprocess_env
@@ -220,18 +221,14 @@ def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
             _train_cmd(run, "trainer.epochs=1000", *slow, *policy, *resume),
             env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        start = time.monotonic()
-        # Wait for this process to write something new, then kill it at a random moment.
         wrote = False
-        while time.monotonic() - start < 120 and proc.poll() is None:  # a hang guard
-            newest = _newest_step(run)
-            if newest is not None and newest > previous_step:
-                wrote = True
-                break
-            time.sleep(0.05)
+        try:  # a failing poll must not leave the trainer running (it trained on for minutes)
+            wrote = _wait_for_new_checkpoint(run, proc, previous_step)
+        finally:
+            if not wrote:
+                proc.kill()
+                proc.wait()
         if not wrote:  # killing now would test nothing new: say what happened instead
-            proc.kill()
-            proc.wait()
             pytest.fail(f"no new checkpoint within 120 s (exit code {proc.returncode})")
         time.sleep(rng.uniform(0.0, 1.2))
         proc.kill()
@@ -253,6 +250,17 @@ def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
     )  # fmt: skip
     assert final.returncode == 0, final.stderr[-2000:]
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def _wait_for_new_checkpoint(run, proc, previous_step) -> bool:
+    """Whether ``proc`` wrote a checkpoint newer than ``previous_step`` within 120 s."""
+    start = time.monotonic()
+    while time.monotonic() - start < 120 and proc.poll() is None:  # a hang guard
+        newest = _newest_step(run)
+        if newest is not None and newest > previous_step:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _newest_step(run):
@@ -293,7 +301,6 @@ def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_pa
     """Resuming into the model built from the config (every layer trainable, a fresh
     optimizer) after a layer was frozen mid-run: the layer comes back frozen and the
     optimizer is built for the variables it was saved for, so training goes on alike."""
-    import keras
 
     from trainer.resume import restore_into
     from trainer.save_backends import get_backend, trainable
@@ -326,7 +333,6 @@ def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_
     """Variables restored into a model with a layer added that holds none: nothing to carry
     while every layer is trainable; with a frozen layer, the flags cannot be mapped and the
     restore is refused before any variable is assigned."""
-    import keras
 
     from trainer.resume import restore_into
     from trainer.save_backends import get_backend
@@ -356,7 +362,6 @@ def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_
 
 
 def test_restore_into_carries_weight_decay_exclusions_or_refuses_other_ones(tmp_path):
-    import keras
 
     from trainer.resume import restore_into
     from trainer.save_backends import get_backend, trainable

@@ -49,12 +49,18 @@ def complete(
             except _UNREADABLE as error:
                 _note(damaged, child, error)
                 continue
-            found.append(((step, child.stat().st_mtime_ns, child.name), child))
+            try:
+                found.append(((step, child.stat().st_mtime_ns, child.name), child))
+            except FileNotFoundError:  # removed since it was read (retention)
+                continue
     return sorted(found, key=lambda item: item[0])
 
 
 def _note(damaged: list[tuple[Path, str]] | None, path: Path, error: Exception) -> None:
-    if damaged is not None:
+    """Record ``path`` as damaged, unless it is gone: retention (or a replacing save)
+    renamed it away while it was being read, which a reader running beside training sees
+    (it failed ``resume=latest`` and ``find_latest`` with a CorruptCheckpointError)."""
+    if damaged is not None and os.path.lexists(path):
         damaged.append((path, f"{type(error).__name__}: {str(error)[:300]}"))
 
 
