@@ -212,6 +212,8 @@ def call_signature(layer: keras.layers.Layer) -> list[dict[str, Any]] | None:
         if default is not inspect.Parameter.empty:
             plain = default is None or isinstance(default, bool | int | float | str)
             entry["default"] = default if plain else None
+            if not plain:  # stored as None: a revived call tells it from an explicit None
+                entry["opaque"] = True
         found.append(entry)
     return found
 

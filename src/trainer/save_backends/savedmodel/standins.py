@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
-from trainer.save_backends.savedmodel import masks
+from trainer.save_backends.savedmodel import call_matching, masks
 
 
 class TracedRegularizer(keras.regularizers.Regularizer):
@@ -87,7 +87,13 @@ class _RevivedMixin:
         object.__setattr__(self, "_trainer_call_infer", infer)
         object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
         object.__setattr__(self, "_trainer_training_traced", record.get("training_traced", True))
-        object.__setattr__(self, "_trainer_kwarg_defaults", _kwarg_defaults(infer))
+        signature = inspect.signature(type(self).call)
+        parameters = list(signature.parameters.values())[1:]  # without self
+        object.__setattr__(self, "_trainer_signature", signature.replace(parameters=parameters))
+        saved = record.get("call_signature")
+        saved = [p for p in saved if isinstance(p, dict)] if isinstance(saved, list) else []
+        opaque = {p.get("name") for p in saved if p.get("opaque") is True}
+        object.__setattr__(self, "_trainer_opaque_defaults", opaque)
         object.__setattr__(self, "_trainer_compute_mask", getattr(node, "compute_mask", None))
         object.__setattr__(self, "_trainer_takes_masks", masks.accepts_masks(infer))
         # Records written before masks were recorded: Keras' default for a layer with
@@ -114,14 +120,17 @@ class _RevivedMixin:
             function = self._trainer_call_train
         elif training and not self._trainer_training_traced:
             raise _no_training_trace(self)
-        for key, value in self._trainer_kwarg_defaults.items():
-            kwargs.setdefault(key, value)
-        if self._trainer_takes_masks:
-            kwargs = masks.with_masks(args, kwargs)
-        try:
-            result = function(tuple(args), kwargs)
-        except (TypeError, ValueError) as err:  # no traced function takes these arguments
-            raise _unmatched_call(self, function, args, kwargs, err) from err
+        error = None
+        for each_args, each_kwargs in call_matching.arrange(self, function, args, kwargs):
+            if self._trainer_takes_masks:
+                each_kwargs = masks.with_masks(each_args, each_kwargs)
+            try:
+                result = function(each_args, each_kwargs)
+                break
+            except (TypeError, ValueError) as err:  # no trace takes these tensors
+                error = err
+        else:
+            raise _unmatched_call(self, function, args, kwargs, error) from error
         outputs, losses = masks.received(result)
         for loss in losses:
             self.add_loss(loss)
@@ -273,19 +282,6 @@ def _kwarg_names(function: Any) -> set[str]:
         if len(args) > 1 and isinstance(args[1], dict):
             names.update(args[1])
     return names
-
-
-def _kwarg_defaults(function: Any) -> dict[str, Any]:
-    """Keyword arguments recorded as plain Python values (``mask=None``) that a caller of
-    the revived layer will not pass, because its signature does not name them."""
-    defaults: dict[str, Any] = {}
-    for concrete in _concretes(function):
-        args, _ = concrete.structured_input_signature
-        if len(args) > 1 and isinstance(args[1], dict):
-            for key, value in args[1].items():
-                if value is None or isinstance(value, bool | int | float | str):
-                    defaults.setdefault(key, value)
-    return defaults
 
 
 class RevivedLayer(_RevivedMixin, keras.layers.Layer):
