@@ -126,3 +126,23 @@ def test_an_explicit_none_is_not_taken_for_a_default_that_is_not_plain(tmp_path)
     np.testing.assert_allclose(layer(X).numpy(), X + 1.0)
     with pytest.raises(RevivedCallError, match=r"Received: offsets=None"):
         layer(X, offsets=None)  # the original returns x: no trace computes that
+
+
+def test_a_keyword_no_trace_was_made_with_is_named_as_the_problem(tmp_path):
+    model = Tempered()
+    x = np.ones((1, 4), "float32")
+    model(x)
+    revived = _revive(model, tmp_path, ["Tempered"])
+    message = r"Python argument values.*temperature=1\.0.*Received: temperature=3\.0"
+    with pytest.raises(RevivedCallError, match=message) as caught:
+        revived(x, temperature=3.0)
+    assert "kind of tensors" not in str(caught.value)  # not blamed on the tensors
+
+
+def test_a_tensor_no_trace_takes_is_refused_naming_the_keywords_received(tmp_path):
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, ScaledAdd(name="sa")(inputs, scale=5.0, use_bias=False))
+    layer = _revive(model, tmp_path, ["ScaledAdd"]).get_layer("sa")
+    message = r"kind of tensors.*Received: args=.*shape=\(2, 1, 3\).*'scale': 5\.0"
+    with pytest.raises(RevivedCallError, match=message):
+        layer(X[:, None, :], scale=5.0, use_bias=False)  # traced on rank 2 only

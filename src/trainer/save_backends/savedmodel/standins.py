@@ -179,7 +179,8 @@ def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exce
         f"A subclassed model is traced on the inputs Keras records for it, shapes only, in "
         f"its input dtype: one called on other dtypes (int32 ids) revives only with its "
         f"class, or build it as a Functional model on keras.Input(dtype=...). "
-        f"Received: {repr(given[0])[:500]} ({type(err).__name__})"
+        f"Received: args={repr(given[0])[:500]}, kwargs={repr(given[1])[:300]} "
+        f"({type(err).__name__})"
     )
 
 
