@@ -77,3 +77,85 @@ def test_a_subclass_keeping_keras_training_logic_still_loads_compiled_from_trace
         checkpoint = load_checkpoint(path)
     assert checkpoint.metadata["revived_from"][model.name] == "traced"
     assert checkpoint.model.evaluate(X, Y, verbose=0) == model.evaluate(X, Y, verbose=0)
+
+
+# A registered Functional or Sequential subclass without its own constructor: its config is
+# its graph's, and a load without its class rebuilt a plain Functional from it, dropping the
+# class's call() (outputs off, silently) and its compute_loss (trained on another loss).
+@keras.saving.register_keras_serializable(PACKAGE)
+class Doubling(keras.Model):
+    def call(self, inputs, training=None, mask=None):
+        return 2.0 * super().call(inputs, training=training, mask=mask) + 1.0
+
+
+class _Penalty:
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 10.0 * keras.ops.mean(keras.ops.square(y_pred))
+
+
+@keras.saving.register_keras_serializable(PACKAGE)
+class PenalizedFunctional(_Penalty, keras.Model):
+    pass
+
+
+@keras.saving.register_keras_serializable(PACKAGE)
+class PenalizedSequential(_Penalty, keras.Sequential):
+    pass
+
+
+@keras.saving.register_keras_serializable(PACKAGE)
+class Described(keras.Model):
+    """Adds a helper only: it computes and trains as its graph does."""
+
+    def describe(self):
+        return f"{self.name}: {len(self.layers)} layers"
+
+
+def _graph(cls, tmp_path):
+    keras.utils.set_random_seed(0)
+    if cls is PenalizedSequential:
+        model = cls([keras.Input((8,)), keras.layers.Dense(2)], name="m")
+    else:
+        inputs = keras.Input((8,))
+        hidden = keras.layers.BatchNormalization()(keras.layers.Dense(4)(inputs))
+        model = cls(inputs, keras.layers.Dense(2)(hidden), name="m")
+    model.compile("sgd", "mse")
+    return model, get_backend("savedmodel").save(model, tmp_path / "ckpt")
+
+
+def test_a_graph_subclass_overriding_call_revives_from_its_traces(tmp_path):
+    model, path = _graph(Doubling, tmp_path)
+    with classes_hidden(["Doubling"], PACKAGE):
+        checkpoint = load_checkpoint(path)
+    loaded = checkpoint.model
+    assert checkpoint.metadata["revived_from"]["m"] == "traced"
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    np.testing.assert_allclose(loaded(X, training=True), model(X, training=True), atol=1e-5)
+    y = np.ones((32, 2), "float32")
+    for each in (model, loaded):
+        each.fit(X, y, batch_size=16, verbose=0, shuffle=False)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), 1e-5)
+
+
+@pytest.mark.parametrize("cls", [PenalizedFunctional, PenalizedSequential])
+def test_a_graph_subclass_overriding_its_loss_is_not_compiled_without_it(tmp_path, cls):
+    model, path = _graph(cls, tmp_path)
+    with classes_hidden([cls.__name__], PACKAGE):
+        with pytest.raises(MissingClassError, match=f"{cls.__name__}.*overrides compute_loss"):
+            load_checkpoint(path)
+        loaded = load_checkpoint(path, compile=False).model
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    loaded.compile("sgd", "mse")
+    with pytest.raises(MissingClassError, match=cls.__name__):
+        loaded.fit(X, np.ones((32, 2), "float32"), verbose=0)
+
+
+def test_a_graph_subclass_adding_only_helpers_still_loads_as_its_graph(tmp_path):
+    model, path = _graph(Described, tmp_path)
+    with classes_hidden(["Described"], PACKAGE):
+        checkpoint = load_checkpoint(path)
+    assert checkpoint.metadata["revived_from"]["m"] == "graph"
+    np.testing.assert_array_equal(
+        checkpoint.model.predict(X, verbose=0), model.predict(X, verbose=0)
+    )

@@ -200,8 +200,9 @@ class SavedModelBackend(SaveBackend):
             else:
                 layerstate.refuse_older_format(model, path, assets_only=False)
             root = saved["layers"][0]
-            how = reviver.how.get(root.get("name"), "")
-            training_logic.guard(model, root, how, bool(compile), path)
+            name = root.get("name")
+            missing = reviver.how.get(name) == "traced" or name in reviver.plain_graphs
+            training_logic.guard(model, root, missing, bool(compile), path)
             if compile and meta.get("compile_config"):
                 dropped = _compile(
                     model, meta["compile_config"], custom_objects, reviver.safe_mode, path

@@ -18,6 +18,7 @@ import keras
 from trainer.errors import CorruptCheckpointError
 from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel.records import PLACEHOLDER
+from trainer.save_backends.savedmodel.training_logic import COMPUTATION
 
 TOKEN = "__trainer_revived_{}__"
 
@@ -59,8 +60,11 @@ def substituted(reviver: Any, record: dict[str, Any]) -> tuple[dict[str, Any], d
     return {**config, "config": walk(config["config"])}, extra
 
 
-def rebuild_graph(reviver: Any, record: dict[str, Any]) -> keras.layers.Layer:
-    """Functional/Sequential: layers first, then Keras' own graph reconstruction."""
+def rebuild_graph(reviver: Any, record: dict[str, Any]) -> keras.layers.Layer | None:
+    """Functional/Sequential: layers first, then Keras' own graph reconstruction. A
+    subclass missing here is rebuilt as a plain Functional/Sequential if it computes what
+    its graph does; None if it overrides ``call`` (or another ``COMPUTATION`` method):
+    then it is revived from its traced functions, which hold what it computed."""
     extra: dict[str, Any] = {}
     config = copy.deepcopy(record["keras_config"])
     entries = config["config"]["layers"]
@@ -81,13 +85,23 @@ def rebuild_graph(reviver: Any, record: dict[str, Any]) -> keras.layers.Layer:
     except (TypeError, ValueError) as err:  # what Keras raises for a class it cannot locate
         if "Could not locate" not in str(err):
             raise _graph_error(reviver, record, err) from err
+        if _computes_otherwise(record):
+            return None
         # A registered Functional subclass whose class is missing: plain Functional.
         base = keras.Sequential if record["model_kind"] == "sequential" else keras.Model
         with keras.saving.custom_object_scope({**reviver.custom_objects, **extra}):
             model = base.from_config(config["config"])
+        reviver.plain_graphs.add(record["name"])
     reviver.bind(model, record, strict=True)
     reviver.how[record["name"]] = "graph"
     return model
+
+
+def _computes_otherwise(record: dict[str, Any]) -> bool:
+    """Whether the record says its class overrides what its graph computes (checkpoints
+    written before this was recorded say nothing)."""
+    stored = record.get("computation_overrides")
+    return isinstance(stored, list) and any(m in COMPUTATION for m in stored)
 
 
 def _graph_error(reviver: Any, record: dict[str, Any], err: Exception) -> Exception:

@@ -25,6 +25,7 @@ from trainer.save_backends.savedmodel import (
     state_variables,
     structure,
     tracing,
+    training_logic,
 )
 from trainer.save_backends.savedmodel.tracing import Node, tf_variable
 
@@ -208,7 +209,10 @@ def _trace_node(
     # Nothing calls the root in training mode but its own revival, and a root revived as
     # a graph (Functional, Sequential) is rebuilt from its config around its layers: its
     # training trace (every variable captured again) would never run.
-    training = li != 0 or not records.is_graph_config(records.model_kind(layer), serialized[0])
+    # Unless its class computes otherwise (overrides ``call``): missing at load, such a
+    # subclass revives from its traces (graph_revival), training included.
+    graph = records.is_graph_config(records.model_kind(layer), serialized[0])
+    training = li != 0 or not graph or bool(training_logic.computation_overridden(layer))
     # A serving export (saved without the optimizer) is for inference: no training traces,
     # which were a third of an export's time. A layer revived from it without its class
     # refuses ``training=True`` (``training_traced`` below); its class trains as usual.

@@ -298,6 +298,7 @@ def layer_record(
         "call_specs": call_specs,
         "save_fallbacks": fallbacks,  # what could not be stored, and why
         "training_logic": training_logic.overridden(layer),
+        "computation_overrides": training_logic.computation_overridden(layer),
     }
 
 

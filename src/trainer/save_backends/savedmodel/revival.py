@@ -106,6 +106,8 @@ class Reviver:
         self.layers: dict[int, keras.layers.Layer] = {}
         self.keras_vars: dict[int, keras.Variable] = {}
         self.how: dict[str, str] = {}  # layer name -> "config" | "graph" | "traced"
+        # Graph models of a subclass missing here, rebuilt as a plain Functional/Sequential
+        self.plain_graphs: set[str] = set()
         self.functions_imported = 0  # library functions imported for this load
         self.config_errors: dict[int, Exception] = {}  # why a layer was not rebuilt
         if len(self.storage) != len(variables) or len(self.nodes) != len(records):
@@ -123,7 +125,7 @@ class Reviver:
         record = self.records[index]
         layer = None
         if _is_graph_config(record):
-            layer = graph_revival.rebuild_graph(self, record)
+            layer = graph_revival.rebuild_graph(self, record)  # None: revive from traces
         elif self._config_allowed(record):
             layer = self._from_config(record)
         if layer is None:
