@@ -18,7 +18,7 @@ import keras
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends.savedmodel import training_logic
+from trainer.save_backends.savedmodel import constraints, training_logic
 
 log = logging.getLogger(__name__)
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
@@ -323,6 +323,7 @@ def variable_record(variable: Any, index: int, owner: int | None) -> dict[str, A
         "owner": owner,
         "node_path": f"model_variables/{index}",
         "has_regularizer": regularizer is not None,
+        "constraint": constraints.config(variable),
         "regularizer": reg_config,
         "save_fallbacks": fallbacks,
     }

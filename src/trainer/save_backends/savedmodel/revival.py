@@ -39,7 +39,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
-from trainer.save_backends.savedmodel import graph_revival, layout, standins
+from trainer.save_backends.savedmodel import constraints, graph_revival, layout, standins
 from trainer.save_backends.savedmodel.records import is_graph_config
 from trainer.save_backends.savedmodel.stored_variables import Stored
 
@@ -298,6 +298,13 @@ class Reviver:
             # the flag they had when saved.
             variable.trainable = self.var_records[index]["trainable"]
         self._attach_regularizers(node, own_ids, own)
+        constraints.restore(
+            [(self.var_records[i], v) for i, v in zip(own_ids, own, strict=True)],
+            layer=record["name"],
+            custom_objects=self.custom_objects,
+            safe_mode=self.safe_mode,
+            where=self.where,
+        )
         self.how[record["name"]] = "traced"
         return layer
 
