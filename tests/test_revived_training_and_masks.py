@@ -17,6 +17,7 @@ import pytest
 from keras import layers, ops
 
 from tests.savedmodel_zoo import classes_hidden
+from trainer.errors import RevivedCallError
 from trainer.save_backends import get_backend
 
 PKG = "rtm"
@@ -188,3 +189,26 @@ def test_revived_mask_layers_keep_masks_and_extra_keyword_arguments(tmp_path):
     inputs = keras.Input((5, 3))
     rewired = keras.Model(inputs, gated(maker(inputs), scale=3.0))
     np.testing.assert_allclose(rewired(x).numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("saved_trainable", [True, False], ids=["frozen_after", "unfrozen_after"])
+def test_a_revived_block_refuses_to_train_with_other_flags_than_traced(tmp_path, saved_trainable):
+    """Freezing (or unfreezing) a revived block holding BatchNormalization after the load
+    changed nothing in its training trace: it kept using batch statistics and updating
+    them (or the other way round), silently. Such a training call is refused."""
+    x, y = _data()
+    model = _block_functional()
+    model.get_layer("block").trainable = saved_trainable
+    path = _saved(model, tmp_path, x, y)
+    with classes_hidden(["NormBlock"], PKG):
+        revived = get_backend("savedmodel").load(path).model
+    block = revived.get_layer("block")
+    block.trainable = not saved_trainable
+    revived.compile(keras.optimizers.SGD(0.05), "mse")
+    message = rf"'block'.*batch_normalization.*trainable={saved_trainable}.*Received: "
+    with pytest.raises(RevivedCallError, match=message):
+        revived.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    np.testing.assert_allclose(revived.predict(x, verbose=0), model.predict(x, verbose=0), 1e-5)
+    block.trainable = saved_trainable  # back as traced: trains
+    revived.compile(keras.optimizers.SGD(0.05), "mse")
+    revived.fit(x, y, epochs=1, batch_size=8, verbose=0)

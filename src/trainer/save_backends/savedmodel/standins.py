@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
-from trainer.save_backends.savedmodel import call_matching, masks
+from trainer.save_backends.savedmodel import call_matching, frozen_flags, masks
 
 
 class TracedRegularizer(keras.regularizers.Regularizer):
@@ -110,6 +110,7 @@ class _RevivedMixin:
         structure = _first_args(infer)
         if structure is not None:
             object.__setattr__(self, "_trainer_input_structure", structure)
+        object.__setattr__(self, "_trainer_frozen_flags", frozen_flags.snapshot(self))
         self.built = True
 
     def _trainer_call(self, args, training, kwargs):
@@ -117,6 +118,7 @@ class _RevivedMixin:
         the masks their tensors carry, if it was traced with masks)."""
         function = self._trainer_call_infer
         if training and self._trainer_call_train is not None:
+            frozen_flags.check(self, self._trainer_frozen_flags)
             function = self._trainer_call_train
         elif training and not self._trainer_training_traced:
             raise _no_training_trace(self)
