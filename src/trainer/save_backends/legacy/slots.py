@@ -5,6 +5,10 @@ of the model variable>``, so each slot is tied to one model variable by the form
 the model variable was placed by object path (``weights``), which ties it to the Keras 3
 variable. Slots are restored only when every Keras 3 slot finds its legacy value; else
 none is, and a warning says so (a partial restore would mix fresh and trained state).
+An optimizer with ``use_ema`` also has an ``average`` of each variable (the moving average
+``fit`` ends by copying into the weights): restored like a slot, so without its averages
+the optimizer keeps none of its state (Keras 3 would average from zeros while
+``iterations`` said the averages were under way).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ _KINDS = {
         "average_gradient": "_average_gradients",
     },
 }
+# Any optimizer with ``use_ema``: {Keras 2 slot kind: Keras 3 list attribute}.
+_EMA_KINDS = {"average": "_model_variables_moving_average"}
 
 
 def _variable_names(legacy: LegacyDir) -> dict[int, str]:
@@ -70,6 +76,8 @@ def _restore_slots(optimizer: Any, legacy: LegacyDir, names: dict[int, str]) -> 
     kinds = _KINDS.get(type(optimizer).__name__)
     if kinds is None:
         return f"no slot mapping for {type(optimizer).__name__}"
+    if getattr(optimizer, "use_ema", False):
+        kinds = {**kinds, **_EMA_KINDS}
     placed = {id(v): node_id for node_id, v in legacy.placed.items()}
     by_name = {name: node_id for node_id, name in names.items()}
     built_for = keras_compat.optimizer_built_for(optimizer)

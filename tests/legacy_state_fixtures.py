@@ -1,0 +1,55 @@
+"""Write the legacy tf.keras SavedModels of ``tests/test_legacy_state.py``: models whose
+state beyond the layers' weights (optimizer averages, RNN states, frozen layers, learning
+rate schedules...) the import must carry over or refuse.
+
+Run as its own process (``python tests/legacy_state_fixtures.py OUT [CASE...]``): it imports
+``tf_keras`` (Keras 2), which must never share a process with Keras 3. Each case writes
+``OUT/<case>/model`` and the ``.npy`` files its test compares with: what tf_keras computed
+before and after the save (``x``, ``y`` and ``pred`` as in ``legacy_fixtures.py``;
+``cont_*``: tf_keras continuing to train the model it had just saved).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tf_keras as k
+
+L = k.layers
+
+
+def _data(units=3):
+    x = np.random.RandomState(0).rand(16, 5).astype("float32")
+    y = np.random.RandomState(1).rand(16, units).astype("float32")
+    return x, y
+
+
+def ema(folder):
+    """Adam with ``use_ema``: one step before the save (slots and averages exist), two
+    after it in tf_keras (``fit`` ends by overwriting the weights with the averages)."""
+    x, y = _data()
+    model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
+    model.compile(k.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9), "mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    model.save(os.path.join(folder, "model"))
+    _save(folder, x=x, y=y, pred=model(x).numpy())
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    _save(folder, cont_pred=model(x).numpy())
+
+
+def _save(folder, **arrays):
+    for name, array in arrays.items():
+        np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
+
+
+CASES = {"ema": ema}
+
+
+if __name__ == "__main__":
+    for case in sys.argv[2:] or list(CASES):
+        k.utils.set_random_seed(0)
+        folder = os.path.join(sys.argv[1], case)
+        os.makedirs(folder, exist_ok=True)
+        CASES[case](folder)

@@ -1,0 +1,64 @@
+"""Legacy tf.keras imports of what a model holds besides its layers' weights: optimizer
+averages and slots, RNN states, frozen layers, learning-rate schedules, mixed precision,
+adapted preprocessing state, metric names. Each is carried over so that the imported model
+computes and trains as tf_keras did, or refused with an ``UnsupportedLegacyError``.
+
+The models are written by ``tests/legacy_state_fixtures.py`` with tf_keras in ONE
+subprocess per session (tf_keras and Keras 3 never share a process).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.save_backends.registry import load_checkpoint
+
+FIXTURES = Path(__file__).with_name("legacy_state_fixtures.py")
+
+
+@pytest.fixture(scope="session")
+def made(tmp_path_factory) -> Path:
+    """Written once per test run, under a lock shared by the xdist workers (as the zoo of
+    ``test_legacy_import.py``)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "legacy_state"
+    with open(shared / "legacy_state.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "complete").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            env.pop("KERAS_BACKEND", None)
+            done = subprocess.run(
+                [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            (out / "complete").write_text("written by the first worker\n")
+    return out
+
+
+def _npy(folder: Path, name: str) -> np.ndarray:
+    return np.load(folder / f"{name}.npy")
+
+
+def test_ema_averages_restored_with_the_iterations(made):
+    """Adam(use_ema=True): the averages come back with the slots and the iteration count;
+    restored without them, Keras 3 averaged from zeros and the end of ``fit`` overwrote
+    the weights with 0.9 * 0 + 0.1 * w."""
+    folder = made / "ema"
+    checkpoint = load_checkpoint(folder / "model")
+    model, x, y = checkpoint.model, _npy(folder, "x"), _npy(folder, "y")
+    assert checkpoint.metadata["optimizer_state"] == "restored"
+    assert int(model.optimizer.iterations.numpy()) == 1
+    np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    np.testing.assert_allclose(np.asarray(model(x)), _npy(folder, "cont_pred"), atol=1e-6)
