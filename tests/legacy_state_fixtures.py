@@ -39,12 +39,26 @@ def ema(folder):
     _save(folder, cont_pred=model(x).numpy())
 
 
+def stateful(folder):
+    """A stateful LSTM saved between two chunks of its sequences (states moved), inside a
+    Bidirectional too: ``pred`` is the next chunk, continuing from the saved states."""
+    x = np.random.RandomState(0).rand(4, 5, 3).astype("float32")
+    inputs = k.Input(batch_shape=(4, 5, 3))
+    h = L.LSTM(2, stateful=True, return_sequences=True, name="lstm")(inputs)
+    h = L.Bidirectional(L.GRU(2, stateful=True), name="bi")(h)
+    model = k.Model(inputs, L.Dense(1, name="out")(h))
+    model.compile(k.optimizers.Adam(0.01), "mse")
+    model(x)
+    model.save(os.path.join(folder, "model"))
+    _save(folder, x=x, pred=model(x).numpy())
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
 
 
-CASES = {"ema": ema}
+CASES = {"ema": ema, "stateful": stateful}
 
 
 if __name__ == "__main__":

@@ -62,3 +62,11 @@ def test_ema_averages_restored_with_the_iterations(made):
     np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))
     model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
     np.testing.assert_allclose(np.asarray(model(x)), _npy(folder, "cont_pred"), atol=1e-6)
+
+
+def test_stateful_rnn_states_restored(made):
+    """A stateful LSTM and a Bidirectional stateful GRU continue from the states they were
+    saved with (they started from zeros: the next prediction was another one)."""
+    folder = made / "stateful"
+    model, x = load_checkpoint(folder / "model").model, _npy(folder, "x")
+    np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))

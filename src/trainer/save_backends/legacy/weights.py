@@ -6,7 +6,9 @@ model's layers by their unique names, sublayers by the attribute that holds them
 recorded ``variables`` list that none of its sublayers lists; they are assigned in
 recorded order, trainable ones to trainable ones and the others to the others. Any
 difference in count, shape or trainability is an ``UnsupportedLegacyError`` naming the
-layer: a guess could load the model and make it compute something else.
+layer: a guess could load the model and make it compute something else. A stateful RNN's
+states (``keras_api/states``, in no ``variables`` list) go to the Keras 3 layer's
+``states``, in order.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def assign_layer(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, where
         sources = [v for v, t in source if t == flag]
         targets = [v for v in target if (id(v) in own_trainable) == flag]
         _assign_list(legacy, layer, sources, targets, flag, where)
+    _assign_states(legacy, layer, node, where)
     subs = _attribute_sublayers(layer)
     for attribute, child in layer_children(legacy, node).items():
         if attribute not in subs:
@@ -122,6 +125,33 @@ def assign_layer(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, where
                 f"cannot be placed. Received: sublayers {sorted(subs)}"
             )
         assign_layer(legacy, subs[attribute], child, where)
+
+
+def _assign_states(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, where: str):
+    """A stateful RNN's states where it was saved: without them it would go on from zeros
+    and compute another continuation of its sequences."""
+    api = legacy.children(node.node_id).get("keras_api")
+    holder = legacy.children(api).get("states") if api is not None else None
+    saved = [] if holder is None else legacy.listed(api, "states")
+    saved = [v for v in saved if legacy.value_key(v) is not None]
+    stateful = isinstance(layer, keras.layers.RNN) and layer.stateful  # not wrappers
+    states = layer.states if stateful else None
+    targets = list(states) if isinstance(states, list | tuple) else []
+    if not saved and not targets:
+        return
+    arrays = [legacy.read(v) for v in saved]
+    shapes = [tuple(a.shape) for a in arrays]
+    wanted = [tuple(getattr(v, "shape", ())) for v in targets]
+    if shapes != wanted:
+        raise UnsupportedLegacyError(
+            f"Layer {layer.name!r} ({type(layer).__name__}) of {where} was saved with the "
+            f"states of a stateful RNN that the Keras 3 layer cannot hold (Keras 3 "
+            f"{wanted}, saved {shapes}), so it would continue from other states. If they "
+            f"need not carry over, save the model again in TensorFlow 2.x with "
+            f"stateful=False. Received: saved {shapes}"
+        )
+    for variable, array in zip(targets, arrays, strict=True):
+        variable.assign(np.asarray(array, dtype=variable.dtype))
 
 
 def _assign_list(legacy, layer, sources, targets, trainable, where) -> None:
