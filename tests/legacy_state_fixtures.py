@@ -53,12 +53,35 @@ def stateful(folder):
     _save(folder, x=x, pred=model(x).numpy())
 
 
+def frozen(folder):
+    """Transfer learning: a frozen Dense at the top level and a frozen nested base model
+    (Dense + BatchNormalization, which a frozen base runs in inference mode), trained one
+    step before the save and three after it."""
+    x, y = _data(2)
+    base_in = k.Input((5,))
+    base = k.Model(
+        base_in,
+        L.BatchNormalization(name="base_bn")(L.Dense(4, name="base_d")(base_in)),
+        name="base",
+    )
+    base.trainable = False
+    inputs = k.Input((5,))
+    h = L.Dense(4, activation="relu", name="frozen_d", trainable=False)(base(inputs))
+    model = k.Model(inputs, L.Dense(2, name="head")(h))
+    model.compile(k.optimizers.Adam(0.05), "mse")
+    model.fit(x, y, batch_size=16, verbose=0, shuffle=False)
+    model.save(os.path.join(folder, "model"))
+    _save(folder, x=x, y=y, pred=model(x).numpy())
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+    _save(folder, cont_pred=model(x).numpy())
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
 
 
-CASES = {"ema": ema, "stateful": stateful}
+CASES = {"ema": ema, "stateful": stateful, "frozen": frozen}
 
 
 if __name__ == "__main__":

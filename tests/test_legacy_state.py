@@ -70,3 +70,20 @@ def test_stateful_rnn_states_restored(made):
     folder = made / "stateful"
     model, x = load_checkpoint(folder / "model").model, _npy(folder, "x")
     np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))
+
+
+def test_frozen_layers_import_frozen(made):
+    """A frozen layer and a frozen nested base model (transfer learning) import with their
+    flags, compute what tf_keras computed, and train only the head, as tf_keras did (they
+    were refused as "layouts differ": the legacy trainable list of a frozen layer is empty)."""
+    folder = made / "frozen"
+    model, x, y = load_checkpoint(folder / "model").model, _npy(folder, "x"), _npy(folder, "y")
+    frozen = {layer.name: layer.trainable for layer in model.layers if layer.weights}
+    assert frozen == {"base": False, "frozen_d": False, "head": True}
+    assert [v.path for v in model.trainable_variables] == ["head/kernel", "head/bias"]
+    np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))
+    before = [np.array(v) for v in model.non_trainable_variables]
+    model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+    np.testing.assert_allclose(np.asarray(model(x)), _npy(folder, "cont_pred"), atol=1e-6)
+    for old, variable in zip(before, model.non_trainable_variables, strict=True):
+        np.testing.assert_array_equal(old, variable.numpy())

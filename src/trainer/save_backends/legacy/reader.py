@@ -59,6 +59,7 @@ class LegacyDir:
     by_path: dict[str, Node] = field(default_factory=dict)
     # legacy variable node id -> the Keras 3 variable it was placed into
     placed: dict[int, Any] = field(default_factory=dict)
+    _saved_variables: dict[int, Any] | None = None
 
     @property
     def root(self) -> Node:
@@ -99,9 +100,31 @@ class LegacyDir:
         items = self.children(list_id)
         return [items[k] for k in sorted(items, key=_index) if k.isdigit()]
 
+    def saved_variables(self) -> dict[int, Any]:
+        """Node id -> ``SavedVariable`` (``name``, ``trainable``: the variable's own flag,
+        whatever its layer's) of every variable of ``saved_model.pb``'s object graph, whose
+        node ids are the checkpoint's. Parsed once."""
+        if self._saved_variables is None:
+            self._saved_variables = _saved_variables(self.path / SAVED_MODEL_FILE)
+        return self._saved_variables
+
     def variable_name(self, node_id: int) -> str:
         key = self.value_key(node_id) or ""
         return key.split("/.ATTRIBUTES")[0]
+
+
+def _saved_variables(file: Path) -> dict[int, Any]:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    try:
+        saved = saved_model_pb2.SavedModel.FromString(file.read_bytes())
+        nodes = saved.meta_graphs[0].object_graph_def.nodes
+    except Exception as error:  # DecodeError, IndexError: an unreadable file
+        raise CorruptCheckpointError(
+            f"{file} cannot be read as a SavedModel ({type(error).__name__}: {error}); the "
+            f"file is damaged. Received: {str(file)!r}"
+        ) from error
+    return {i: n.variable for i, n in enumerate(nodes) if n.WhichOneof("kind") == "variable"}
 
 
 def _index(key: str) -> int:

@@ -18,10 +18,9 @@ from typing import Any
 
 import keras
 import numpy as np
-from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import keras as keras_compat
-from trainer.save_backends.legacy.reader import SAVED_MODEL_FILE, LegacyDir
+from trainer.save_backends.legacy.reader import LegacyDir
 
 log = logging.getLogger(__name__)
 # Keras 3 class -> {Keras 2 slot kind: Keras 3 slot list attribute}.
@@ -40,9 +39,7 @@ _EMA_KINDS = {"average": "_model_variables_moving_average"}
 
 
 def _variable_names(legacy: LegacyDir) -> dict[int, str]:
-    saved = saved_model_pb2.SavedModel.FromString((legacy.path / SAVED_MODEL_FILE).read_bytes())
-    nodes = saved.meta_graphs[0].object_graph_def.nodes
-    return {i: n.variable.name for i, n in enumerate(nodes) if n.WhichOneof("kind") == "variable"}
+    return {i: variable.name for i, variable in legacy.saved_variables().items()}
 
 
 def restore(model: keras.Model, legacy: LegacyDir) -> str:

@@ -43,6 +43,9 @@ def layer_children(legacy: LegacyDir, node: Node) -> dict[str, Node]:
 
 def own_legacy_variables(legacy: LegacyDir, node: Node) -> list[tuple[int, bool | None]]:
     """(variable node id, trainable) of the variables ``node`` owns, in recorded order.
+    Trainable is the variable's own flag as ``saved_model.pb`` records it, as Keras 3
+    splits a layer's variables: a frozen layer's ``trainable_variables`` list is empty
+    (``trainable=False`` on it or on a model holding it), its variables' flags are not.
 
     A model saved with ``save_traces=False`` records no ``variables`` lists: its layers'
     variables are then their variable attributes in tracking (creation) order, and their
@@ -57,8 +60,9 @@ def own_legacy_variables(legacy: LegacyDir, node: Node) -> list[tuple[int, bool 
     for child in layer_children(legacy, node).values():
         inner.update(legacy.listed(child.node_id, "variables"))
     trainable = set(legacy.listed(node.node_id, "trainable_variables"))
+    flags = legacy.saved_variables()
     own = [v for v in legacy.listed(node.node_id, "variables") if v not in inner]
-    return [(v, v in trainable) for v in own]
+    return [(v, flags[v].trainable if v in flags else v in trainable) for v in own]
 
 
 def _attribute_sublayers(layer: keras.layers.Layer) -> dict[str, keras.layers.Layer]:
