@@ -76,12 +76,32 @@ def frozen(folder):
     _save(folder, cont_pred=model(x).numpy())
 
 
+LEGACY_OPTIMIZERS = {
+    "adam": lambda: k.optimizers.legacy.Adam(0.05, amsgrad=True),
+    "sgd": lambda: k.optimizers.legacy.SGD(0.05, momentum=0.9, nesterov=True),
+    "rmsprop": lambda: k.optimizers.legacy.RMSprop(0.01, momentum=0.5, centered=True),
+}
+
+
+def legacy_optimizers(folder):
+    """tf.keras.optimizers.legacy.* (OptimizerV2: slots tied to their variables by the
+    checkpoint graph, iteration count ``iter``), two steps before the save, three after."""
+    x, y = _data()
+    for name, make in LEGACY_OPTIMIZERS.items():
+        model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
+        model.compile(make(), "mse")
+        model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+        model.save(os.path.join(folder, name))
+        losses = [model.train_on_batch(x, y) for _ in range(3)]
+        _save(folder, x=x, y=y, **{f"{name}_losses": losses})
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
 
 
-CASES = {"ema": ema, "stateful": stateful, "frozen": frozen}
+CASES = {"ema": ema, "stateful": stateful, "frozen": frozen, "legacy_optimizers": legacy_optimizers}
 
 
 if __name__ == "__main__":

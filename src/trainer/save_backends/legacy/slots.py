@@ -14,6 +14,7 @@ the optimizer keeps none of its state (Keras 3 would average from zeros while
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -34,6 +35,14 @@ _KINDS = {
         "average_gradient": "_average_gradients",
     },
 }
+# The same for tf.keras.optimizers.legacy.* (OptimizerV2), by its slot names. Their updates
+# are Keras 3's (Adam's bias-corrected step and epsilon outside the root, RMSprop's epsilon
+# inside it, SGD's momentum sign): checked in tf_keras 2.21's and Keras 3.15.1's source.
+_LEGACY_KINDS = {
+    "Adam": {"m": "_momentums", "v": "_velocities", "vhat": "_velocity_hats"},
+    "SGD": {"momentum": "momentums"},
+    "RMSprop": {"rms": "_velocities", "momentum": "_momentums", "mg": "_average_gradients"},
+}
 # Any optimizer with ``use_ema``: {Keras 2 slot kind: Keras 3 list attribute}.
 _EMA_KINDS = {"average": "_model_variables_moving_average"}
 
@@ -50,11 +59,18 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
         return "none saved"
     optimizer = model.optimizer
     optimizer.build(model.trainable_variables)
-    if len(legacy.listed(optimizer_id, "_variables")) <= 1:  # only its iteration count
+    children = legacy.children(optimizer_id)
+    if "_variables" in children:  # tf.keras.optimizers.* (tf_keras' optimizer.Optimizer)
+        saved = len(legacy.listed(optimizer_id, "_variables")) > 1  # not only iterations
+        kinds, find = _KINDS, _by_name(legacy)
+    else:  # tf.keras.optimizers.legacy.* (OptimizerV2): slots tied to variables by the graph
+        references = legacy.graph.nodes[optimizer_id].slot_variables
+        saved = bool(references)
+        kinds, find = _LEGACY_KINDS, _by_reference(references)
+    if not saved:
         log.warning("%s holds no optimizer slots; the optimizer starts fresh", legacy.path)
         return "none saved"
-    names = _variable_names(legacy)
-    reason = _restore_slots(optimizer, legacy, names)
+    reason = _restore_slots(optimizer, legacy, kinds, find)
     if reason:
         log.warning(
             "Optimizer slots of %s not restored (%s); the optimizer starts fresh",
@@ -62,21 +78,51 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
             reason,
         )
         return f"not restored: {reason}"
-    children = legacy.children(optimizer_id)
     iterations = children.get("_iterations", children.get("iter"))
     if iterations is not None:
         optimizer.iterations.assign(int(legacy.read(iterations)))
     return "restored"
 
 
-def _restore_slots(optimizer: Any, legacy: LegacyDir, names: dict[int, str]) -> str | None:
-    kinds = _KINDS.get(type(optimizer).__name__)
+# (legacy model variable node id, Keras 2 slot kind) -> slot node id, or why there is none
+_Find = Callable[[int, str], "int | str"]
+
+
+def _by_name(legacy: LegacyDir) -> _Find:
+    """tf_keras' optimizer names a slot ``<optimizer>/<kind>/<variable name>``."""
+    names = _variable_names(legacy)
+    by_name = {name: node_id for node_id, name in names.items()}
+
+    def find(model_node: int, kind: str) -> int | str:
+        wanted = [n for n in by_name if n.endswith(f"/{kind}/{names.get(model_node)}")]
+        if len(wanted) != 1:
+            return f"no single saved {kind!r} slot for {names.get(model_node)!r}"
+        return by_name[wanted[0]]
+
+    return find
+
+
+def _by_reference(references: Any) -> _Find:
+    """OptimizerV2's slots are the checkpoint graph's ``slot_variables`` of the optimizer
+    node: (model variable node, slot name, slot node)."""
+    slots = {
+        (r.original_variable_node_id, r.slot_name): r.slot_variable_node_id for r in references
+    }
+
+    def find(model_node: int, kind: str) -> int | str:
+        found = slots.get((model_node, kind))
+        return f"no saved {kind!r} slot for variable node {model_node}" if found is None else found
+
+    return find
+
+
+def _restore_slots(optimizer: Any, legacy: LegacyDir, table: dict, find: _Find) -> str | None:
+    kinds = table.get(type(optimizer).__name__)
     if kinds is None:
         return f"no slot mapping for {type(optimizer).__name__}"
     if getattr(optimizer, "use_ema", False):
         kinds = {**kinds, **_EMA_KINDS}
     placed = {id(v): node_id for node_id, v in legacy.placed.items()}
-    by_name = {name: node_id for node_id, name in names.items()}
     built_for = keras_compat.optimizer_built_for(optimizer)
     assignments = []
     for kind, attribute in kinds.items():
@@ -87,13 +133,12 @@ def _restore_slots(optimizer: Any, legacy: LegacyDir, names: dict[int, str]) -> 
             model_node = placed.get(id(variable))
             if model_node is None:
                 return f"model variable {variable.path!r} has no legacy counterpart"
-            wanted = [n for n in by_name if n.endswith(f"/{kind}/{names.get(model_node)}")]
-            if len(wanted) != 1:
-                return f"no single saved {kind!r} slot for {names.get(model_node)!r}"
-            slot_node = by_name[wanted[0]]
+            slot_node = find(model_node, kind)
+            if isinstance(slot_node, str):
+                return slot_node
             array = legacy.read(slot_node) if legacy.value_key(slot_node) else None
             if array is None or tuple(array.shape) != tuple(slot.shape):
-                return f"the saved {kind!r} slot of {names.get(model_node)!r} does not fit"
+                return f"the saved {kind!r} slot of {variable.path!r} does not fit"
             assignments.append((slot, array))
     for slot, array in assignments:
         slot.assign(np.asarray(array, dtype=slot.dtype))
