@@ -96,12 +96,43 @@ def legacy_optimizers(folder):
         _save(folder, x=x, y=y, **{f"{name}_losses": losses})
 
 
+SCHEDULES = {
+    "exponential": lambda s: s.ExponentialDecay(0.1, decay_steps=3, decay_rate=0.5),
+    "piecewise": lambda s: s.PiecewiseConstantDecay([2, 5], [0.1, 0.05, 0.01]),
+    "polynomial": lambda s: s.PolynomialDecay(0.1, 10, 0.01, power=2.0, cycle=True),
+    "inverse_time": lambda s: s.InverseTimeDecay(0.1, 4, 0.5, staircase=True),
+    "cosine": lambda s: s.CosineDecay(0.05, 8, alpha=0.1, warmup_target=0.1, warmup_steps=3),
+    "cosine_restarts": lambda s: s.CosineDecayRestarts(0.1, 4, t_mul=2.0, m_mul=0.5),
+}
+
+
+def schedules(folder):
+    """SGD with each built-in learning-rate schedule, two steps before the save, three after
+    it; ``<name>_rates``: the schedule's rate at steps 0 to 29."""
+    x, y = _data()
+    for name, make in SCHEDULES.items():
+        schedule = make(k.optimizers.schedules)
+        model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
+        model.compile(k.optimizers.SGD(schedule, momentum=0.5), "mse")
+        model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+        model.save(os.path.join(folder, name))
+        losses = [model.train_on_batch(x, y) for _ in range(3)]
+        rates = [float(schedule(step)) for step in range(30)]
+        _save(folder, x=x, y=y, **{f"{name}_losses": losses, f"{name}_rates": rates})
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
 
 
-CASES = {"ema": ema, "stateful": stateful, "frozen": frozen, "legacy_optimizers": legacy_optimizers}
+CASES = {
+    "ema": ema,
+    "stateful": stateful,
+    "frozen": frozen,
+    "legacy_optimizers": legacy_optimizers,
+    "schedules": schedules,
+}
 
 
 if __name__ == "__main__":

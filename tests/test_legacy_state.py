@@ -101,3 +101,44 @@ def test_legacy_optimizer_slots_restored(made, name):
     assert int(model.optimizer.iterations.numpy()) == 2
     losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
     np.testing.assert_allclose(losses, _npy(folder, f"{name}_losses"), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["exponential", "piecewise", "polynomial", "inverse_time", "cosine", "cosine_restarts"],
+)
+def test_learning_rate_schedules_carried_over(made, name):
+    """A Keras 2 schedule in the optimizer config becomes Keras 3's class of the same name
+    and config: the same rate at every step, and training goes on as in tf_keras (the
+    import failed with Keras' deserialization dump)."""
+    folder = made / "schedules"
+    model, x, y = load_checkpoint(folder / name).model, _npy(folder, "x"), _npy(folder, "y")
+    optimizer = model.optimizer
+    assert int(optimizer.iterations.numpy()) == 2
+    rates = []
+    for step in range(30):
+        optimizer.iterations.assign(step)
+        rates.append(float(optimizer.learning_rate))
+    np.testing.assert_allclose(rates, _npy(folder, f"{name}_rates"), rtol=1e-6)
+    optimizer.iterations.assign(2)
+    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+    np.testing.assert_allclose(losses, _npy(folder, f"{name}_losses"), rtol=1e-5)
+
+
+def test_unknown_learning_rate_schedule_is_refused_briefly(tmp_path, made):
+    """A schedule class Keras 3 does not have (a custom one; same length as the name it
+    replaces in the protobuf): a short error naming it."""
+    import shutil
+
+    from trainer.errors import UnsupportedLegacyError
+
+    copy = tmp_path / "model"
+    shutil.copytree(made / "schedules" / "exponential", copy)
+    metadata = copy / "keras_metadata.pb"
+    metadata.write_bytes(
+        metadata.read_bytes().replace(b'"ExponentialDecay"', b'"MyOwnDecayRate16"')
+    )
+    with pytest.raises(UnsupportedLegacyError, match="MyOwnDecayRate16") as raised:
+        load_checkpoint(copy)
+    assert len(str(raised.value)) < 600
+    assert str(raised.value).rstrip().endswith("'MyOwnDecayRate16'")

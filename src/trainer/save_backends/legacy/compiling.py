@@ -19,6 +19,15 @@ from trainer.save_backends.legacy.reader import LegacyDir
 
 log = logging.getLogger(__name__)
 _OPTIMIZER_DROPPED = ("jit_compile", "is_legacy_optimizer", "decay")
+# Keras 2's built-in learning-rate schedules; Keras 3 has each under the same name.
+_SCHEDULES = (
+    "ExponentialDecay",
+    "PiecewiseConstantDecay",
+    "PolynomialDecay",
+    "InverseTimeDecay",
+    "CosineDecay",
+    "CosineDecayRestarts",
+)
 
 
 def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizers.Optimizer:
@@ -38,14 +47,48 @@ def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizer
         options.pop(key, None)
     if "lr" in options:
         options["learning_rate"] = options.pop("lr")
+    options["learning_rate"] = _schedule(options.get("learning_rate"), class_name, where)
     try:
         return keras.optimizers.get({"class_name": class_name, "config": options})
     except (ValueError, TypeError) as error:
         raise UnsupportedLegacyError(
-            f"The optimizer of {where} ({class_name}) cannot be rebuilt in Keras 3: "
-            f"{error}. Compile the imported model yourself (compile=False). "
-            f"Received: {class_name!r}"
+            f"The optimizer of {where} ({class_name}) cannot be rebuilt in Keras 3 "
+            f"({_brief(error)}). Load with compile=False and compile the imported model "
+            f"yourself. Received: {class_name!r}"
         ) from error
+
+
+def _schedule(value: Any, optimizer: str, where: str) -> Any:
+    """A Keras 2 learning-rate schedule config -> Keras 3's class of the same name (the
+    same arguments and formulas: tf_keras 2.21's and Keras 3.15.1's source); a number stays
+    as it is."""
+    if not isinstance(value, dict):
+        return value
+    name = str(value.get("class_name", "")).split(">")[-1]
+    if name not in _SCHEDULES:
+        raise UnsupportedLegacyError(
+            f"The optimizer of {where} ({optimizer}) uses the learning-rate schedule "
+            f"{name!r}, which the import cannot rebuild (it translates Keras' built-in "
+            f"schedules: {', '.join(_SCHEDULES)}). Load with compile=False and compile the "
+            f"imported model with a Keras 3 schedule. Received: {name!r}"
+        )
+    config = dict(value.get("config") or {})
+    if config.get("name") is None:  # Keras 2's default; Keras 3's name scope needs a string
+        config.pop("name", None)
+    try:
+        return getattr(keras.optimizers.schedules, name).from_config(config)
+    except (ValueError, TypeError) as error:
+        raise UnsupportedLegacyError(
+            f"The learning-rate schedule {name!r} of the optimizer of {where} cannot be "
+            f"rebuilt in Keras 3 ({_brief(error)}). Load with compile=False and compile the "
+            f"imported model yourself. Received: {value.get('config')!r}"
+        ) from error
+
+
+def _brief(error: BaseException) -> str:
+    """An error's first line, cut short: Keras' deserialization errors dump whole configs."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
 
 
 def _loss(value: Any) -> Any:
