@@ -121,6 +121,29 @@ def schedules(folder):
         _save(folder, x=x, y=y, **{f"{name}_losses": losses, f"{name}_rates": rates})
 
 
+def mixed(folder):
+    """mixed_float16: tf_keras wraps the optimizer in a LossScaleOptimizerV3 (dynamic loss
+    scale: doubled after two finite steps here), two steps before the save, three after."""
+    x, y = _data()
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = k.Sequential(
+            [L.InputLayer((5,)), L.Dense(3), L.Activation("linear", dtype="float32")]
+        )
+        optimizer = k.mixed_precision.LossScaleOptimizer(
+            k.optimizers.Adam(0.01), dynamic_growth_steps=3
+        )
+        model.compile(optimizer, "mse")
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+    model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+    model.save(os.path.join(folder, "model"))
+    scale = [float(model.optimizer.loss_scale), int(model.optimizer.dynamic_counter)]
+    _save(folder, x=x, y=y, pred=model(x).numpy(), scale=scale)
+    _save(folder, cont_losses=[model.train_on_batch(x, y) for _ in range(3)])
+    _save(folder, cont_scale=float(model.optimizer.loss_scale))
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
@@ -132,6 +155,7 @@ CASES = {
     "frozen": frozen,
     "legacy_optimizers": legacy_optimizers,
     "schedules": schedules,
+    "mixed": mixed,
 }
 
 

@@ -142,3 +142,29 @@ def test_unknown_learning_rate_schedule_is_refused_briefly(tmp_path, made):
         load_checkpoint(copy)
     assert len(str(raised.value)) < 600
     assert str(raised.value).rstrip().endswith("'MyOwnDecayRate16'")
+
+
+def test_mixed_precision_loss_scale_optimizer(made):
+    """tf_keras' LossScaleOptimizerV3 becomes Keras 3's LossScaleOptimizer around the
+    translated Adam, with the slots, iteration count and dynamic loss scale it was saved
+    with (the import failed with Keras' deserialization dump)."""
+    import keras
+
+    folder = made / "mixed"
+    checkpoint = load_checkpoint(folder / "model")
+    model, x, y = checkpoint.model, _npy(folder, "x"), _npy(folder, "y")
+    optimizer = model.optimizer
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(optimizer.inner_optimizer, keras.optimizers.Adam)
+    assert optimizer.dynamic_growth_steps == 3
+    assert checkpoint.metadata["optimizer_state"] == "restored"
+    assert int(optimizer.iterations.numpy()) == 2
+    scale, good_steps = _npy(folder, "scale")
+    assert (float(optimizer.dynamic_scale.numpy()), int(optimizer.step_counter.numpy())) == (
+        scale,
+        good_steps,
+    )
+    np.testing.assert_array_equal(np.asarray(model(x)), _npy(folder, "pred"))
+    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+    np.testing.assert_allclose(losses, _npy(folder, "cont_losses"), rtol=1e-3)
+    assert float(optimizer.dynamic_scale.numpy()) == float(_npy(folder, "cont_scale"))

@@ -19,6 +19,8 @@ from trainer.save_backends.legacy.reader import LegacyDir
 
 log = logging.getLogger(__name__)
 _OPTIMIZER_DROPPED = ("jit_compile", "is_legacy_optimizer", "decay")
+# tf_keras' mixed-precision wrappers (of tf.keras.optimizers.* and of the legacy ones).
+_LOSS_SCALE = ("LossScaleOptimizerV3", "LossScaleOptimizer")
 # Keras 2's built-in learning-rate schedules; Keras 3 has each under the same name.
 _SCHEDULES = (
     "ExponentialDecay",
@@ -37,6 +39,8 @@ def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizer
     config = translate.plain(config)
     class_name = str(config.get("class_name", "")).split(">")[-1]
     options = dict(config.get("config") or {})
+    if class_name in _LOSS_SCALE:
+        return _loss_scale_optimizer(class_name, options, where)
     if options.get("decay") not in (None, 0, 0.0):
         raise UnsupportedLegacyError(
             f"The optimizer of {where} ({class_name}) uses the legacy decay="
@@ -47,7 +51,8 @@ def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizer
         options.pop(key, None)
     if "lr" in options:
         options["learning_rate"] = options.pop("lr")
-    options["learning_rate"] = _schedule(options.get("learning_rate"), class_name, where)
+    if "learning_rate" in options:
+        options["learning_rate"] = _schedule(options["learning_rate"], class_name, where)
     try:
         return keras.optimizers.get({"class_name": class_name, "config": options})
     except (ValueError, TypeError) as error:
@@ -56,6 +61,26 @@ def optimizer_from(config: dict[str, Any] | None, where: str) -> keras.optimizer
             f"({_brief(error)}). Load with compile=False and compile the imported model "
             f"yourself. Received: {class_name!r}"
         ) from error
+
+
+def _loss_scale_optimizer(class_name: str, options: dict, where: str) -> Any:
+    """A mixed-precision model's ``LossScaleOptimizer(V3)`` -> Keras 3's, around the inner
+    optimizer translated: Keras 3's is tf_keras' dynamic loss scaling (double the scale after
+    ``dynamic_growth_steps`` finite steps, halve it on a non-finite one); a fixed scale
+    (``dynamic=False``) has no counterpart."""
+    if options.get("dynamic", True) is not True:
+        raise UnsupportedLegacyError(
+            f"The optimizer of {where} ({class_name}) uses a fixed loss scale "
+            f"(dynamic=False); Keras 3's LossScaleOptimizer always adjusts its scale, so "
+            f"training would scale gradients otherwise. Load with compile=False and compile "
+            f"the imported model yourself. Received: dynamic={options.get('dynamic')!r}"
+        )
+    inner = optimizer_from(options.get("inner_optimizer"), where)
+    return keras.optimizers.LossScaleOptimizer(
+        inner,
+        initial_scale=options.get("initial_scale", 2.0**15),
+        dynamic_growth_steps=options.get("dynamic_growth_steps", 2000),
+    )
 
 
 def _schedule(value: Any, optimizer: str, where: str) -> Any:

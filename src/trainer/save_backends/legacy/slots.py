@@ -57,8 +57,8 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
     if optimizer_id is None:
         log.warning("%s holds no optimizer state; the optimizer starts fresh", legacy.path)
         return "none saved"
-    optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
+    model.optimizer.build(model.trainable_variables)
+    optimizer = keras_compat.innermost_optimizer(model.optimizer)  # the slots' owner
     children = legacy.children(optimizer_id)
     if "_variables" in children:  # tf.keras.optimizers.* (tf_keras' optimizer.Optimizer)
         saved = len(legacy.listed(optimizer_id, "_variables")) > 1  # not only iterations
@@ -71,6 +71,8 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
         log.warning("%s holds no optimizer slots; the optimizer starts fresh", legacy.path)
         return "none saved"
     reason = _restore_slots(optimizer, legacy, kinds, find)
+    scale = _loss_scale(model.optimizer, legacy, children)
+    reason = reason or (scale if isinstance(scale, str) else None)
     if reason:
         log.warning(
             "Optimizer slots of %s not restored (%s); the optimizer starts fresh",
@@ -81,7 +83,23 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
     iterations = children.get("_iterations", children.get("iter"))
     if iterations is not None:
         optimizer.iterations.assign(int(legacy.read(iterations)))
+    for variable, array in scale or ():
+        variable.assign(np.asarray(array, dtype=variable.dtype))
     return "restored"
+
+
+def _loss_scale(optimizer: Any, legacy: LegacyDir, children: dict[str, int]) -> Any:
+    """[(Keras 3 variable, saved value)] of a mixed-precision model's dynamic loss scale
+    (tf_keras' ``loss_scale/current_loss_scale`` and ``good_steps``: Keras 3's
+    ``dynamic_scale`` and ``step_counter``); [] without one; why not, as a string."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return []
+    saved = legacy.children(children["loss_scale"]) if "loss_scale" in children else {}
+    found = [saved.get("current_loss_scale"), saved.get("good_steps")]
+    if any(node is None or legacy.value_key(node) is None for node in found):
+        return "no saved dynamic loss scale"
+    targets = [optimizer.dynamic_scale, optimizer.step_counter]
+    return [(variable, legacy.read(node)) for variable, node in zip(targets, found, strict=True)]
 
 
 # (legacy model variable node id, Keras 2 slot kind) -> slot node id, or why there is none
@@ -89,12 +107,14 @@ _Find = Callable[[int, str], "int | str"]
 
 
 def _by_name(legacy: LegacyDir) -> _Find:
-    """tf_keras' optimizer names a slot ``<optimizer>/<kind>/<variable name>``."""
+    """tf_keras' optimizer names a slot ``<optimizer>/<kind>/<variable name>`` (without
+    ``<optimizer>/`` inside a ``LossScaleOptimizerV3``)."""
     names = _variable_names(legacy)
     by_name = {name: node_id for node_id, name in names.items()}
 
     def find(model_node: int, kind: str) -> int | str:
-        wanted = [n for n in by_name if n.endswith(f"/{kind}/{names.get(model_node)}")]
+        slot = f"{kind}/{names.get(model_node)}"  # a LossScaleOptimizerV3's: no prefix
+        wanted = [n for n in by_name if n == slot or n.endswith(f"/{slot}")]
         if len(wanted) != 1:
             return f"no single saved {kind!r} slot for {names.get(model_node)!r}"
         return by_name[wanted[0]]
