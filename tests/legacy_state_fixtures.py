@@ -144,6 +144,20 @@ def mixed(folder):
     _save(folder, cont_scale=float(model.optimizer.loss_scale))
 
 
+def normalization(folder):
+    """An adapted Normalization (its mean and variance in variables, not in the config)
+    before a Dense, trained one step before the save."""
+    x, y = _data(2)
+    x = x * 4.0 + 10.0  # mean about 12, variance about 1.3: a swap would show
+    norm = L.Normalization(name="norm")
+    norm.adapt(x)
+    model = k.Sequential([L.InputLayer((5,)), norm, L.Dense(2, name="out")])
+    model.compile(k.optimizers.Adam(0.05), "mse")
+    model.fit(x, y, batch_size=16, verbose=0, shuffle=False)
+    model.save(os.path.join(folder, "model"))
+    _save(folder, x=x, y=y, pred=model(x).numpy())
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
@@ -156,6 +170,7 @@ CASES = {
     "legacy_optimizers": legacy_optimizers,
     "schedules": schedules,
     "mixed": mixed,
+    "normalization": normalization,
 }
 
 

@@ -168,3 +168,14 @@ def test_mixed_precision_loss_scale_optimizer(made):
     losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
     np.testing.assert_allclose(losses, _npy(folder, "cont_losses"), rtol=1e-3)
     assert float(optimizer.dynamic_scale.numpy()) == float(_npy(folder, "cont_scale"))
+
+
+def test_adapted_normalization_keeps_its_statistics(made):
+    """An adapted Normalization imports with the mean and variance adapt() gave it (it was
+    refused as "layouts differ": the saved attributes list each variable twice, as
+    ``mean`` and ``adapt_mean``)."""
+    folder = made / "normalization"
+    model, x = load_checkpoint(folder / "model").model, _npy(folder, "x")
+    np.testing.assert_allclose(np.asarray(model(x)), _npy(folder, "pred"), rtol=1e-6)
+    norm = model.get_layer("norm")
+    np.testing.assert_allclose(np.ravel(norm.mean), x.mean(axis=0), rtol=1e-5)

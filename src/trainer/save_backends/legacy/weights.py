@@ -49,13 +49,12 @@ def own_legacy_variables(legacy: LegacyDir, node: Node) -> list[tuple[int, bool 
 
     A model saved with ``save_traces=False`` records no ``variables`` lists: its layers'
     variables are then their variable attributes in tracking (creation) order, and their
-    trainability is not recorded (None)."""
+    trainability is not recorded (None); so are an adapted ``Normalization``'s (each listed
+    twice: ``mean`` and ``adapt_mean``), counted once."""
     if "variables" not in legacy.children(node.node_id):
-        return [
-            (node_id, None)
-            for node_id in legacy.children(node.node_id).values()
-            if legacy.value_key(node_id) is not None
-        ]
+        found = legacy.children(node.node_id).values()  # one variable may have two names
+        found = dict.fromkeys(v for v in found if legacy.value_key(v) is not None)
+        return [(node_id, None) for node_id in found]
     inner: set[int] = set()
     for child in layer_children(legacy, node).values():
         inner.update(legacy.listed(child.node_id, "variables"))
@@ -119,6 +118,8 @@ def assign_layer(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, where
         sources = [v for v, t in source if t == flag]
         targets = [v for v in target if (id(v) in own_trainable) == flag]
         _assign_list(legacy, layer, sources, targets, flag, where)
+    if target and callable(getattr(layer, "finalize_state", None)):
+        layer.finalize_state()  # as Keras' loaders do: Normalization's mean from adapt_mean
     _assign_states(legacy, layer, node, where)
     subs = _attribute_sublayers(layer)
     for attribute, child in layer_children(legacy, node).items():
