@@ -9,6 +9,7 @@ before and after the save (``x``, ``y`` and ``pred`` as in ``legacy_fixtures.py`
 ``cont_*``: tf_keras continuing to train the model it had just saved).
 """
 
+import json
 import os
 import sys
 
@@ -158,6 +159,31 @@ def normalization(folder):
     _save(folder, x=x, y=y, pred=model(x).numpy())
 
 
+def metric_names(folder):
+    """Metrics by alias and as objects, of a two-output model (tf_keras prefixes them with
+    the output's name) and of a one-output model; ``<model>_keys.json``: tf_keras' log keys."""
+    x = np.random.RandomState(0).rand(16, 6).astype("float32")
+    y = {"cls": np.random.RandomState(1).randint(0, 3, 16), "reg": _data(1)[1]}
+    inputs = k.Input((6,), name="a")
+    h = L.Dense(8, activation="relu")(inputs)
+    outputs = {
+        "cls": L.Dense(3, activation="softmax", name="cls")(h),
+        "reg": L.Dense(1, name="reg")(h),
+    }
+    two = k.Model(inputs, outputs)
+    metrics = {"cls": ["accuracy"], "reg": ["mae", k.metrics.RootMeanSquaredError()]}
+    two.compile("adam", {"cls": "sparse_categorical_crossentropy", "reg": "mse"}, metrics=metrics)
+    one = k.Sequential([L.InputLayer((6,)), L.Dense(1)])
+    one.compile("adam", "mse", metrics=["mae", "acc", k.metrics.RootMeanSquaredError(name="rmse")])
+    for name, model, target in (("two", two, y), ("one", one, y["reg"])):
+        model.fit(x, target, verbose=0)
+        model.save(os.path.join(folder, name))
+        keys = sorted(model.evaluate(x, target, verbose=0, return_dict=True))
+        with open(os.path.join(folder, f"{name}_keys.json"), "w") as file:
+            json.dump(keys, file)
+    _save(folder, x=x, y_cls=y["cls"], y_reg=y["reg"])
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
@@ -171,6 +197,7 @@ CASES = {
     "schedules": schedules,
     "mixed": mixed,
     "normalization": normalization,
+    "metric_names": metric_names,
 }
 
 

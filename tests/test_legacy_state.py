@@ -10,6 +10,7 @@ subprocess per session (tf_keras and Keras 3 never share a process).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -179,3 +180,15 @@ def test_adapted_normalization_keeps_its_statistics(made):
     np.testing.assert_allclose(np.asarray(model(x)), _npy(folder, "pred"), rtol=1e-6)
     norm = model.get_layer("norm")
     np.testing.assert_allclose(np.ravel(norm.mean), x.mean(axis=0), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["two", "one"])
+def test_metric_names_are_tf_keras(made, name):
+    """The imported model logs its metrics under tf_keras' names (what callbacks monitor):
+    ``cls_accuracy``, ``reg_mae``, ``reg_root_mean_squared_error``, not
+    ``cls_sparse_categorical_accuracy``, ``reg_mean_absolute_error`` or the prefix twice."""
+    folder = made / "metric_names"
+    model = load_checkpoint(folder / name).model
+    x, y = _npy(folder, "x"), {"cls": _npy(folder, "y_cls"), "reg": _npy(folder, "y_reg")}
+    logs = model.evaluate(x, y if name == "two" else y["reg"], verbose=0, return_dict=True)
+    assert sorted(logs) == json.loads((folder / f"{name}_keys.json").read_text())

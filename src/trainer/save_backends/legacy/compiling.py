@@ -133,20 +133,59 @@ def _loss(value: Any) -> Any:
 _BY_NAME = ("accuracy", "acc", "crossentropy", "ce")
 
 
-def _metric(value: Any) -> Any:
+def _metrics(value: Any, output_names: list[str]) -> Any:
+    """The compile ``metrics`` of a legacy config, under the names tf_keras logged them
+    with. Keras 2 recorded a multi-output model's metrics as one list per output, their
+    names prefixed with the output's (``reg_mae``); Keras 3 adds that prefix itself, so it
+    is taken off (it was logged twice: ``reg_reg_root_mean_squared_error``)."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        names = [f"{n}_" for n in output_names] + [""] * len(value)
+        return [_metric(v, prefix) for v, prefix in zip(value, names, strict=False)]
+    return _metric(value, "")
+
+
+def _metric(value: Any, prefix: str) -> Any:
     """Keras 2 wraps built-in metric functions as ``MeanMetricWrapper{fn, name}``; Keras 3
-    takes their names (``"accuracy"`` still picks the variant the loss implies)."""
+    takes their names when they are Keras 3 names of the same function (``"mae"``: logged
+    as ``mae``; ``"accuracy"`` still picks the variant the loss implies), else the
+    function's name."""
     if isinstance(value, list):
-        return [_metric(v) for v in value]
+        return [_metric(v, prefix) for v in value]
     if isinstance(value, dict) and value.get("class_name") == "MeanMetricWrapper":
         config = value.get("config") or {}
-        name = config.get("name")
-        return name if name in _BY_NAME else config.get("fn")
+        name = _unprefixed(config.get("name"), prefix)
+        fn = config.get("fn")
+        return name if name in _BY_NAME or _same_function(name, fn) else fn
     if isinstance(value, dict) and "class_name" in value:
-        return keras.metrics.get({k: v for k, v in value.items() if k != "shared_object_id"})
+        config = dict(value.get("config") or {})
+        if "name" in config:
+            config["name"] = _unprefixed(config["name"], prefix)
+        return keras.metrics.get({"class_name": value["class_name"], "config": config})
     if isinstance(value, dict):
-        return {k: _metric(v) for k, v in value.items()}
+        return {k: _metric(v, f"{k}_") for k, v in value.items()}
     return value
+
+
+def _unprefixed(name: Any, prefix: str) -> Any:
+    if prefix and isinstance(name, str) and name.startswith(prefix) and name != prefix:
+        return name[len(prefix) :]
+    return name
+
+
+def _same_function(name: Any, fn: Any) -> bool:
+    """Whether Keras 3 resolves ``name`` (an alias such as ``mae``) to the function that
+    Keras 2 recorded as ``fn``."""
+    if not isinstance(name, str) or not isinstance(fn, str):
+        return False
+    try:
+        return _resolved(name) is _resolved(fn)
+    except (ValueError, TypeError):  # not a Keras 3 metric name
+        return False
+
+
+def _resolved(name: str) -> Any:
+    found = keras.metrics.get(name)  # a new instance of a class, or a function
+    return type(found) if isinstance(found, keras.metrics.Metric) else found
 
 
 def compile_from_legacy(
@@ -156,13 +195,14 @@ def compile_from_legacy(
     where = str(legacy.path)
     config = translate.plain(training_config)
     optimizer = optimizer_from(config.get("optimizer_config"), where)
+    outputs = list(getattr(model, "output_names", None) or [])
     try:
         with keras.saving.custom_object_scope(objects):
             model.compile(
                 optimizer=optimizer,
                 loss=_loss(config.get("loss")),
-                metrics=_metric(config.get("metrics")),
-                weighted_metrics=_metric(config.get("weighted_metrics")),
+                metrics=_metrics(config.get("metrics"), outputs),
+                weighted_metrics=_metrics(config.get("weighted_metrics"), outputs),
                 loss_weights=config.get("loss_weights"),
             )
     except (ValueError, TypeError) as error:
