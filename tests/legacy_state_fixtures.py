@@ -184,6 +184,20 @@ def metric_names(folder):
     _save(folder, x=x, y_cls=y["cls"], y_reg=y["reg"])
 
 
+def slotless(folder):
+    """SGD without momentum has no slots, only its iteration count, which a schedule reads:
+    tf.keras.optimizers.SGD and the legacy one, two steps before the save, three after."""
+    x, y = _data()
+    for name, make in (("sgd", k.optimizers.SGD), ("legacy_sgd", k.optimizers.legacy.SGD)):
+        model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
+        model.compile(make(k.optimizers.schedules.ExponentialDecay(0.2, 1, 0.5)), "mse")
+        model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
+        model.save(os.path.join(folder, name))
+        _save(
+            folder, x=x, y=y, **{f"{name}_losses": [model.train_on_batch(x, y) for _ in range(3)]}
+        )
+
+
 def _save(folder, **arrays):
     for name, array in arrays.items():
         np.save(os.path.join(folder, f"{name}.npy"), np.asarray(array))
@@ -198,6 +212,7 @@ CASES = {
     "mixed": mixed,
     "normalization": normalization,
     "metric_names": metric_names,
+    "slotless": slotless,
 }
 
 

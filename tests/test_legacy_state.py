@@ -192,3 +192,17 @@ def test_metric_names_are_tf_keras(made, name):
     x, y = _npy(folder, "x"), {"cls": _npy(folder, "y_cls"), "reg": _npy(folder, "y_reg")}
     logs = model.evaluate(x, y if name == "two" else y["reg"], verbose=0, return_dict=True)
     assert sorted(logs) == json.loads((folder / f"{name}_keys.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["sgd", "legacy_sgd"])
+def test_iterations_of_an_optimizer_without_slots_restored(made, name):
+    """An optimizer with no slots to restore (SGD without momentum) still gets its
+    iteration count back, which its learning-rate schedule reads (it restarted at 0, so the
+    rate went back up: "none saved")."""
+    folder = made / "slotless"
+    checkpoint = load_checkpoint(folder / name)
+    model, x, y = checkpoint.model, _npy(folder, "x"), _npy(folder, "y")
+    assert checkpoint.metadata["optimizer_state"] == "restored"
+    assert int(model.optimizer.iterations.numpy()) == 2
+    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
+    np.testing.assert_allclose(losses, _npy(folder, f"{name}_losses"), rtol=1e-5)

@@ -67,7 +67,7 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
         references = legacy.graph.nodes[optimizer_id].slot_variables
         saved = bool(references)
         kinds, find = _LEGACY_KINDS, _by_reference(references)
-    if not saved:
+    if not saved and _needs_slots(optimizer, kinds):
         log.warning("%s holds no optimizer slots; the optimizer starts fresh", legacy.path)
         return "none saved"
     reason = _restore_slots(optimizer, legacy, kinds, find)
@@ -86,6 +86,18 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
     for variable, array in scale or ():
         variable.assign(np.asarray(array, dtype=variable.dtype))
     return "restored"
+
+
+def _needs_slots(optimizer: Any, table: dict) -> bool:
+    """Whether the Keras 3 optimizer has any slot to fill (SGD without momentum has none:
+    its iteration count, which a schedule reads, is all its state)."""
+    kinds = table.get(type(optimizer).__name__)
+    if kinds is None:
+        return True
+    if getattr(optimizer, "use_ema", False):
+        kinds = {**kinds, **_EMA_KINDS}
+    lists = [keras_compat.optimizer_slot_list(optimizer, a) or [] for a in kinds.values()]
+    return any(slot is not None for slots in lists for slot in slots)
 
 
 def _loss_scale(optimizer: Any, legacy: LegacyDir, children: dict[str, int]) -> Any:
