@@ -129,8 +129,6 @@ def test_learning_rate_schedules_carried_over(made, name):
 def test_unknown_learning_rate_schedule_is_refused_briefly(tmp_path, made):
     """A schedule class Keras 3 does not have (a custom one; same length as the name it
     replaces in the protobuf): a short error naming it."""
-    import shutil
-
     from trainer.errors import UnsupportedLegacyError
 
     copy = tmp_path / "model"
@@ -206,3 +204,18 @@ def test_iterations_of_an_optimizer_without_slots_restored(made, name):
     assert int(model.optimizer.iterations.numpy()) == 2
     losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
     np.testing.assert_allclose(losses, _npy(folder, f"{name}_losses"), rtol=1e-5)
+
+
+def test_stateful_rnn_states_that_do_not_fit_are_refused(made, tmp_path):
+    """States the Keras 3 layer cannot hold (here: the batch size edited from 4 to 6, so
+    Keras 3 builds (6, 2) states for the saved (4, 2)) are an error naming the layer, never
+    states started from zeros."""
+    from trainer.errors import UnsupportedLegacyError
+
+    copy = tmp_path / "model"
+    shutil.copytree(made / "stateful" / "model", copy)
+    metadata = copy / "keras_metadata.pb"
+    metadata.write_bytes(metadata.read_bytes().replace(b"[4, 5, 3]", b"[6, 5, 3]"))
+    with pytest.raises(UnsupportedLegacyError, match=r"'lstm'.*stateful") as raised:
+        load_checkpoint(copy)
+    assert "Received: saved [(4, 2), (4, 2)]" in str(raised.value)
