@@ -7,16 +7,13 @@ session (tf_keras and Keras 3 never share a process); each test reads it from th
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+from conftest import written_once
 
 from trainer.errors import (
     ModelNotReadyError,
@@ -64,26 +61,8 @@ class Block(keras.layers.Layer):
 
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> Path:
-    """Written once per test run: under xdist the workers share the run's temporary root
-    (each worker's base directory is a child of it), and the first worker to get here
-    writes the zoo under a lock while the other waits (the fixture process is the
-    module's biggest cost)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = shared / "legacy_zoo"
-    with open(shared / "legacy_zoo.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "complete").is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-            env.pop("KERAS_BACKEND", None)
-            done = subprocess.run(
-                [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
-            )
-            assert done.returncode == 0, done.stderr[-3000:]
-            (out / "complete").write_text("written by the first worker\n")
-    return out
+    """Written once per test run, by its own tf_keras process (``conftest.written_once``)."""
+    return written_once(tmp_path_factory, "legacy_zoo", FIXTURES)
 
 
 def _case(case: str) -> tuple[str, dict]:

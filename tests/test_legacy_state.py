@@ -9,16 +9,13 @@ subprocess per session (tf_keras and Keras 3 never share a process).
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import written_once
 
 from trainer.save_backends.registry import load_checkpoint
 
@@ -27,24 +24,8 @@ FIXTURES = Path(__file__).with_name("legacy_state_fixtures.py")
 
 @pytest.fixture(scope="session")
 def made(tmp_path_factory) -> Path:
-    """Written once per test run, under a lock shared by the xdist workers (as the zoo of
-    ``test_legacy_import.py``)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out = shared / "legacy_state"
-    with open(shared / "legacy_state.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "complete").is_file():
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir()
-            env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-            env.pop("KERAS_BACKEND", None)
-            done = subprocess.run(
-                [sys.executable, str(FIXTURES), str(out)], env=env, capture_output=True, text=True
-            )
-            assert done.returncode == 0, done.stderr[-3000:]
-            (out / "complete").write_text("written by the first worker\n")
-    return out
+    """Written once per test run, by its own tf_keras process (``conftest.written_once``)."""
+    return written_once(tmp_path_factory, "legacy_state", FIXTURES)
 
 
 def _npy(folder: Path, name: str) -> np.ndarray:
@@ -95,13 +76,7 @@ def test_legacy_optimizer_slots_restored(made, name):
     """tf.keras.optimizers.legacy.* keep their slots in the checkpoint graph's
     ``slot_variables``: restored with the iteration count, training goes on as in tf_keras
     (they were reported "none saved" and the optimizer started fresh)."""
-    folder = made / "legacy_optimizers"
-    checkpoint = load_checkpoint(folder / name)
-    model, x, y = checkpoint.model, _npy(folder, "x"), _npy(folder, "y")
-    assert checkpoint.metadata["optimizer_state"] == "restored"
-    assert int(model.optimizer.iterations.numpy()) == 2
-    losses = [float(model.train_on_batch(x, y)) for _ in range(3)]
-    np.testing.assert_allclose(losses, _npy(folder, f"{name}_losses"), rtol=1e-5)
+    _continues_as_tf_keras(made / "legacy_optimizers", name)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +172,12 @@ def test_iterations_of_an_optimizer_without_slots_restored(made, name):
     """An optimizer with no slots to restore (SGD without momentum) still gets its
     iteration count back, which its learning-rate schedule reads (it restarted at 0, so the
     rate went back up: "none saved")."""
-    folder = made / "slotless"
+    _continues_as_tf_keras(made / "slotless", name)
+
+
+def _continues_as_tf_keras(folder: Path, name: str) -> None:
+    """The import of ``folder/name`` restored its optimizer (two steps trained) and its
+    next three steps lose what tf_keras' did."""
     checkpoint = load_checkpoint(folder / name)
     model, x, y = checkpoint.model, _npy(folder, "x"), _npy(folder, "y")
     assert checkpoint.metadata["optimizer_state"] == "restored"
