@@ -21,6 +21,7 @@ from trainer.save_backends.savedmodel import (
     config_rebuilt,
     endpoints,
     input_signature,
+    python_gradients,
     records,
     state_variables,
     structure,
@@ -106,6 +107,7 @@ def trace_model(model: keras.Model) -> TracedModel:
         serve = endpoints.make_serve(model, named)
         serving_default = endpoints.make_serving_default(model, serve, named, specs)
         serving = serving_default.get_concrete_function()
+    python_gradients.propagate(layer_records)  # a parent's traces call its children's
     for li, layer in enumerate(layers):
         tracked = keras_compat.tracked_sublayers(layer)
         children = [nodes[layer_index[id(c)]] for c in tracked if id(c) in layer_index]
@@ -217,7 +219,7 @@ def _trace_node(
     # which were a third of an export's time. A layer revived from it without its class
     # refuses ``training=True`` (``training_traced`` below); its class trains as usual.
     training = training and modelstate.saving_optimizer()
-    functions, call_specs = _trace_layer(
+    functions, call_specs, python_gradient = _trace_layer(
         layer, node, recorder.specs[id(layer)], dispatcher, calls=calls, training=training
     )
     functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
@@ -235,6 +237,8 @@ def _trace_node(
     )
     if "call_infer" in functions and not training and tracing.training_matters(layer):
         record["training_traced"] = False  # its training behaviour is not in this save
+    if python_gradient:
+        record[python_gradients.RECORD_KEY] = True
     # After the record: this mutes its regularizer. A layer overriding __call__ is not
     # dispatched: its traced function holds its __call__ Python, which the parent's call
     # runs too before reaching ``call`` (the override would be applied twice).
@@ -357,6 +361,7 @@ def _trace_layer(
     (none unless ``calls``; inference only unless ``training``)."""
     functions: dict[str, Any] = {}
     first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
+    python_gradient = False
     specs = (specs or _fallback_specs(layer)) if calls else {}
     summaries = [_spec_summary(s) for s in specs.values()]
     try:
@@ -373,6 +378,7 @@ def _trace_layer(
                         _named(args, "args"), _named(kwargs, "kwargs")
                     )
                     first_traced.setdefault(attr, concrete)
+                    python_gradient = python_gradient or python_gradients.used(concrete)
                 setattr(node, attr, fn)
                 functions[attr] = f"{attr}"
         regs = []
@@ -396,4 +402,4 @@ def _trace_layer(
             f"{type(err).__name__}: {err}. Its call must run inside a tf.function. "
             f"Received layer {layer.name!r}"
         ) from err
-    return functions, summaries
+    return functions, summaries, python_gradient

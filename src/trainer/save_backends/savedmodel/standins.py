@@ -21,7 +21,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
-from trainer.save_backends.savedmodel import call_matching, frozen_flags, masks
+from trainer.save_backends.savedmodel import call_matching, frozen_flags, masks, python_gradients
 
 
 class TracedRegularizer(keras.regularizers.Regularizer):
@@ -87,6 +87,8 @@ class _RevivedMixin:
         object.__setattr__(self, "_trainer_call_infer", infer)
         object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
         object.__setattr__(self, "_trainer_training_traced", record.get("training_traced", True))
+        gradient = bool(record.get(python_gradients.RECORD_KEY))
+        object.__setattr__(self, "_trainer_python_gradient", gradient)
         signature = inspect.signature(type(self).call)
         parameters = list(signature.parameters.values())[1:]  # without self
         object.__setattr__(self, "_trainer_signature", signature.replace(parameters=parameters))
@@ -117,6 +119,8 @@ class _RevivedMixin:
         """The traced call for this ``training`` value, on the arguments as received (and
         the masks their tensors carry, if it was traced with masks)."""
         function = self._trainer_call_infer
+        if training and self._trainer_python_gradient:
+            raise python_gradients.refuse_training(self)
         if training and self._trainer_call_train is not None:
             frozen_flags.check(self, self._trainer_frozen_flags)
             function = self._trainer_call_train
