@@ -267,7 +267,7 @@ def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
     from trainer.callbacks import mark_session_start
-    from trainer.tensorboard import restarts
+    from trainer.tensorboard import LogView
 
     def session(first_step, last_step):
         mark_session_start(tmp_path, first_step - 1)
@@ -285,4 +285,4 @@ def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
     events = PluginAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     assert [e.step for e in events.Tensors("loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert [step for _name, step in restarts(tmp_path)] == [4]
+    assert [step for _name, step in LogView.read(tmp_path).restarts] == [4]

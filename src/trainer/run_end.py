@@ -28,13 +28,7 @@ from trainer.errors import TrainerError
 from trainer.export import read_export_metadata, versions
 from trainer.export_sources import export_for_run
 from trainer.state import TrainingState
-from trainer.tensorboard import (
-    RunBoard,
-    event_steps,
-    flatten_config,
-    purging_restart,
-    restarts,
-)
+from trainer.tensorboard import LogView, RunBoard, flatten_config
 from trainer.wrapping import unwrap_model
 
 log = logging.getLogger(__name__)
@@ -128,18 +122,12 @@ def has_final_metrics(tb_dir: Path, step: int) -> bool:
     """Whether an event file under ``tb_dir`` holds the final metrics at ``step`` that
     TensorBoard shows: not those of a branch a later session's restart hid (a resume from
     an older checkpoint that then reached the same step)."""
-    found = {}
-    for event_file in sorted(Path(tb_dir).rglob("events.out.tfevents*")):
-        try:
-            tags = event_steps(event_file).get(step, set())
-        except Exception:  # a truncated file (killed writer): it does not count
-            continue
-        if not any(tag.startswith(FINAL_PREFIX) for tag in tags):
-            continue
-        if event_file.parent not in found:
-            found[event_file.parent] = restarts(event_file.parent)
-        if purging_restart(event_file, step, found[event_file.parent]) is None:
-            return True
+    for log_dir in sorted({path.parent for path in Path(tb_dir).rglob("events.out.tfevents*")}):
+        view = LogView.read(log_dir)
+        for name in view.steps:
+            final = [t for t in view.tags(log_dir / name, step) if t.startswith(FINAL_PREFIX)]
+            if final and view.shows(log_dir / name, step, final[0]):
+                return True
     return False
 
 

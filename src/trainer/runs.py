@@ -15,13 +15,7 @@ from trainer.atomic import is_temporary
 from trainer.errors import NotACheckpointError, TrainerError
 from trainer.export import is_export, read_export_metadata, versions
 from trainer.save_backends import SaveBackend
-from trainer.tensorboard import (
-    LINK_KEY,
-    event_steps,
-    link_run_dirs,
-    purging_restart,
-    restarts,
-)
+from trainer.tensorboard import LINK_KEY, LogView, link_run_dirs
 
 # Where a run keeps what, by config key; the first key present wins, then the default.
 DIR_KEYS = {
@@ -54,22 +48,18 @@ def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], str]:
 
 
 class _StepCache:
-    """``event_steps`` per event file, read at most once per listing."""
+    """What TensorBoard shows of each log directory (``LogView``), read at most once per
+    listing."""
 
     def __init__(self):
-        self._steps: dict[Path, dict[int, set[str]]] = {}
-        self._restarts: dict[Path, list[tuple[str, int]]] = {}
+        self._views: dict[Path, LogView] = {}
 
     def holds(self, event_file: Path, step: int, tag: str | None) -> bool:
         """Whether TensorBoard shows ``tag`` (any event, if None) at ``step`` of the file:
         written there, and not hidden by a later session's restart (``resolve_link``)."""
-        if event_file not in self._steps:
-            self._steps[event_file] = event_steps(event_file)
-        if event_file.parent not in self._restarts:
-            self._restarts[event_file.parent] = restarts(event_file.parent)
-        tags = self._steps[event_file].get(step, set())
-        shown = purging_restart(event_file, step, self._restarts[event_file.parent]) is None
-        return bool(tags) and (tag is None or tag in tags) and shown
+        if event_file.parent not in self._views:
+            self._views[event_file.parent] = LogView.read(event_file.parent)
+        return self._views[event_file.parent].shows(event_file, step, tag)
 
 
 def describe_artifact(

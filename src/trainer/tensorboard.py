@@ -360,39 +360,65 @@ class ResolvedLink:
 
 def event_steps(event_file: str | os.PathLike) -> dict[int, set[str]]:
     """``{step: {tags}}`` of one event file, streamed without building any index."""
+    return _read_events(Path(event_file))[0]
+
+
+def _read_events(path: Path) -> tuple[dict[int, set[str]], list[int]]:
+    """One event file's ``{step: {tags}}`` and the steps of its ``SessionLog.START``s."""
     steps: dict[int, set[str]] = {}
-    for event in LegacyEventFileLoader(str(event_file)).Load():
+    starts: list[int] = []
+    for event in LegacyEventFileLoader(str(path)).Load():
         if event.HasField("summary"):
             tags = steps.setdefault(event.step, set())
             tags.update(value.tag for value in event.summary.value)
         elif event.HasField("graph_def"):
             steps.setdefault(event.step, set()).add("__graph__")
-    return steps
+        elif event.HasField("session_log") and event.session_log.status == _START:
+            starts.append(event.step)
+    return steps, starts
 
 
-def restarts(log_dir: str | os.PathLike) -> list[tuple[str, int]]:
-    """``(event file name, step)`` of every restart in ``log_dir``: each
-    ``SessionLog.START`` (``callbacks.mark_session_start`` writes one per training session)
-    but the first TensorBoard reads, which starts the run and purges nothing."""
-    found = []
-    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
-        for event in LegacyEventFileLoader(str(path)).Load():
-            if event.HasField("session_log") and event.session_log.status == _START:
-                found.append((path.name, event.step))
-    return found[1:]
+@dataclasses.dataclass
+class LogView:
+    """What TensorBoard shows of one log directory, each event file read once: the steps
+    and tags of every file, and the restarts, each ``SessionLog.START``
+    (``callbacks.mark_session_start`` writes one per training session) but the first
+    TensorBoard reads, which starts the run and purges nothing. A file that cannot be
+    parsed holds nothing here (TensorBoard shows nothing of it either)."""
 
+    steps: dict[str, dict[int, set[str]]]  # event file name -> {step: {tags}}
+    restarts: list[tuple[str, int]]  # (event file name, step), in reading order
 
-def purging_restart(
-    event_file: Path, step: int, found: list[tuple[str, int]]
-) -> tuple[str, int] | None:
-    """The restart in ``found`` that hides ``step`` of ``event_file`` from TensorBoard, or
-    None. TensorBoard reads a directory's files in name order and, at each restart, drops
-    what it has read at or after the restart's step: an event is hidden by a restart in a
-    later file at a step not above its own (the branch a resume abandoned)."""
-    for name, restart_step in found:
-        if name > event_file.name and restart_step <= step:
-            return name, restart_step
-    return None
+    @classmethod
+    def read(cls, log_dir: str | os.PathLike) -> LogView:
+        steps: dict[str, dict[int, set[str]]] = {}
+        starts: list[tuple[str, int]] = []
+        for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+            try:
+                steps[path.name], found = _read_events(path)
+            except Exception:  # a damaged file (a killed writer's): it shows nothing
+                steps[path.name], found = {}, []
+            starts += [(path.name, step) for step in found]
+        return cls(steps, starts[1:])
+
+    def tags(self, event_file: Path, step: int) -> set[str]:
+        return self.steps.get(event_file.name, {}).get(step, set())
+
+    def hiding_restart(self, event_file: Path, step: int) -> tuple[str, int] | None:
+        """The restart that hides ``step`` of ``event_file`` from TensorBoard, or None.
+        TensorBoard reads a directory's files in name order and, at each restart, drops
+        what it has read at or after the restart's step: an event is hidden by a restart
+        in a later file at a step not above its own (the branch a resume abandoned)."""
+        for name, restart_step in self.restarts:
+            if name > event_file.name and restart_step <= step:
+                return name, restart_step
+        return None
+
+    def shows(self, event_file: Path, step: int, tag: str | None = None) -> bool:
+        """Whether TensorBoard shows ``tag`` (any event, if None) at ``step`` of the file."""
+        tags = self.tags(event_file, step)
+        hidden = self.hiding_restart(event_file, step) is not None
+        return bool(tags) and (tag is None or tag in tags) and not hidden
 
 
 def link_run_dirs(artifact: Path, link: Mapping[str, Any]) -> list[Path]:
@@ -437,7 +463,8 @@ def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) 
             f"Received link: {dict(link)}"
         )
     step = int(link["step"])
-    tags = sorted(event_steps(event_file).get(step, ()))
+    view = LogView.read(log_dir)
+    tags = sorted(view.tags(event_file, step))
     wanted = link.get("tag")
     if not tags or (wanted and wanted not in tags):
         raise TensorBoardLinkError(
@@ -445,7 +472,7 @@ def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) 
             f"{step}: the artifact was saved but its card was never written (the run stopped "
             f"in between?). Received tags at that step: {tags}"
         )
-    restart = purging_restart(event_file, step, restarts(log_dir))
+    restart = view.hiding_restart(event_file, step)
     if restart is not None:
         raise TensorBoardLinkError(
             f"TensorBoard no longer shows step {step} of {event_file}: a later session of the "
