@@ -105,7 +105,7 @@ class TrainingState:
         state = cls(**data)
         for name in ("epoch", "step_in_epoch", "global_step"):
             value = getattr(state, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_count(value):
                 raise ValueError(
                     f"Training state field {name!r} must be a non-negative integer; "
                     f"received {value!r}"
@@ -135,21 +135,31 @@ def check_record(record: Any) -> None:
             f"retention record names {name!r}, which is not a plain entry of a checkpoint "
             f"directory (no path separator, not hidden); received record {record!r}"
         )
-    kinds = {"step": int, "epoch": int, "epoch_end": bool}  # "step" required: the order
-    for key, kind in kinds.items():
-        value = record.get(key)
-        if key != "step" and key not in record:
-            continue
-        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+    for key, (valid, wanted) in _RECORD_FIELDS.items():
+        if (key == "step" or key in record) and not valid(record.get(key)):
             raise ValueError(
-                f"retention record field {key!r} must be "
-                f"{'an integer >= 0' if kind is int else 'a boolean'}; received record {record!r}"
+                f"retention record field {key!r} must be {wanted}; received record {record!r}"
             )
-    monitor = record.get("monitor")
-    if monitor is not None and (isinstance(monitor, bool) or not isinstance(monitor, int | float)):
-        raise ValueError(
-            f"retention record field 'monitor' must be a number or null; received record {record!r}"
-        )
+
+
+def is_count(value: Any) -> bool:
+    """A non-negative integer (a bool is not one), as counters are stored in JSON."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_number(value: Any) -> bool:
+    """An int or float (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# The fields retention sorts and filters by ("step" is required: the order), their check
+# and what they must be.
+_RECORD_FIELDS = {
+    "step": (is_count, "an integer >= 0"),
+    "epoch": (is_count, "an integer >= 0"),
+    "epoch_end": (lambda value: isinstance(value, bool), "a boolean"),
+    "monitor": (lambda value: value is None or is_number(value), "a number or null"),
+}
 
 
 _PLAIN_TYPES = frozenset((int, float, str, bool, type(None)))

@@ -23,6 +23,7 @@ import keras
 
 from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
 from trainer.errors import ConfigError, CorruptCheckpointError
+from trainer.state import is_count
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,7 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def check_state_dict(self, state: dict[str, Any]) -> None:
         """Refuse a saved state ``load_state_dict`` cannot take (checked when the run is
         built, before its session writes anything)."""
-        rows = state.get("rows", 0)
-        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        if not is_count(state.get("rows", 0)):
             raise CorruptCheckpointError(
                 f"The checkpoint's CSVLogger state is damaged: 'rows' must be a count of the "
                 f"rows logged. Resume from another checkpoint. Received: {str(state)[:300]}"

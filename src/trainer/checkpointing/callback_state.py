@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from trainer.errors import ConfigError, CorruptCheckpointError
+from trainer.state import is_count, is_number
 
 # Keras callbacks whose counters decide what they do next, and the attributes holding them.
 KERAS_STATE: dict[type, tuple[str, ...]] = {
@@ -97,11 +98,7 @@ def refuse_unrestorable(name: str, callback: keras.callbacks.Callback, state: An
 def _restorable(key: str, value: Any) -> bool:
     """A Keras callback counter as ``state_of`` writes it: None, a number for ``best``,
     else a count."""
-    if value is None:
-        return True
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return key == "best" or (isinstance(value, int) and value >= 0)
+    return value is None or (is_number(value) if key == "best" else is_count(value))
 
 
 def _damaged(name: str, problem: str, state: Any) -> CorruptCheckpointError:
