@@ -132,3 +132,14 @@ def test_verify_reports_a_directory_link_added_after_the_save(saved, tmp_path, b
     (path / "assets_link").symlink_to(tmp_path, target_is_directory=True)
     with pytest.raises(CorruptCheckpointError, match=r"'assets_link' is a symbolic link"):
         backend_class(backend)().check_integrity(path, digests=True, strict=True)
+
+
+def test_a_large_file_is_hashed_in_a_thread_and_a_small_one_at_once(tmp_path):
+    large, small = tmp_path / "large", tmp_path / "small"
+    large.write_bytes(bytes(range(256)) * 8192)  # 2 MiB
+    small.write_bytes(b"x" * 100)
+    pending = integrity.PendingDigest(large)
+    assert pending._thread is not None
+    assert pending.result() == (2 << 20, integrity.file_digest(large))
+    at_once = integrity.PendingDigest(small)
+    assert at_once._thread is None and at_once.result() == (100, integrity.file_digest(small))

@@ -64,6 +64,11 @@ def bytes_digest(data: bytes | memoryview) -> str:
     return hashlib.new(ALGORITHM, data).hexdigest()
 
 
+# Files smaller than this are hashed in the caller's thread (a small model's variables:
+# their digest takes microseconds, a thread's start and join about a hundred).
+_THREAD_FROM = 1 << 20
+
+
 class PendingDigest:
     """The size and digest of a file its writer just finished, computed in a thread while
     the save goes on, for ``build_manifest``'s ``known``. hashlib releases the GIL on large
@@ -75,6 +80,14 @@ class PendingDigest:
         self._path = os.fspath(path)
         self._result: tuple[int, str] | None = None
         self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        try:
+            small = os.stat(self._path).st_size < _THREAD_FROM
+        except OSError:
+            small = True  # _run records the error, which result() raises
+        if small:  # hashed at once: a thread would cost more than the digest
+            self._run()
+            return
         self._thread = threading.Thread(target=self._run, name="trainer-digest", daemon=True)
         self._thread.start()
 
@@ -86,7 +99,8 @@ class PendingDigest:
             self._error = error
 
     def result(self) -> tuple[int, str]:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._result is not None
