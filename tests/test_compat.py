@@ -589,3 +589,34 @@ def test_deferred_initializers_start_at_zeros_and_initialize_what_got_no_value()
         thread.start()
         thread.join()
     np.testing.assert_array_equal(seen[0], np.full(6, 3.0))
+
+
+def test_save_without_checkpoint_leaves_the_variables_to_the_caller(tmp_path):
+    """The save writes everything but ``variables/``; a checkpoint of a module holding only
+    the root's variable lists, under the same names, is what ``tf.saved_model.load`` then
+    restores from (``savedmodel.variables_first``), also when written before the save."""
+    module = tf.Module()
+    module.model_variables = [tf.Variable([1.0, 2.0]), tf.Variable([[3]])]
+    module.nodes = [tf.Module()]
+    module.nodes[0].kernel = module.model_variables[0]  # a second path, as layer nodes have
+    module.double = tf.function(
+        lambda x: 2.0 * x * module.model_variables[0], input_signature=[tf.TensorSpec([2])]
+    )
+    holder = tf.Module()
+    holder.model_variables = list(module.model_variables)
+    tf.train.Checkpoint(holder).write(str(tmp_path / "variables" / "variables"))
+    options = tf.saved_model.SaveOptions(experimental_skip_saver=True)
+    assert tf_compat.save_without_checkpoint(module, str(tmp_path), None, options)
+    assert sorted(os.listdir(tmp_path / "variables")) == [
+        "variables.data-00000-of-00001",
+        "variables.index",
+    ]
+    module.model_variables[0].assign([5.0, 7.0])  # after the write: not what loads
+    loaded = tf.saved_model.load(str(tmp_path))
+    assert loaded.model_variables[0].numpy().tolist() == [1.0, 2.0]
+    assert loaded.nodes[0].kernel is loaded.model_variables[0]
+    assert loaded.model_variables[1].numpy().tolist() == [[3]]
+    assert loaded.double(tf.constant([1.0, 1.0])).numpy().tolist() == [2.0, 4.0]
+    empty = tmp_path / "alone"
+    assert tf_compat.save_without_checkpoint(module, str(empty), None, options)
+    assert not (empty / "variables" / "variables.index").exists()

@@ -33,6 +33,36 @@ def saving_context(options: tf.saved_model.SaveOptions) -> contextlib.AbstractCo
     return save_context.save_context(options)
 
 
+def save_without_checkpoint(obj: Any, directory: str, signatures: Any, options: Any) -> bool:
+    """``tf.saved_model.save`` that writes no ``variables/`` checkpoint, where the caller
+    has written it already (``savedmodel.variables_first``); False, with nothing written,
+    where this TensorFlow has no such save.
+
+    Uses ``tensorflow.python.saved_model.save.save_and_return_nodes`` and its
+    ``experimental_skip_checkpoint`` argument: the public ``tf.saved_model.save`` calls it
+    without the argument, and no public option skips the checkpoint (``SaveOptions`` can
+    skip only the SaverDef). The rest of the save is TensorFlow's own, the fingerprint
+    included (which hashes the checkpoint the caller wrote). Checked: TensorFlow 2.21.0
+    (``tests/test_compat.py``).
+    """
+    from tensorflow.python.saved_model import save
+
+    function = getattr(save, "save_and_return_nodes", None)
+    if function is None or "experimental_skip_checkpoint" not in _parameters(function):
+        return False
+    function(obj, directory, signatures, options, experimental_skip_checkpoint=True)
+    return True
+
+
+def _parameters(function: Callable[..., Any]) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 _exported = threading.local()
 _export_hook_lock = threading.Lock()
 _export_hook_installed = False

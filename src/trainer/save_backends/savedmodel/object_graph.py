@@ -67,12 +67,39 @@ def _spec_summary(spec: tuple[Any, Any]) -> str:
     return repr(spec)[:500]
 
 
-def trace_model(model: keras.Model) -> TracedModel:
-    """Trace every layer's call functions once and build the root ``tf.Module``."""
+@dataclasses.dataclass
+class VariablePlan:
+    """Which variables a save stores, and in which order: known before any tracing, so
+    the variables can be written while the functions are traced (``variables_first``)."""
+
+    layers: list[keras.layers.Layer]
+    layer_index: dict[int, int]
+    optimizer: list[Any]  # the optimizer's Keras variables
+    storages: list[tf.Variable]  # the root's model_variables, in order
+    records: list[dict[str, Any]]
+    index: dict[int, int]  # id(storage) -> position in ``storages``
+
+    def root_lists(self) -> dict[str, list[tf.Variable]]:
+        """The root's two variable lists, as the SavedModel's root holds them."""
+        return {
+            "model_variables": list(self.storages),
+            "optimizer_variables": [tf_variable(v) for v in self.optimizer],
+        }
+
+
+def plan_variables(model: keras.Model) -> VariablePlan:
     layers = tracing.all_layers(model)
-    layer_index = {id(layer): i for i, layer in enumerate(layers)}
     opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
     tf_vars, var_records, var_index = _variable_table(layers)
+    layer_index = {id(layer): i for i, layer in enumerate(layers)}
+    return VariablePlan(layers, layer_index, opt_vars, tf_vars, var_records, var_index)
+
+
+def trace_model(model: keras.Model, plan: VariablePlan | None = None) -> TracedModel:
+    """Trace every layer's call functions once and build the root ``tf.Module``."""
+    plan = plan or plan_variables(model)
+    layers, layer_index, opt_vars = plan.layers, plan.layer_index, plan.optimizer
+    var_records, var_index = plan.records, plan.index
     args = endpoints.model_call_args(model)
     recorder = tracing.CallRecorder(layers)
     concrete = _record_call_specs(model, recorder, args)
@@ -118,8 +145,8 @@ def trace_model(model: keras.Model) -> TracedModel:
     root.serve = serve
     # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
     root.serving_default = serving_default
-    root.model_variables = tf_vars
-    root.optimizer_variables = [tf_variable(v) for v in opt_vars]
+    for name, variables in plan.root_lists().items():
+        setattr(root, name, variables)
     root.layer_nodes = nodes
     return TracedModel(
         root=root,

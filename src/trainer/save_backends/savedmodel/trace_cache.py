@@ -4,8 +4,9 @@ The first save of a model traces every layer and runs ``tf.saved_model.save``; t
 of ``saved_model.pb`` and of the assets are kept in memory next to the traced root module.
 A later save of the same, structurally unchanged model writes those bytes back plus a
 fresh variables checkpoint: in one op over the keys and object graph the first save wrote
-(``variables_writer``), else from ``tf.train.Checkpoint(root)``. With the root passed
-positionally, that checkpoint's object graph *is* the SavedModel's (same children, same
+(``variables_writer``; the first save writes its variables while it traces,
+``variables_first``), else from ``tf.train.Checkpoint(root)``. With the root passed
+positionally, that checkpoint restores by the SavedModel's own paths (same children, same
 keys ``model_variables/0/.ATTRIBUTES/VARIABLE_VALUE`` ...), which the tests verify by
 loading a fast-saved directory with ``tf.saved_model.load`` and comparing values.
 
@@ -34,6 +35,7 @@ from trainer.save_backends.savedmodel import (
     object_graph,
     saver_def,
     structure,
+    variables_first,
     variables_writer,
 )
 
@@ -73,8 +75,15 @@ def write_saved_model(
         known = _fast_write(entry, directory)
         write_vocabularies(model, directory)
         return entry.traced, False, known
-    traced = object_graph.trace_model(model)
-    writer = _save_with_our_saver(traced, directory)
+    plan = object_graph.plan_variables(model)
+    early = variables_first.start(plan, directory)  # written while the functions trace
+    try:
+        traced = object_graph.trace_model(model, plan)
+        writer = _save_with_our_saver(traced, directory, early)
+    except BaseException:
+        if early is not None:
+            early.discard()  # nothing may still write into a directory being cleaned up
+        raise
     pending = _digest_variables(directory)
     write_vocabularies(model, directory)
     files = {}
@@ -98,15 +107,27 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
 
 
 def _save_with_our_saver(
-    traced: object_graph.TracedModel, directory: Path
+    traced: object_graph.TracedModel,
+    directory: Path,
+    early: variables_first.VariablesWrite | None,
 ) -> variables_writer.VariablesWriter | None:
     """``tf.saved_model.save`` without TensorFlow's SaverDef, then ours (``saver_def``);
     where ours cannot be written (a checkpoint entry that is not a plain variable), it
-    saves again with TensorFlow's. Returns the one-op variables writer, if there is one."""
+    saves again with TensorFlow's. ``early``: the variables, being written already
+    (``variables_first``). Returns the one-op variables writer, if there is one."""
     if not _plain_variables_only(traced):  # known now: no first save to throw away
+        if early is not None:
+            early.discard()  # a layer resource: TensorFlow's checkpoint holds its entries
         return _save_with_tensorflows_saver(traced, directory)
     with tf_compat.exported_variable_handles() as handles:
-        _save(traced, directory, object_graph.SAVE_OPTIONS)
+        if early is not None:
+            early.join()
+        signatures = {"serving_default": traced.serving}
+        options = object_graph.SAVE_OPTIONS
+        if early is None or not tf_compat.save_without_checkpoint(
+            traced.root, str(directory), signatures, options
+        ):
+            _save(traced, directory, options)  # writes the checkpoint (again)
     writer = variables_writer.from_first_save(traced.root, _variables_prefix(directory))
     try:
         ours = writer is not None and saver_def.add_saver(directory, writer, handles)
