@@ -19,7 +19,7 @@ import tensorflow as tf
 from tests import savedmodel_zoo as zoo
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import variables_first
+from trainer.save_backends.savedmodel import object_graph, variables_first
 
 
 def test_first_save_checkpoint_restores_through_tensorflows_loader(tmp_path):
@@ -68,18 +68,72 @@ def test_a_save_whose_tracing_fails_leaves_no_writer_and_no_checkpoint(tmp_path)
     assert not any(tmp_path.iterdir())  # no temporary sibling left behind either
 
 
-def test_distributed_or_non_variable_lists_are_left_to_tensorflows_save(tmp_path):
-    class Plan:
-        def __init__(self, storages):
-            self.storages = storages
+class _Counting(keras.layers.Layer):
+    """Weights, a metric it updates and a plain ``tf.Variable`` it keeps: variables the
+    root reaches only through the layer's node (``state_variables``)."""
 
-        def root_lists(self):
-            return {"model_variables": self.storages, "optimizer_variables": []}
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(3)
+        self.seen = keras.metrics.Mean(name="seen")
+        self.raw = tf.Variable(2.0, trainable=False)
+
+    def call(self, inputs):
+        self.seen.update_state(inputs)
+        return self.dense(inputs) * self.raw
+
+
+def _state_model():
+    inputs = keras.Input((4,), batch_size=2)  # a stateful RNN's batch is fixed
+    x = _Counting(name="counting")(inputs)
+    x = keras.layers.Reshape((3, 1))(x)
+    outputs = keras.layers.LSTM(2, stateful=True, name="lstm")(x)
+    return keras.Model(inputs, outputs)
+
+
+def test_variables_beyond_the_weights_are_in_the_first_save_checkpoint(tmp_path):
+    """A metric a layer updates, a stateful RNN's states and a raw ``tf.Variable``: TensorFlow's
+    loader refuses a checkpoint that leaves any of them out (an earlier version of this
+    change did), and serving through the TF1 loader reads them by their keys."""
+    keras.utils.set_random_seed(6)
+    model = _state_model()
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype("float32")
+    model.predict(x, verbose=0)  # moves the metric and the states off their start
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    loaded = tf.saved_model.load(str(path))
+    lstm = model.get_layer("lstm")
+    counting = model.get_layer("counting")
+    state = {f"v{i}": v.numpy() for i, v in enumerate((*counting.seen.variables, counting.raw))}
+    state.update({f"state{i}": s.numpy() for i, s in enumerate(lstm.states)})
+    found = [v.numpy() for node in loaded.layer_nodes for v in getattr(node, "state_variables", [])]
+    assert len(found) == len(state) == 5
+    assert sorted(np.asarray(a).tobytes() for a in found) == sorted(
+        np.asarray(a).tobytes() for a in state.values()
+    )
+    with tf.compat.v1.Session(graph=tf.Graph()) as session:  # what TF Serving runs
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
+        signature = meta.signature_def["serving_default"]
+        (name,) = [spec.name for spec in signature.inputs.values()]
+        (output,) = [spec.name for spec in signature.outputs.values()]
+        served = session.run(output, {name: x})
+    expected = model.predict(x, verbose=0)  # the first call from the states as saved
+    np.testing.assert_allclose(served, expected, atol=1e-6)
+
+
+def test_distributed_variables_and_resources_are_left_to_tensorflows_save(tmp_path):
+    class Plan:
+        def __init__(self, storages, resources=()):
+            self.storages, self.optimizer, self.layers = storages, [], [None]
+            self.state, self.resources = [[]], [list(resources)]
+
+        checkpointed = object_graph.VariablePlan.checkpointed
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         mirrored = tf.Variable(1.0)
     assert variables_first.start(Plan([mirrored]), tmp_path) is None
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([1], [2]), -1)
+    assert variables_first.start(Plan([tf.Variable(1.0)], [table]), tmp_path) is None
     assert not (tmp_path / "variables").exists()
     write = variables_first.start(Plan([tf.Variable(2.0)]), tmp_path)
     write.join()

@@ -78,13 +78,23 @@ class VariablePlan:
     storages: list[tf.Variable]  # the root's model_variables, in order
     records: list[dict[str, Any]]
     index: dict[int, int]  # id(storage) -> position in ``storages``
+    # Per layer: variables its calls use beyond its weights (``state_variables``), and the
+    # TF resources it holds (lookup tables): its node's ``state_variables``/``resources``.
+    state: list[list[tf.Variable]]
+    resources: list[list[Any]]
 
-    def root_lists(self) -> dict[str, list[tf.Variable]]:
-        """The root's two variable lists, as the SavedModel's root holds them."""
-        return {
-            "model_variables": list(self.storages),
-            "optimizer_variables": [tf_variable(v) for v in self.optimizer],
-        }
+    def checkpointed(self) -> tf.Module:
+        """A module holding every variable the SavedModel's root holds, by the same paths
+        from the root: ``model_variables``, ``optimizer_variables`` and each layer node's
+        ``state_variables``. Its checkpoint restores into the root as the root's own."""
+        holder = tf.Module()
+        holder.model_variables = list(self.storages)
+        holder.optimizer_variables = [tf_variable(v) for v in self.optimizer]
+        holder.layer_nodes = [tf.Module() for _ in self.layers]
+        for node, extra in zip(holder.layer_nodes, self.state, strict=True):
+            if extra:
+                node.state_variables = extra
+        return holder
 
 
 def plan_variables(model: keras.Model) -> VariablePlan:
@@ -92,14 +102,18 @@ def plan_variables(model: keras.Model) -> VariablePlan:
     opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
     tf_vars, var_records, var_index = _variable_table(layers)
     layer_index = {id(layer): i for i, layer in enumerate(layers)}
-    return VariablePlan(layers, layer_index, opt_vars, tf_vars, var_records, var_index)
+    state = [state_variables.state_variables(layer) for layer in layers]
+    resources = [tracing.trackable_resources(layer) for layer in layers]
+    return VariablePlan(
+        layers, layer_index, opt_vars, tf_vars, var_records, var_index, state, resources
+    )
 
 
 def trace_model(model: keras.Model, plan: VariablePlan | None = None) -> TracedModel:
     """Trace every layer's call functions once and build the root ``tf.Module``."""
     plan = plan or plan_variables(model)
     layers, layer_index, opt_vars = plan.layers, plan.layer_index, plan.optimizer
-    var_records, var_index = plan.records, plan.index
+    tf_vars, var_records = plan.storages, plan.records
     args = endpoints.model_call_args(model)
     recorder = tracing.CallRecorder(layers)
     concrete = _record_call_specs(model, recorder, args)
@@ -125,9 +139,8 @@ def trace_model(model: keras.Model, plan: VariablePlan | None = None) -> TracedM
     with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
         for li in _children_first(layers, layer_index):
             nodes[li], layer_records[li] = _trace_node(
-                layers[li], li, configs[li], layer_index, var_index, var_records, recorder,
-                dispatcher,
-            )  # fmt: skip
+                layers[li], li, configs[li], plan, recorder, dispatcher
+            )
         # serve calls the model's traced function, serving_default calls serve: the
         # model's ops are stored once, under the root layer's call_infer.
         named, specs, composite = endpoints.named_args(args, model)
@@ -145,8 +158,8 @@ def trace_model(model: keras.Model, plan: VariablePlan | None = None) -> TracedM
     root.serve = serve
     # Also an attribute: TFSMLayer prefers attributes, which accept a dict positionally.
     root.serving_default = serving_default
-    for name, variables in plan.root_lists().items():
-        setattr(root, name, variables)
+    root.model_variables = tf_vars
+    root.optimizer_variables = [tf_variable(v) for v in opt_vars]
     root.layer_nodes = nodes
     return TracedModel(
         root=root,
@@ -218,22 +231,19 @@ def _trace_node(
     layer: keras.layers.Layer,
     li: int,
     serialized: tuple[dict[str, Any] | None, str | None],
-    layer_index: dict[int, int],
-    var_index: dict[int, int],
-    var_records: list[dict[str, Any]],
+    plan: VariablePlan,
     recorder: tracing.CallRecorder,
     dispatcher: tracing.Dispatcher,
 ) -> tuple[Node, dict[str, Any]]:
     """One layer's node (its variables, resources and traced functions) and record;
     ``serialized``: ``records.keras_config(layer)``."""
+    layer_index, var_index, var_records = plan.layer_index, plan.index, plan.records
     node = Node(name=f"layer_{li}")
     node.layer_variables = [tf_variable(v) for v in layer.variables]
-    resources = tracing.trackable_resources(layer)
-    if resources:
-        node.resources = resources
-    extra = state_variables.state_variables(layer)
-    if extra:  # read or updated by its traced calls: the graph must reach them
-        node.state_variables = extra
+    if plan.resources[li]:
+        node.resources = plan.resources[li]
+    if plan.state[li]:  # read or updated by its traced calls: the graph must reach them
+        node.state_variables = plan.state[li]  # the lists ``plan.checkpointed`` holds
     calls = id(layer) not in recorder.class_only
     # Nothing calls the root in training mode but its own revival, and a root revived as
     # a graph (Functional, Sequential) is rebuilt from its config around its layers: its

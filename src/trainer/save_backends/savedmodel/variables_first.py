@@ -9,14 +9,15 @@ the variables are written in a thread as soon as the save knows which they are
 (``object_graph.plan_variables``), and ``tf.saved_model.save`` then runs without writing
 a checkpoint of its own (``tf_compat.save_without_checkpoint``).
 
-The checkpoint is that of a module holding the root's two variable lists under their
-names (``model_variables``, ``optimizer_variables``): the same keys as TensorFlow's own
-(``model_variables/0/.ATTRIBUTES/VARIABLE_VALUE`` ...), and an object graph that restores
-by the same paths from the SavedModel's root, which is how ``tf.saved_model.load`` and
-TensorFlow's C++ loader match checkpoint entries to objects.
-What it leaves out are nodes that hold no values (the per-layer nodes reach the same
-variables, the signatures none). Only for plain variables: a distributed variable or a
-layer resource (a lookup table has entries of its own) keeps TensorFlow's own checkpoint.
+The checkpoint is that of a module holding every variable the SavedModel's root holds,
+by the same paths (``model_variables``, ``optimizer_variables``, and the layer nodes'
+``state_variables``: a metric a layer updates, a stateful RNN's states): TensorFlow's own
+keys (``model_variables/0/.ATTRIBUTES/VARIABLE_VALUE`` ...), and an object graph that
+restores by those paths from the SavedModel's root, which is how ``tf.saved_model.load``
+and TensorFlow's C++ loader match checkpoint entries to objects. What it leaves out are
+nodes that hold no values (the signatures, the functions, a layer node's references to
+weights the root's lists hold). A distributed variable or a layer resource (a lookup
+table's entries) keeps TensorFlow's own checkpoint.
 """
 
 from __future__ import annotations
@@ -32,12 +33,9 @@ import tensorflow as tf
 class VariablesWrite:
     """One checkpoint written in a thread; ``join`` waits for it and raises what it raised."""
 
-    def __init__(self, lists: dict[str, list[tf.Variable]], directory: Path):
+    def __init__(self, holder: tf.Module, directory: Path):
         self.folder = Path(directory) / "variables"
         self.prefix = str(self.folder / "variables")
-        holder = tf.Module()  # what the root is, with only its variables
-        for name, variables in lists.items():
-            setattr(holder, name, variables)
         self._checkpoint = tf.train.Checkpoint(holder)  # positional: the holder is the root
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, name="trainer-variables", daemon=True)
@@ -65,13 +63,20 @@ class VariablesWrite:
 
 
 def start(plan: Any, directory: Path) -> VariablesWrite | None:
-    """The variables of ``plan`` being written into ``directory``, or None where they
-    are not all plain variables (TensorFlow's own save writes those)."""
-    lists = plan.root_lists()
+    """The variables of ``plan`` (``object_graph.VariablePlan``) being written into
+    ``directory``, or None where TensorFlow's own save must write them: a distributed
+    variable, or a layer resource (a lookup table's checkpoint entries are its own)."""
+    if any(plan.resources):
+        return None
+    holder = plan.checkpointed()
+    variables = [
+        *holder.model_variables,
+        *holder.optimizer_variables,
+        *(v for extra in plan.state for v in extra),
+    ]
     if any(
         isinstance(v, tf.distribute.DistributedValues) or not isinstance(v, tf.Variable)
-        for variables in lists.values()
         for v in variables
     ):
         return None
-    return VariablesWrite(lists, directory).start()
+    return VariablesWrite(holder, directory).start()
