@@ -87,9 +87,14 @@ def links_and_signatures(checkpoint: Any) -> dict[str, Any]:
     else:
         try:
             signatures = model_signatures(checkpoint.model)
-            source = "traced from the model, as a format=keras export serves it"
+            source = (
+                "the model, traced as a format=keras export serves it (the default "
+                "export, format=savedmodel, can name and type its inputs differently)"
+            )
         except TrainerError as error:
             signatures, source = {}, f"unavailable: {error}"
+        except Exception as error:  # the model's own call, traced: user code
+            signatures, source = {}, f"unavailable: {type(error).__name__}: {error}"
     return {
         "tensorboard": link_report(path, checkpoint.metadata),
         "signatures": signatures,

@@ -65,12 +65,16 @@ def _open_batch(spec: Any) -> tf.TensorSpec:
 
 def serving_function(model: keras.Model) -> tf.types.experimental.PolymorphicFunction:
     """``tf.function`` running the model in inference mode on one batch; a Functional
-    model's outputs are keyed by its output layer names (``logits``), others ``output_0``."""
+    model's outputs are keyed by its output layer names (``logits``), others ``output_0``.
+    Names one layer gives two outputs (a shared head) are not keys: a dict would keep one
+    of them. A model whose ``call`` takes several positional inputs gets them as such."""
     signature = input_signature(model)
     names = list(getattr(model, "output_names", None) or []) if _functional(model) else []
+    if len(set(names)) != len(names):
+        names = []
 
-    def serve(inputs):
-        outputs = model(inputs, training=False)
+    def serve(*inputs):
+        outputs = model(*inputs, training=False)
         flat = tf.nest.flatten(outputs)
         if names and len(names) == len(flat) and not isinstance(outputs, dict):
             return dict(zip(names, flat, strict=True))
@@ -87,10 +91,16 @@ def describe_specs(structure: Any, *, prefix: str) -> dict[str, dict[str, Any]]:
         items = sorted(structure.items())
     else:
         flat = tf.nest.flatten(structure)
-        items = [
-            (s.name if isinstance(s, tf.TensorSpec) and s.name else f"{prefix}_{i}", s)
-            for i, s in enumerate(flat)
-        ]
+        items = []
+        for i, s in enumerate(flat):
+            name = s.name if isinstance(s, tf.TensorSpec) and s.name else f"{prefix}_{i}"
+            taken = {n for n, _ in items}
+            # Made unique as a SavedModel signature makes them: inputs, inputs_1, ...
+            unique, k = name, 0
+            while unique in taken:
+                k += 1
+                unique = f"{name}_{k}"
+            items.append((unique, s))
     for name, spec in items:
         out[name] = {"shape": spec.shape.as_list(), "dtype": spec.dtype.name}
     return out
@@ -99,7 +109,8 @@ def describe_specs(structure: Any, *, prefix: str) -> dict[str, dict[str, Any]]:
 def model_signatures(model: keras.Model) -> dict[str, dict[str, Any]]:
     """The ``serving_default`` signature an export of ``model`` gets (traces the model)."""
     concrete = serving_function(model).get_concrete_function()
-    inputs = concrete.structured_input_signature[0][0]
+    positional = concrete.structured_input_signature[0]
+    inputs = positional[0] if len(positional) == 1 else list(positional)
     return {
         SERVING_KEY: {
             "inputs": describe_specs(inputs, prefix="input"),
