@@ -37,7 +37,14 @@ from trainer import atomic
 from trainer._compat.keras import get_input_signature, sublayers
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.errors import SaveError
-from trainer.save_backends import layerstate, modelstate, policies, readiness, trainable
+from trainer.save_backends import (
+    config_state,
+    layerstate,
+    modelstate,
+    policies,
+    readiness,
+    trainable,
+)
 from trainer.save_backends.savedmodel.tracing import tf_variable
 from trainer.state import TrainingState
 
@@ -97,6 +104,7 @@ def take_snapshot(
             f"match the model's: {error}. Set checkpoint.async_save=false. Received: "
             f"{type(model).__name__}"
         ) from None
+    config_state.copy_held_values(model, shadow)  # a dropout rate changed since, ...
     finish = _nothing
     if copier is not None:
         finish = copier.take()

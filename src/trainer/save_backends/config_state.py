@@ -111,3 +111,57 @@ def _plain(value: Any) -> bool:
     if value is None or isinstance(value, bool | int | float | str):
         return True
     return isinstance(value, tuple | list) and all(_plain(v) for v in value)
+
+
+# ------------------------------------------------------------ config-held values over time
+# Config keys a layer also holds as public attributes of plain values, found once per layer.
+_HELD_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NOT_HELD = frozenset({"name", "trainable", "dtype"})  # compared elsewhere, or not plain
+
+
+def held_values(layer: keras.layers.Layer) -> tuple[tuple[str, Any], ...]:
+    """``(attribute, value)`` for each entry of the layer's config that it also holds as a
+    public attribute of a plain value (``Dropout.rate``, ``Discretization.bin_boundaries``).
+    Such a value can change between two saves of one model (a schedule lowering a dropout
+    rate, a re-``adapt``): what is saved must then follow, where a save reuses what an
+    earlier one made (the savedmodel trace cache, the async shadow). Read on every save:
+    the config itself is read once per layer; a Functional or Sequential model (whose
+    config is its graph) holds none."""
+    keys = _HELD_KEYS.get(layer)
+    if keys is None:
+        keys = _held_keys(layer)
+        _HELD_KEYS[layer] = keys
+    found = []
+    for key in keys:
+        value = getattr(layer, key, None)
+        if _plain(value):
+            found.append((key, value))
+    return tuple(found)
+
+
+def _held_keys(layer: keras.layers.Layer) -> tuple[str, ...]:
+    if keras_compat.is_functional(layer):
+        return ()
+    try:
+        config = layer.get_config()
+    except Exception:  # a config that cannot be read is reported by the save itself
+        return ()
+    attributes = vars(layer)
+    return tuple(
+        key
+        for key in config
+        if key not in _NOT_HELD and key in attributes and _compared(key, attributes[key])
+    )
+
+
+def copy_held_values(source: keras.Model, target: keras.Model) -> None:
+    """Give each layer of ``target`` (same architecture, layers in the same order) the
+    config-held values of its twin in ``source`` that differ (``held_values``)."""
+    mine = keras_compat.sublayers(source, include_self=True)
+    theirs = keras_compat.sublayers(target, include_self=True)
+    for source_layer, target_layer in zip(mine, theirs, strict=False):
+        if type(source_layer) is not type(target_layer):
+            continue
+        for key, value in held_values(source_layer):
+            if getattr(target_layer, key, None) != value:
+                setattr(target_layer, key, copy.deepcopy(value))

@@ -9,7 +9,7 @@ import weakref
 
 import keras
 
-from trainer.save_backends import modelstate
+from trainer.save_backends import config_state, modelstate
 from trainer.save_backends.savedmodel import state_variables, tracing
 
 # A private copy's (``modelstate.mark_private_copy``) last fingerprint, with what alone can
@@ -21,7 +21,8 @@ _PRIVATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def fingerprint(model: keras.Model) -> str:
     """Changes whenever a save could no longer reuse the traced graph: layers added or
-    rebuilt, variables replaced, trainable flags or the optimizer changed."""
+    rebuilt, variables replaced, trainable flags, config-held values
+    (``config_state.held_values``) or the optimizer changed."""
     if not modelstate.is_private_copy(model):
         return _fingerprint(model)
     key = _private_copy_key(model)
@@ -34,7 +35,8 @@ def fingerprint(model: keras.Model) -> str:
 
 
 def _private_copy_key(model: keras.Model) -> tuple:
-    """What can change in a private copy: trainable flags (of layers and variables) and,
+    """What can change in a private copy: trainable flags (of layers and variables),
+    config-held values (``snapshot`` copies them from the model) and,
     should a variable be replaced, which variables it has (model and optimizer)."""
     saving_optimizer = modelstate.saving_optimizer()
     optimizer = getattr(model, "optimizer", None) if saving_optimizer else None
@@ -42,6 +44,7 @@ def _private_copy_key(model: keras.Model) -> tuple:
     return (
         saving_optimizer,
         tuple(layer.trainable for layer in tracing.all_layers(model)),
+        tuple(config_state.held_values(layer) for layer in tracing.all_layers(model)),
         tuple((id(v), v.trainable) for v in model.weights),
         id(optimizer),
         tuple(id(v) for v in optimizer_variables),
@@ -53,6 +56,9 @@ def _fingerprint(model: keras.Model) -> str:
     for layer in tracing.all_layers(model):
         parts.append(f"L{id(layer)}:{type(layer).__name__}:{layer.name}:{layer.trainable}")
         parts.append(layer.dtype_policy.name)
+        held = config_state.held_values(layer)
+        if held:  # a dropout rate lowered, a re-adapted Discretization: records change
+            parts.append(repr(held))
         for v in layer.variables:
             storage = tracing.variable_storage(v)
             parts.append(f"v{id(v)}:{id(storage)}:{tuple(v.shape)}:{v.dtype}:{v.trainable}")
