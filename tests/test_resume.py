@@ -287,6 +287,23 @@ def test_resumed_curves_have_no_duplicate_steps(compose_cfg, tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_mid_epoch_stop_writes_no_epoch_point_of_its_own(compose_cfg, tmp_path):
+    """Keras ends an epoch stopped by SIGTERM with the partial epoch's means and a validation
+    of mid-epoch weights. Written at the stop's step, TensorBoard kept that point beside the
+    resumed epoch's (found by a probe: an extra ``epoch/val_loss`` point in every backend)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    hook = "+callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}"
+    train(compose_cfg(*EXACT, "save=h5", hook))
+    train(compose_cfg(*EXACT, "save=h5", "resume=latest", f"resume_dir={run}"))
+    events = EventAccumulator(str(run / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    for tag in ("epoch/loss", "epoch/val_loss", "epoch/learning_rate"):
+        assert [event.step for event in events.Tensors(tag)] == [3, 6, 9], tag
+    assert [event.step for event in events.Tensors("batch/loss")] == list(range(1, 10))
+
+
 def test_resume_finds_a_custom_checkpoint_directory(compose_cfg, tmp_path):
     run = tmp_path / "run"
     custom = ["model=mlp", "save=h5", "checkpoint.directory=saved/ckpt"]

@@ -201,6 +201,12 @@ class ScalarLogger(keras.callbacks.Callback):
                 tf.summary.scalar("batch/learning_rate", self._step_rate)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.state.step_in_epoch != 0:
+            # Stopped mid-epoch (RunProgress ran first: 0 = the epoch completed). Keras
+            # still ends the epoch, with the partial epoch's running means and a validation
+            # of mid-epoch weights; as a point it would stay beside the resumed epoch's own
+            # (TensorBoard keeps steps before a restart mark), on no epoch's boundary.
+            return
         learning_rate = current_learning_rate(self.model.optimizer)
         step = self.state.global_step
         with self.writes.writing("epoch scalars"), self.writer.as_default(step=step):
