@@ -198,3 +198,25 @@ def test_a_dict_input_model_exports_in_keras_format_and_warms_up_on_strings(tmp_
     for examples in (np.array(["a", "q"]), ["b", "a"], tf.constant(["a", "b"])):
         warmed = export_serving(strings, tmp_path / "text", warmup=examples, format="keras")
         assert read_export_metadata(warmed)["warmup_requests"] == 2
+
+
+def test_export_options_that_fail_only_after_training_are_refused_at_the_start():
+    """Found by a probe: ``export.directory=checkpoints`` trained and then made the run
+    impossible to resume (a resume took the export for the newest checkpoint);
+    ``format=keras`` with ``with_optimizer=true`` trained the whole run, then failed."""
+    for directory in ("checkpoints", "./checkpoints/served", "."):
+        with pytest.raises(ExportError, match="export.directory"):
+            check_export_options({"directory": directory}, checkpoint_directory="checkpoints")
+    check_export_options({"directory": "export"}, checkpoint_directory="checkpoints")
+    check_export_options({"directory": "checkpoints2"}, checkpoint_directory="checkpoints")
+    with pytest.raises(ExportError, match="with_optimizer"):
+        check_export_options({"format": "keras", "with_optimizer": True})
+
+
+def test_train_refuses_an_export_directory_among_its_checkpoints(compose_cfg, tmp_path):
+    from trainer import train
+
+    cfg = compose_cfg("model=mlp", "save=h5", "export.enabled=true", "export.directory=checkpoints")
+    with pytest.raises(ExportError, match="export.directory"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -102,15 +102,42 @@ def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
         ) from None
 
 
-def check_export_options(options: Mapping[str, Any] | None) -> None:
+def check_export_options(
+    options: Mapping[str, Any] | None, checkpoint_directory: str | None = None
+) -> None:
     """The ``export`` config group's values, checked when a run starts rather than when
-    its export is written after training: an ``ExportError`` naming the key."""
+    its export is written after training: an ``ExportError`` naming the key.
+    ``checkpoint_directory``: the run's ``checkpoint.directory``, which exports must stay
+    out of (a resume takes the newest entry there: an export, which holds no training
+    state, made the run impossible to resume)."""
     options = dict(options or {})
     if not options.get("enabled", True):
         return
     warmup_count(options.get("warmup_examples") or 0, "export.warmup_examples")
     keep = options.get("keep", DEFAULT_KEEP)
-    check_format_and_keep(options.get("format", "auto"), keep, prefix="export.")
+    export_format = options.get("format", "auto")
+    check_format_and_keep(export_format, keep, prefix="export.")
+    if options.get("with_optimizer") and export_format == "keras":
+        raise ExportError(
+            "export.format=keras is inference-only and cannot carry the optimizer; set "
+            "export.format=savedmodel (or auto), or export.with_optimizer=false. "
+            "Received: export.format=keras, export.with_optimizer=true"
+        )
+    directory = options.get("directory", "export")
+    if checkpoint_directory is not None and _overlap(str(directory), str(checkpoint_directory)):
+        raise ExportError(
+            f"export.directory {directory!r} is (or is inside, or holds) the checkpoint "
+            f"directory {checkpoint_directory!r}: a resume would take an export for the "
+            f"newest checkpoint. Choose another export.directory (default 'export'). "
+            f"Received: export.directory={directory!r}"
+        )
+
+
+def _overlap(first: str, second: str) -> bool:
+    a, b = (os.path.normpath(path) for path in (first, second))
+    if os.curdir in (a, b):  # the run directory itself holds the other
+        return True
+    return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
 
 
 def warmup_count(value: Any, what: str) -> int:

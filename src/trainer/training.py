@@ -160,7 +160,9 @@ def build_run(
     dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
     policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
     policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
-    export_sources.check_export_options(cfg.get("export"))  # not only once trained
+    export_sources.check_export_options(  # not only once trained
+        cfg.get("export"), checkpoint_directory=cfg.checkpoint.directory
+    )
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
         state = restore(cfg, dist, model, resume_from)
