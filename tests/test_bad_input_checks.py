@@ -57,6 +57,11 @@ def test_a_monitor_no_save_logs_is_refused_before_training():
         (["resume_dir=/somewhere"], "resume_dir is set but resume is not"),
         (["checkpoint.policy.name='../x-{step}'"], "without a path"),
         (["save._target_=collections.OrderedDict"], "save._target_ must build a save backend"),
+        # Found by a probe: raw ValueErrors (exit 1), or gradient ascent trained to the end.
+        (["seed=abc"], "seed must be a whole number"),
+        (["seed=-1"], "seed must be a whole number"),
+        (["optimizer.learning_rate=abc"], "optimizer.learning_rate must be a number above 0"),
+        (["optimizer.learning_rate=-1"], "optimizer.learning_rate must be a number above 0"),
     ],
 )
 def test_run_values_are_refused_before_anything_is_written(compose_cfg, overrides, said):

@@ -161,6 +161,19 @@ def check_values(cfg: Any) -> None:
                 f"trainer.{key} must be a whole number of at least {least}{none}. "
                 f"Received: {value!r}"
             )
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(
+            f"seed must be a whole number from 0 to 2**32-1 (NumPy's and Keras's seed range). "
+            f"Received: seed={seed!r}"
+        )
+    optimizer = cfg.get("optimizer") or {}
+    rate = optimizer.get("learning_rate") if hasattr(optimizer, "get") else None
+    if isinstance(rate, bool | str) or (isinstance(rate, int | float) and not rate > 0):
+        raise ConfigError(
+            f"optimizer.learning_rate must be a number above 0 (a rate of 0 or below does "
+            f"not descend) or a schedule's config. Received: optimizer.learning_rate={rate!r}"
+        )
     resume, resume_dir = cfg.get("resume"), cfg.get("resume_dir")
     for key, value in (("resume", resume), ("resume_dir", resume_dir)):
         if value is not None and not isinstance(value, str):
