@@ -205,7 +205,7 @@ def test_export_options_that_fail_only_after_training_are_refused_at_the_start()
     impossible to resume (a resume took the export for the newest checkpoint);
     ``format=keras`` with ``with_optimizer=true`` trained the whole run, then failed."""
     for directory in ("checkpoints", "./checkpoints/served", "."):
-        with pytest.raises(ExportError, match="export.directory"):
+        with pytest.raises(ExportError, match=r"export\.directory"):
             check_export_options({"directory": directory}, checkpoint_directory="checkpoints")
     check_export_options({"directory": "export"}, checkpoint_directory="checkpoints")
     check_export_options({"directory": "checkpoints2"}, checkpoint_directory="checkpoints")
@@ -217,6 +217,6 @@ def test_train_refuses_an_export_directory_among_its_checkpoints(compose_cfg, tm
     from trainer import train
 
     cfg = compose_cfg("model=mlp", "save=h5", "export.enabled=true", "export.directory=checkpoints")
-    with pytest.raises(ExportError, match="export.directory"):
+    with pytest.raises(ExportError, match=r"export\.directory"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()

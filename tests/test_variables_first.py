@@ -22,6 +22,12 @@ from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel import object_graph, variables_first
 
 
+@pytest.fixture(autouse=True)
+def _every_size(monkeypatch):
+    """Written first whatever the size: the test models are small."""
+    monkeypatch.setattr(variables_first, "WORTH_FROM", 0)
+
+
 def test_first_save_checkpoint_restores_through_tensorflows_loader(tmp_path):
     keras.utils.set_random_seed(5)
     model, x, y, _ = zoo.nested_three_deep()
