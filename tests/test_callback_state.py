@@ -208,3 +208,37 @@ def test_a_callback_state_json_cannot_hold_is_named_not_blamed_on_the_disk(tmp_p
                        on_save_error="continue")  # fmt: skip
     with pytest.raises(ConfigError, match=r"state_dict\(\) of callback Counting must return JSON"):
         model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0, callbacks=[counting, saves])
+
+
+def test_a_fresh_run_moves_rows_of_an_earlier_session_aside(compose_cfg, tmp_path):
+    """A session killed after logging a row but before its first checkpoint: the same
+    command then starts anew in that run directory, and the rows it appended to showed the
+    epochs twice (0, 0, 1, 2; found by a probe). The earlier rows are kept beside it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = "epoch,loss\r\n0,9.0\r\n"
+    (run / "metrics.csv").write_text(stale)
+    train(compose_cfg("model=mlp", "save=h5", "trainer.epochs=2", "callbacks=[csv_logger]"))
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert (run / "metrics.csv.abandoned-1").read_bytes() == stale.encode()
+
+
+def test_a_csv_file_outside_the_run_directory_is_appended_to(tmp_path):
+    """An absolute filename is the user's own file: a fresh run appends, moves nothing."""
+    from trainer.state import TrainingState
+    from trainer.user_callbacks import ConfigCallbacks, CSVLogger
+
+    shared = tmp_path / "all_runs.csv"
+    shared.write_text("epoch,loss\r\n0,9.0\r\n")
+    logger = CSVLogger(str(shared))
+    logger.set_run_dir(tmp_path / "run")
+    callbacks = ConfigCallbacks({"csv": logger}, TrainingState())
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    callbacks.set_model(model)
+    callbacks.on_train_begin()
+    logger.on_epoch_end(0, {"loss": 0.5})
+    logger.on_train_end()
+    assert [r["loss"] for r in csv.DictReader(shared.open())] == ["9.0", "0.5"]
+    assert not list(tmp_path.glob("*.abandoned-*"))

@@ -84,6 +84,8 @@ class ConfigCallbacks(keras.callbacks.CallbackList):
                 log.info("Restored the state of callbacks.%s", name)
             elif state_of(callback) is not None:
                 log.info("callbacks.%s has no saved state: it starts afresh", name)
+                if self.state.global_step == 0 and hasattr(callback, "start_afresh"):
+                    callback.start_afresh()  # a new run: nothing earlier belongs to it
         for name in self.saved:
             # %r: the name is the checkpoint's, and could hold a line break of its own.
             log.warning("The checkpoint holds state of callback %r; it is not configured", name)
@@ -144,6 +146,32 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def set_run_dir(self, run_dir: Path) -> None:
         if not Path(self.filename).is_absolute():
             self.filename = str(Path(run_dir) / self.filename)
+            self._in_run_dir = True
+
+    _in_run_dir = False  # the file is the run's own (a relative filename)
+
+    def start_afresh(self) -> None:
+        """A new run (step 0) whose own file already holds rows: a session of this run
+        directory that ended before its first checkpoint (a resume then starts anew) left
+        them, and appended to, its epochs showed twice (0, 0, 1, 2). They are moved to
+        ``<file>.abandoned-<n>`` beside it, nothing deleted, and the file starts again. A
+        file outside the run directory (an absolute filename) is the user's: left as is."""
+        path = Path(self.filename)
+        if not (self._in_run_dir and self.append and path.is_file()):
+            return
+        content = path.read_bytes()
+        if len(content.splitlines()) <= 1:
+            return
+        n = 1
+        while path.with_name(f"{path.name}.abandoned-{n}").exists():
+            n += 1
+        with open(path.with_name(f"{path.name}.abandoned-{n}"), "xb") as kept:
+            kept.write(content)
+        self.csv_file.seek(0)
+        self.csv_file.truncate()
+        self.csv_file.flush()
+        self.append_header = True
+        log.warning("%s held rows of an earlier session; moved to %s", path, kept.name)
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
