@@ -70,6 +70,25 @@ def test_resume_refuses_a_different_architecture(compose_cfg, tmp_path):
         train(cfg)
 
 
+def test_resume_refuses_turning_learning_rate_scaling_on(compose_cfg, tmp_path):
+    """Found by a probe: resumed with ``strategy=mirrored strategy.scale_lr=true``, a
+    constant rate came back unscaled from the optimizer's variable while a schedule's was
+    scaled: the resumed run trained at neither the old nor the configured rate."""
+    run = tmp_path / "run"
+    base = ("model=mlp", "save=h5", "schedule=none")
+    train(compose_cfg(*base, "trainer.epochs=1"))
+    cfg = compose_cfg(
+        *base,
+        "trainer.epochs=2",
+        "strategy=mirrored",
+        "strategy.scale_lr=true",
+        "resume=latest",
+        f"resume_dir={run}",
+    )
+    with pytest.raises(ConfigMismatchError, match=r"strategy\.scale_lr"):
+        train(cfg)
+
+
 def test_resume_allows_more_epochs(compose_cfg, tmp_path):
     run = tmp_path / "run"
     train(compose_cfg("model=mlp", "save=h5", "trainer.epochs=1"))

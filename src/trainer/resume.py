@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 # Config sections that define the model's variables; anything else (epochs, checkpoint
 # policy, verbosity...) may change between the original run and the resumed one.
-ARCHITECTURE_KEYS = ("model", "optimizer", "schedule", "wrap")
+# ``strategy.scale_lr`` multiplies the configured rate: a resume that turned it on or off
+# scaled a schedule's rate but not a constant one (restored from the optimizer's variable).
+ARCHITECTURE_KEYS = ("model", "optimizer", "schedule", "wrap", "strategy.scale_lr")
 # Keys that decide which examples each step trains on. Changing one does not change what
 # the variables mean, but the resumed run no longer matches an uninterrupted one: refused
 # unless ``resume_allow_inexact=true``. The ``trainer.*`` ones only matter in the middle of
