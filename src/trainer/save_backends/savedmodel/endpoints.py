@@ -37,6 +37,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 _NOT_INPUTS = ("training", "mask")
 # Attribute of a loaded model: the input names of the signature it was loaded from.
 INPUT_NAMES = "_trainer_input_names"
+INPUT_DTYPES = "_trainer_input_dtypes"  # of the signature a revived model was loaded with
 
 
 def _safe_name(name: str | None, fallback: str) -> str:
@@ -86,25 +87,33 @@ def model_args_from(model: keras.Model, signature: list[Any]) -> tuple[Any, ...]
 
 
 def revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
-    """A model revived from traced functions is called as its traced ``call_infer`` was;
-    its inputs keep the names the saved signature gave them (``keep_input_names``)."""
+    """A model revived from traced functions is called as its traced ``call_infer`` was,
+    with the trace of the dtypes its saved signature served, and its inputs keep the names
+    that signature gave them (``keep_input_names``)."""
     function = getattr(model, "_trainer_call_infer", None)
     if function is None:
         return None
+    candidates = []
     for concrete in tf_compat.concrete_functions(function):
         args = concrete.structured_input_signature[0]  # (positional, keywords) of call
-        if not args:
-            continue
-        args = tuple(args[0])
-        flat = tf.nest.flatten(args)
-        names = getattr(model, INPUT_NAMES, None)
-        specs_only = all(isinstance(s, tf.TensorSpec) for s in flat)
-        if names is not None and len(names) == len(flat) and specs_only:
-            flat = [
-                tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)
-            ]
-        return tf.nest.pack_sequence_as(args, flat)
-    return None
+        if args:
+            candidates.append(tuple(args[0]))
+    if not candidates:
+        return None
+    # The trace the saved signature served (int32 ids, not the float32 trace also made
+    # for them): a re-save or export serves what the checkpoint did.
+    served = getattr(model, INPUT_DTYPES, None)
+    for args in candidates:
+        if served and [s.dtype.name for s in tf.nest.flatten(args)] == served:
+            break
+    else:
+        args = candidates[0]
+    flat = tf.nest.flatten(args)
+    names = getattr(model, INPUT_NAMES, None)
+    specs_only = all(isinstance(s, tf.TensorSpec) for s in flat)
+    if names is not None and len(names) == len(flat) and specs_only:
+        flat = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
+    return tf.nest.pack_sequence_as(args, flat)
 
 
 def keep_input_names(model: keras.Model, signature: Any) -> None:
@@ -113,10 +122,13 @@ def keep_input_names(model: keras.Model, signature: Any) -> None:
     the same ``serving_default`` input keys. ``signature`` is untrusted metadata."""
     try:
         names = [entry["name"] for entry in signature["inputs"]]
-    except (TypeError, KeyError, IndexError):
+        dtypes = [entry.get("dtype") for entry in signature["inputs"]]
+    except (TypeError, KeyError, IndexError, AttributeError):
         return
     if names and all(isinstance(n, str) for n in names):
         object.__setattr__(model, INPUT_NAMES, names)  # not layer state for Keras
+    if dtypes and all(isinstance(d, str) for d in dtypes):
+        object.__setattr__(model, INPUT_DTYPES, dtypes)
 
 
 def _call_parameters(model: keras.Model) -> list[inspect.Parameter]:

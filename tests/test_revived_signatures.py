@@ -1,0 +1,51 @@
+"""A model revived from traces (its class missing) is saved again, or exported, with the
+signature its checkpoint served. Found by a probe: a subclassed model on int32 ids served
+``input_0: int32``; its re-save and ``trainer export`` took the float32 trace also made for
+it, so a server's int ids were refused, and the next load refused ``fit`` on them."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer.export_sources import export_from_checkpoint
+from trainer.save_backends import get_backend, load_checkpoint
+
+
+class TokenModel(keras.Model):  # not registered: a load revives it from its traces
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(30, 4)
+        self.pool = keras.layers.GlobalAveragePooling1D()
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.head(self.pool(self.embed(x)))
+
+
+def _served_dtypes(path):
+    signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return {k: v.dtype.name for k, v in signature.structured_input_signature[1].items()}
+
+
+def test_a_revived_model_on_integer_ids_keeps_its_integer_signature(tmp_path):
+    keras.utils.set_random_seed(0)
+    ids = np.array([[1, 2, 3, 0], [4, 5, 6, 7]], "int32")
+    model = TokenModel()
+    model.compile("adam", "mse")
+    model.fit(ids, np.zeros((2, 2)), verbose=0)
+    backend = get_backend("savedmodel")
+    first = backend.save(model, tmp_path / "first")
+    assert _served_dtypes(first) == {"input_0": "int32"}
+    loaded = load_checkpoint(first).model
+    np.testing.assert_array_equal(loaded(ids).numpy(), model(ids).numpy())
+    loaded.fit(ids, np.zeros((2, 2)), verbose=0)
+    second = backend.save(loaded, tmp_path / "second")
+    assert _served_dtypes(second) == {"input_0": "int32"}
+    export = export_from_checkpoint(first, tmp_path / "export")
+    assert _served_dtypes(export) == {"input_0": "int32"}
+    served = tf.saved_model.load(str(export)).signatures["serving_default"]
+    (out,) = served(input_0=tf.constant(ids)).values()
+    np.testing.assert_allclose(out.numpy(), load_checkpoint(first).model(ids).numpy(), atol=1e-6)
+    load_checkpoint(second).model.fit(ids, np.zeros((2, 2)), verbose=0)  # int ids still train
