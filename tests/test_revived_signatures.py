@@ -49,3 +49,30 @@ def test_a_revived_model_on_integer_ids_keeps_its_integer_signature(tmp_path):
     (out,) = served(input_0=tf.constant(ids)).values()
     np.testing.assert_allclose(out.numpy(), load_checkpoint(first).model(ids).numpy(), atol=1e-6)
     load_checkpoint(second).model.fit(ids, np.zeros((2, 2)), verbose=0)  # int ids still train
+
+
+class MaskedTokenModel(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(30, 4, mask_zero=True)
+        self.rnn = keras.layers.GRU(3)
+
+    def call(self, x):
+        return self.rnn(self.embed(x))
+
+
+def test_ids_with_a_zero_mask_are_served_as_integers(tmp_path):
+    """``Embedding(mask_zero=True)`` first: its mask compares the ids with 0 before they are
+    cast, and the ids were served as float32 (found by a probe; ``mask_zero=False`` gave
+    int32, as README says an Embedding first does)."""
+    keras.utils.set_random_seed(1)
+    ids = np.array([[1, 2, 0, 0], [4, 5, 6, 7]], "int32")
+    model = MaskedTokenModel()
+    model(ids)
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    assert _served_dtypes(path) == {"input_0": "int32"}
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    (out,) = served(input_0=tf.constant(ids)).values()
+    np.testing.assert_allclose(out.numpy(), model(ids).numpy(), atol=1e-6)
+    revived = load_checkpoint(path).model
+    np.testing.assert_allclose(revived(ids).numpy(), model(ids).numpy(), atol=1e-6)

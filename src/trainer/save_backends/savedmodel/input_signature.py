@@ -49,6 +49,9 @@ def declared_dtypes(model: keras.Model, structure: Any) -> Any:
     return tf.nest.pack_sequence_as(structure, typed)
 
 
+_ID_USES = frozenset({"Cast", "NotEqual", "Equal"})
+
+
 def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | None:
     """For a subclassed model that declares no input dtypes: if the serving function
     traced with float inputs uses an input only to cast it to an integer type (an
@@ -65,12 +68,11 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
     typed = []
     for spec, tensor in zip(flat, concrete.inputs[: len(flat)], strict=True):
         consumers = tensor.consumers() if spec.dtype.is_floating else []
-        targets = {op.get_attr("DstT") for op in consumers if op.type == "Cast"}
-        if (
-            consumers
-            and len(targets) == 1
-            and len(consumers) == sum(op.type == "Cast" for op in consumers)
-        ):
+        casts = [op for op in consumers if op.type == "Cast"]
+        targets = {op.get_attr("DstT") for op in casts}
+        # Besides the casts, only comparisons: the mask of an ``Embedding(mask_zero=True)``
+        # compares the ids with 0 before they are cast.
+        if casts and len(targets) == 1 and all(op.type in _ID_USES for op in consumers):
             target = tf.as_dtype(targets.pop())
             if target.is_integer or target == tf.string:
                 spec = tf.TensorSpec(spec.shape, target, name=spec.name)
