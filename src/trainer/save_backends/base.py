@@ -179,6 +179,7 @@ class SaveBackend(abc.ABC):
         readiness.refuse_unrecorded_policies(model)  # a policy the layer's config loses
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
+            config_state.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
 
     @classmethod
     @abc.abstractmethod

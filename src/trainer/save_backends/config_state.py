@@ -165,3 +165,62 @@ def copy_held_values(source: keras.Model, target: keras.Model) -> None:
         for key, value in held_values(source_layer):
             if getattr(target_layer, key, None) != value:
                 setattr(target_layer, key, copy.deepcopy(value))
+
+
+# ------------------------------------------------------- Keras's own configs that do not load
+_REBUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def refuse_unrebuildable(model: keras.Model, backend: str) -> None:
+    """Raise ``ModelNotReadyError`` if a layer of one of Keras's own classes cannot be
+    rebuilt from its own ``get_config()`` (once per model and set of layers). A backend
+    that rebuilds every layer from its config (h5, weights) would write a checkpoint no
+    load can read: Keras 3.15's ``RandomShear`` writes ``x_factor=(-0.2, 0.2)``, which its
+    constructor refuses, and every load said the checkpoint was damaged. A user's class is
+    rebuilt by ``check`` (its failures are left to the load, which reports what is
+    missing); a config naming an object this process cannot find is not refused here."""
+    layers = _rebuilt_by_the_load(model)
+    key = tuple(id(layer) for layer in layers)
+    if _REBUILT.get(model) == key:
+        return
+    seen: set[Any] = set()
+    for layer in layers:
+        cls = type(layer)
+        if not cls.__module__.startswith("keras.") or isinstance(layer, keras.layers.Lambda):
+            continue  # a Lambda's code is the load's safe mode to allow or refuse
+        try:
+            config = layer.get_config()
+            memo = (cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr))
+            if memo in seen:
+                continue
+            seen.add(memo)
+            with keras_compat.unchanged_object_names():
+                cls.from_config(copy.deepcopy(config))
+        except Exception as err:
+            if any(word in str(err) for word in ("locate", "Unknown", "safe_mode")):
+                continue  # an object of the user's, which a load is given; or code
+            raise ModelNotReadyError(
+                f"Layer {layer.name!r}: Keras's own {cls.__name__} cannot be rebuilt from its "
+                f"get_config() ({type(err).__name__}: {str(err)[:200]}). The {backend} backend "
+                f"rebuilds every layer from its config, so no load could read this checkpoint. "
+                f"Save with save=savedmodel (it revives such a layer from its traced "
+                f"functions), or leave the layer out of the saved model. Received: "
+                f"{cls.__name__} config {str(config)[:200]}"
+            ) from None
+    _REBUILT[model] = key
+
+
+def _rebuilt_by_the_load(model: keras.Model) -> list[keras.layers.Layer]:
+    """The layers a load rebuilds from their own configs: a Functional or Sequential
+    model's layers, and those of such models among them. A layer's sublayers (an RNN's
+    cell, a wrapper's layer) are rebuilt by its own ``from_config``, with what it passes
+    them (a ``ConvLSTMCell`` alone lacks its rank), and are checked through it."""
+    found: list[keras.layers.Layer] = []
+    pending = [model]
+    while pending:
+        current = pending.pop()
+        if not (keras_compat.is_functional(current) or isinstance(current, keras.Sequential)):
+            continue  # a subclassed model's __init__ makes its layers, not their configs
+        for layer in current.layers:
+            (pending if isinstance(layer, keras.Model) else found).append(layer)
+    return found
