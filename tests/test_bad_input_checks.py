@@ -62,6 +62,8 @@ def test_a_monitor_no_save_logs_is_refused_before_training():
         (["seed=-1"], "seed must be a whole number"),
         (["optimizer.learning_rate=abc"], "optimizer.learning_rate must be a number above 0"),
         (["optimizer.learning_rate=-1"], "optimizer.learning_rate must be a number above 0"),
+        (["wrap=prune", "wrap.target_sparsity=1.5"], "wrap.target_sparsity"),
+        (["wrap=prune", "wrap.frequency=0"], "wrap.frequency"),
     ],
 )
 def test_run_values_are_refused_before_anything_is_written(compose_cfg, overrides, said):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer.export_sources import export_from_checkpoint
@@ -76,3 +77,29 @@ def test_ids_with_a_zero_mask_are_served_as_integers(tmp_path):
     np.testing.assert_allclose(out.numpy(), model(ids).numpy(), atol=1e-6)
     revived = load_checkpoint(path).model
     np.testing.assert_allclose(revived(ids).numpy(), model(ids).numpy(), atol=1e-6)
+
+
+class Plain(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_a_keras_format_export_of_a_revived_model_says_why_it_is_refused(tmp_path):
+    """It said "has never called ... Build the model on a batch of data", which calling it
+    does not change (found by a probe)."""
+    from trainer.errors import ExportError
+    from trainer.export import export_serving
+
+    x = np.ones((2, 3), "float32")
+    model = Plain()
+    model(x)
+    revived = load_checkpoint(get_backend("savedmodel").save(model, tmp_path / "ckpt")).model
+    revived(x)
+    with pytest.raises(ExportError, match=r"revived from its traced functions.*format=savedmodel"):
+        export_serving(revived, tmp_path / "export", format="keras")
+    assert not (tmp_path / "export").exists()
+    export_serving(revived, tmp_path / "export", format="savedmodel")

@@ -150,7 +150,15 @@ def _check_export_arguments(
 ) -> None:
     """Refuse bad arguments before anything is written."""
     check_model_ready(model)
-    if not (format != "keras" and _revived_from_traces(model)):  # its traces say it
+    revived = _revived_from_traces(model)
+    if revived and format == "keras":
+        raise ExportError(
+            f"Model {model.name!r} was revived from its traced functions (its class was "
+            f"missing at load): Keras knows no input signature for it, which format=keras "
+            f"needs. Export with format=savedmodel (or auto), or load it with its class. "
+            f"Received format='keras'"
+        )
+    if not revived:  # a revived model's traces give its signature
         input_signature(model)
     check_format_and_keep(format, keep)
     if with_optimizer and format == "keras":

@@ -154,7 +154,9 @@ def _check_serving(path: Path, meta: dict[str, Any]) -> list[str]:
                 for name, spec in serve.structured_input_signature[1].items()
             }
             serve(**inputs)
-    except (tf.errors.OpError, ValueError, TypeError, KeyError) as error:
+    # AssertionError: what tf.saved_model.load raises for objects its checkpoint leaves
+    # unbound (a raw traceback from `trainer verify` before).
+    except (tf.errors.OpError, ValueError, TypeError, KeyError, AssertionError) as error:
         raise CorruptCheckpointError(
             f"{path}: its files match the manifest but TensorFlow cannot load or serve it. "
             f"Export it again. Received {type(error).__name__}: {str(error)[:300]}"

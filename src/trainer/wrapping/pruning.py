@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.errors import ConfigMismatchError
+from trainer.errors import ConfigError, ConfigMismatchError
 from trainer.wrapping.core import (
     PACKAGE,
     TrainingWrapper,
@@ -59,14 +59,17 @@ class PolynomialSparsity:
     power: float = 3.0
 
     def __post_init__(self):
+        # ConfigError (a ValueError too): from train.py, one error line and exit 2.
         if not 0.0 <= self.initial <= self.target < 1.0:
-            raise ValueError(
-                f"Pruning needs 0 <= initial_sparsity <= target_sparsity < 1. "
+            raise ConfigError(
+                f"Pruning needs 0 <= initial_sparsity <= target_sparsity < 1 "
+                f"(wrap.initial_sparsity, wrap.target_sparsity). "
                 f"Received initial={self.initial}, target={self.target}"
             )
         if not (0 <= self.begin <= self.end and self.frequency >= 1):
-            raise ValueError(
-                f"Pruning needs 0 <= begin_step <= end_step and frequency >= 1. Received "
+            raise ConfigError(
+                f"Pruning needs 0 <= begin_step <= end_step and frequency >= 1 (wrap.begin_step, "
+                f"wrap.end_step, wrap.frequency). Received "
                 f"begin={self.begin}, end={self.end}, frequency={self.frequency}"
             )
 
