@@ -178,7 +178,8 @@ def refuse_unrebuildable(model: keras.Model, backend: str) -> None:
     load can read: Keras 3.15's ``RandomShear`` writes ``x_factor=(-0.2, 0.2)``, which its
     constructor refuses, and every load said the checkpoint was damaged. A user's class is
     rebuilt by ``check`` (its failures are left to the load, which reports what is
-    missing); a config naming an object this process cannot find is not refused here."""
+    missing), and so is a Keras layer whose config names an object of the user's
+    (``names_only_keras``): the load may be given it."""
     layers = _rebuilt_by_the_load(model)
     key = tuple(id(layer) for layer in layers)
     if _REBUILT.get(model) == key:
@@ -190,6 +191,8 @@ def refuse_unrebuildable(model: keras.Model, backend: str) -> None:
             continue  # a Lambda's code is the load's safe mode to allow or refuse
         try:
             config = layer.get_config()
+            if not names_only_keras(config):
+                continue  # an object of the user's, which a load may be given
             memo = (cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr))
             if memo in seen:
                 continue
@@ -197,8 +200,8 @@ def refuse_unrebuildable(model: keras.Model, backend: str) -> None:
             with keras_compat.unchanged_object_names():
                 cls.from_config(copy.deepcopy(config))
         except Exception as err:
-            if any(word in str(err) for word in ("locate", "Unknown", "safe_mode")):
-                continue  # an object of the user's, which a load is given; or code
+            if "safe_mode" in str(err):
+                continue  # code, which the load's safe mode allows or refuses
             raise ModelNotReadyError(
                 f"Layer {layer.name!r}: Keras's own {cls.__name__} cannot be rebuilt from its "
                 f"get_config() ({type(err).__name__}: {str(err)[:200]}). The {backend} backend "
@@ -224,3 +227,29 @@ def _rebuilt_by_the_load(model: keras.Model) -> list[keras.layers.Layer]:
         for layer in current.layers:
             (pending if isinstance(layer, keras.Model) else found).append(layer)
     return found
+
+
+def _is_keras_module(module: Any) -> bool:
+    return isinstance(module, str) and (module == "keras" or module.startswith("keras."))
+
+
+def names_only_keras(config: Any) -> bool:
+    """Whether every object the config names is Keras' own: a registered class or function
+    of the user's (``"registered_name": "package>Name"``, a module of theirs) may be
+    missing where the checkpoint is loaded, and the layer then needs its traces."""
+    if config is None:
+        return False
+    custom = keras.saving.get_custom_objects()
+    pending = [config]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            named = "class_name" in value and "module" in value
+            if named and (not _is_keras_module(value["module"]) or value.get("registered_name")):
+                return False
+            pending.extend(value.values())
+        elif isinstance(value, list | tuple):
+            pending.extend(value)
+        elif isinstance(value, str) and value in custom:
+            return False
+    return True

@@ -30,7 +30,7 @@ import keras
 
 from trainer._compat import initializers
 from trainer._compat import keras as keras_compat
-from trainer.save_backends import readiness
+from trainer.save_backends import config_state, readiness
 from trainer.save_backends.savedmodel import records, state_variables, tracing
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def layers_rebuilt_from_config(
     try:
         with keras_compat.unchanged_object_names():
             for layer, config in candidates:
-                if records.carries_code(config, layer) or not _names_only_keras(config):
+                if records.carries_code(config, layer) or not config_state.names_only_keras(config):
                     continue
                 key = _alike_key(layer, config)
                 if key not in tried:
@@ -86,32 +86,6 @@ def _keras_own_layer(layer: keras.layers.Layer) -> bool:
     if readiness.overrides_call(layer) or tracing.trackable_resources(layer):
         return False
     return not state_variables.state_variables(layer)
-
-
-def _is_keras_module(module: Any) -> bool:
-    return isinstance(module, str) and (module == "keras" or module.startswith("keras."))
-
-
-def _names_only_keras(config: Any) -> bool:
-    """Whether every object the config names is Keras' own: a registered class or function
-    of the user's (``"registered_name": "package>Name"``, a module of theirs) may be
-    missing where the checkpoint is loaded, and the layer then needs its traces."""
-    if config is None:
-        return False
-    custom = keras.saving.get_custom_objects()
-    pending = [config]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, dict):
-            named = "class_name" in value and "module" in value
-            if named and (not _is_keras_module(value["module"]) or value.get("registered_name")):
-                return False
-            pending.extend(value.values())
-        elif isinstance(value, list | tuple):
-            pending.extend(value)
-        elif isinstance(value, str) and value in custom:
-            return False
-    return True
 
 
 def _rebuilds_alike(layer: keras.layers.Layer, config: dict[str, Any]) -> bool:
