@@ -77,11 +77,12 @@ def run_child(spec: dict, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def test_rules_without_a_strategy():
+def test_rules_without_a_strategy(tmp_path):
     dist = setup({"kind": "default", "scale_lr": True})
     assert dist.strategy is None and dist.num_replicas == 1 and dist.is_chief
     assert dist.lr_factor == 1.0 and dist.per_replica_batch(16) == 16
-    assert Distribution(scale_lr=False).output_dir(Path("/x")) == Path("/x")
+    run_dir = tmp_path / "run"  # output_dir locks it for the process: never a shared path
+    assert Distribution(scale_lr=False).output_dir(run_dir) == run_dir
     assert is_chief("chief", 0) and not is_chief("worker", 1)
     with pytest.raises(Exception, match=r"strategy\.kind"):
         setup({"kind": "tpu"})
