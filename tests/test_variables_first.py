@@ -127,20 +127,25 @@ def test_variables_beyond_the_weights_are_in_the_first_save_checkpoint(tmp_path)
 
 
 def test_distributed_variables_and_resources_are_left_to_tensorflows_save(tmp_path):
-    class Plan:
-        def __init__(self, storages, resources=()):
-            self.storages, self.optimizer, self.layers = storages, [], [None]
-            self.state, self.resources = [[]], [list(resources)]
-
-        checkpointed = object_graph.VariablePlan.checkpointed
+    def plan(storages, resources=()):  # one layer holding ``storages``
+        return object_graph.VariablePlan(
+            layers=[None],
+            layer_index={},
+            optimizer=[],
+            storages=storages,
+            records=[],
+            index={},
+            state=[[]],
+            resources=[list(resources)],
+        )
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         mirrored = tf.Variable(1.0)
-    assert variables_first.start(Plan([mirrored]), tmp_path) is None
+    assert variables_first.start(plan([mirrored]), tmp_path) is None
     table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer([1], [2]), -1)
-    assert variables_first.start(Plan([tf.Variable(1.0)], [table]), tmp_path) is None
+    assert variables_first.start(plan([tf.Variable(1.0)], [table]), tmp_path) is None
     assert not (tmp_path / "variables").exists()
-    write = variables_first.start(Plan([tf.Variable(2.0)]), tmp_path)
+    write = variables_first.start(plan([tf.Variable(2.0)]), tmp_path)
     write.join()
     assert (tmp_path / "variables" / "variables.index").exists()

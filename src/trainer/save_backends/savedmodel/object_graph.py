@@ -83,6 +83,19 @@ class VariablePlan:
     state: list[list[tf.Variable]]
     resources: list[list[Any]]
 
+    def plain_variables_only(self) -> bool:
+        """Whether the checkpoint holds only plain variables, as trainer's own SaverDef and
+        ``variables_first`` need: no distributed variable (saved through its strategy's
+        saveables) and no layer resource (a table may have checkpoint entries of its own)."""
+        if any(self.resources):
+            return False
+        optimizer = [tf_variable(v) for v in self.optimizer]
+        variables = [*self.storages, *optimizer, *(v for s in self.state for v in s)]
+        return not any(
+            isinstance(v, tf.distribute.DistributedValues) or not isinstance(v, tf.Variable)
+            for v in variables
+        )
+
     def checkpointed(self) -> tf.Module:
         """A module holding every variable the SavedModel's root holds, by the same paths
         from the root: ``model_variables``, ``optimizer_variables`` and each layer node's
@@ -109,9 +122,9 @@ def plan_variables(model: keras.Model) -> VariablePlan:
     )
 
 
-def trace_model(model: keras.Model, plan: VariablePlan | None = None) -> TracedModel:
-    """Trace every layer's call functions once and build the root ``tf.Module``."""
-    plan = plan or plan_variables(model)
+def trace_model(model: keras.Model, plan: VariablePlan) -> TracedModel:
+    """Trace every layer's call functions once and build the root ``tf.Module`` holding
+    the variables of ``plan`` (``plan_variables``)."""
     layers, layer_index, opt_vars = plan.layers, plan.layer_index, plan.optimizer
     tf_vars, var_records = plan.storages, plan.records
     args = endpoints.model_call_args(model)

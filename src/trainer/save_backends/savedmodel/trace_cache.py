@@ -79,7 +79,7 @@ def write_saved_model(
     early = variables_first.start(plan, directory)  # written while the functions trace
     try:
         traced = object_graph.trace_model(model, plan)
-        writer = _save_with_our_saver(traced, directory, early)
+        writer = _save_with_our_saver(traced, directory, plan, early)
     except BaseException:
         if early is not None:
             early.discard()  # nothing may still write into a directory being cleaned up
@@ -109,15 +109,15 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
 def _save_with_our_saver(
     traced: object_graph.TracedModel,
     directory: Path,
+    plan: object_graph.VariablePlan,
     early: variables_first.VariablesWrite | None,
 ) -> variables_writer.VariablesWriter | None:
     """``tf.saved_model.save`` without TensorFlow's SaverDef, then ours (``saver_def``);
     where ours cannot be written (a checkpoint entry that is not a plain variable), it
     saves again with TensorFlow's. ``early``: the variables, being written already
-    (``variables_first``). Returns the one-op variables writer, if there is one."""
-    if not _plain_variables_only(traced):  # known now: no first save to throw away
-        if early is not None:
-            early.discard()  # a layer resource: TensorFlow's checkpoint holds its entries
+    (``variables_first``, which starts only for plain variables). Returns the one-op
+    variables writer, if there is one."""
+    if not plan.plain_variables_only():  # known now: no first save to throw away
         return _save_with_tensorflows_saver(traced, directory)
     with tf_compat.exported_variable_handles() as handles:
         if early is not None:
@@ -155,18 +155,6 @@ def _save(traced: object_graph.TracedModel, directory: Path, options: Any) -> No
 
 def _variables_prefix(directory: Path) -> str:
     return str(directory / "variables" / "variables")
-
-
-def _plain_variables_only(traced: object_graph.TracedModel) -> bool:
-    """Whether the checkpoint can hold only plain variables, as ``saver_def`` needs: no
-    distributed variable (saved through its strategy's saveables) and no layer resource
-    (a table may have checkpoint entries of its own). A False here saves once with
-    TensorFlow's SaverDef instead of writing a SavedModel twice."""
-    root = traced.root
-    variables = [*root.model_variables, *root.optimizer_variables]
-    if any(isinstance(v, tf.distribute.DistributedValues) for v in variables):
-        return False
-    return not any(getattr(node, "resources", None) for node in root.layer_nodes)
 
 
 def write_vocabularies(model: keras.Model, directory: Path) -> None:

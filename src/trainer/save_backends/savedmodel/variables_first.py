@@ -67,7 +67,7 @@ def start(plan: Any, directory: Path) -> VariablesWrite | None:
     """The variables of ``plan`` (``object_graph.VariablePlan``) being written into
     ``directory``, or None where TensorFlow's own save must write them: a distributed
     variable, or a layer resource (a lookup table's checkpoint entries are its own)."""
-    if any(plan.resources):
+    if not plan.plain_variables_only():
         return None
     holder = plan.checkpointed()
     variables = [
@@ -75,11 +75,6 @@ def start(plan: Any, directory: Path) -> VariablesWrite | None:
         *holder.optimizer_variables,
         *(v for extra in plan.state for v in extra),
     ]
-    if any(
-        isinstance(v, tf.distribute.DistributedValues) or not isinstance(v, tf.Variable)
-        for v in variables
-    ):
-        return None
     if sum(v.shape.num_elements() * v.dtype.size for v in variables) < WORTH_FROM:
         return None
     return VariablesWrite(holder, directory).start()
