@@ -87,11 +87,10 @@ def lost_attributes(
         return []
     try:
         config = layer.get_config()
-        key = (cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr))
+        key = _config_key(cls, config)
         memo = {} if rebuilt_by_config is None else rebuilt_by_config
         if key not in memo:
-            with keras_compat.unchanged_object_names():
-                rebuilt = cls.from_config(copy.deepcopy(config))
+            rebuilt = _rebuilt_from(cls, config)
             memo[key] = {k: v for k, v in vars(rebuilt).items() if _compared(k, v)}
         fresh = memo[key]
     except Exception:  # cannot tell here; a load reports a config that does not rebuild
@@ -101,6 +100,19 @@ def lost_attributes(
         for attribute, value in vars(layer).items()
         if _compared(attribute, value) and attribute in fresh and value != fresh[attribute]
     ]
+
+
+def _config_key(cls: type, config: dict[str, Any]) -> tuple[type, str]:
+    """Layers of one class whose configs differ only in their names rebuild alike (a
+    model's repeated blocks): one rebuild serves them all."""
+    return cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr)
+
+
+def _rebuilt_from(cls: type, config: dict[str, Any]) -> keras.layers.Layer:
+    """A dropped copy built from ``config`` by the class's own ``from_config`` (constructor
+    only: not built, no weights), leaving Keras's automatic names as they were."""
+    with keras_compat.unchanged_object_names():
+        return cls.from_config(copy.deepcopy(config))
 
 
 def _compared(attribute: str, value: Any) -> bool:
@@ -140,7 +152,7 @@ def held_values(layer: keras.layers.Layer) -> tuple[tuple[str, Any], ...]:
 
 
 def _held_keys(layer: keras.layers.Layer) -> tuple[str, ...]:
-    if keras_compat.is_functional(layer):
+    if _rebuilds_its_layers(layer):  # its config is its graph, read for nothing
         return ()
     try:
         config = layer.get_config()
@@ -193,12 +205,11 @@ def refuse_unrebuildable(model: keras.Model, backend: str) -> None:
             config = layer.get_config()
             if not names_only_keras(config):
                 continue  # an object of the user's, which a load may be given
-            memo = (cls, json.dumps({**config, "name": None}, sort_keys=True, default=repr))
+            memo = _config_key(cls, config)
             if memo in seen:
                 continue
             seen.add(memo)
-            with keras_compat.unchanged_object_names():
-                cls.from_config(copy.deepcopy(config))
+            _rebuilt_from(cls, config)
         except Exception as err:
             if "safe_mode" in str(err):
                 continue  # code, which the load's safe mode allows or refuses
@@ -222,11 +233,16 @@ def _rebuilt_by_the_load(model: keras.Model) -> list[keras.layers.Layer]:
     pending = [model]
     while pending:
         current = pending.pop()
-        if not (keras_compat.is_functional(current) or isinstance(current, keras.Sequential)):
+        if not _rebuilds_its_layers(current):
             continue  # a subclassed model's __init__ makes its layers, not their configs
         for layer in current.layers:
             (pending if isinstance(layer, keras.Model) else found).append(layer)
     return found
+
+
+def _rebuilds_its_layers(layer: keras.layers.Layer) -> bool:
+    """A Functional or Sequential model: its config is its layers' configs and graph."""
+    return keras_compat.is_functional(layer) or isinstance(layer, keras.Sequential)
 
 
 def _is_keras_module(module: Any) -> bool:

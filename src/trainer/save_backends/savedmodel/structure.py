@@ -41,10 +41,11 @@ def _private_copy_key(model: keras.Model) -> tuple:
     saving_optimizer = modelstate.saving_optimizer()
     optimizer = getattr(model, "optimizer", None) if saving_optimizer else None
     optimizer_variables = optimizer.variables if optimizer is not None and optimizer.built else ()
+    layers = tracing.all_layers(model)
     return (
         saving_optimizer,
-        tuple(layer.trainable for layer in tracing.all_layers(model)),
-        tuple(config_state.held_values(layer) for layer in tracing.all_layers(model)),
+        tuple(layer.trainable for layer in layers),
+        tuple(config_state.held_values(layer) for layer in layers),
         tuple((id(v), v.trainable) for v in model.weights),
         id(optimizer),
         tuple(id(v) for v in optimizer_variables),
