@@ -121,7 +121,7 @@ class Shifted(keras.layers.Layer):
 class ShiftedModel(keras.Model):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.shifted = Shifted(3)
+        self.shifted = Shifted(3, name="shifted")  # not an automatic name: order-free
         self.head = keras.layers.Dense(1)
 
     def call(self, x, training=None):
