@@ -30,6 +30,15 @@ def temporary_sibling(final: Path) -> Path:
     return final.with_name(f".{final.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def first_unused(path_for: Callable[[int], Path]) -> Path:
+    """``path_for(n)`` for the smallest ``n`` from 1 that names nothing yet: where what a
+    run sets aside goes (``abandoned-<n>``), beside what it set aside before."""
+    number = 1
+    while path_for(number).exists():
+        number += 1
+    return path_for(number)
+
+
 def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and TMP_MARKER in path.name
 

@@ -92,14 +92,15 @@ def describe_specs(structure: Any, *, prefix: str) -> dict[str, dict[str, Any]]:
     else:
         flat = tf.nest.flatten(structure)
         items = []
+        taken: set[str] = set()
         for i, s in enumerate(flat):
             name = s.name if isinstance(s, tf.TensorSpec) and s.name else f"{prefix}_{i}"
-            taken = {n for n, _ in items}
             # Made unique as a SavedModel signature makes them: inputs, inputs_1, ...
             unique, k = name, 0
             while unique in taken:
                 k += 1
                 unique = f"{name}_{k}"
+            taken.add(unique)
             items.append((unique, s))
     for name, spec in items:
         out[name] = {"shape": spec.shape.as_list(), "dtype": spec.dtype.name}

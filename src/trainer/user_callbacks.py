@@ -21,6 +21,7 @@ from typing import Any
 import hydra
 import keras
 
+from trainer.atomic import first_unused
 from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
 from trainer.errors import ConfigError, CorruptCheckpointError
 from trainer.state import is_count
@@ -162,16 +163,20 @@ class CSVLogger(keras.callbacks.CSVLogger):
         content = path.read_bytes()
         if len(content.splitlines()) <= 1:
             return
-        n = 1
-        while path.with_name(f"{path.name}.abandoned-{n}").exists():
-            n += 1
-        with open(path.with_name(f"{path.name}.abandoned-{n}"), "xb") as kept:
-            kept.write(content)
+        kept = first_unused(lambda n: path.with_name(f"{path.name}.abandoned-{n}"))
+        with open(kept, "xb") as file:
+            file.write(content)
+        self._rewrite(b"")
+        self.append_header = True
+        log.warning("%s held rows of an earlier session; moved to %s", path, kept)
+
+    def _rewrite(self, content: bytes) -> None:
+        """Replace the file's content through the handle ``on_train_begin`` opened for
+        appending (the rows written next follow ``content``)."""
         self.csv_file.seek(0)
         self.csv_file.truncate()
+        self.csv_file.write(content.decode())
         self.csv_file.flush()
-        self.append_header = True
-        log.warning("%s held rows of an earlier session; moved to %s", path, kept.name)
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
@@ -201,9 +206,6 @@ class CSVLogger(keras.callbacks.CSVLogger):
         lines = (path.read_bytes() if before is None else before).splitlines(keepends=True)
         if before is None and len(lines) <= 1 + self.rows:
             return
-        self.csv_file.seek(0)
-        self.csv_file.truncate()
-        self.csv_file.write(b"".join(lines[: 1 + self.rows]).decode())
-        self.csv_file.flush()
+        self._rewrite(b"".join(lines[: 1 + self.rows]))
         if self.rows and len(lines) > 1:
             self.append_header = False  # the kept header is the file's

@@ -24,7 +24,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
-from trainer.atomic import clean_stale_temporaries
+from trainer.atomic import clean_stale_temporaries, first_unused
 from trainer.checkpointing.listing import complete, point_latest
 from trainer.checkpointing.policy import (
     CheckpointPolicy,
@@ -313,10 +313,7 @@ class CheckpointManager:
         later = [path for key, path in found if key[0] > step]
         if not later:
             return None
-        number = 1
-        while (self.directory / f"{ABANDONED}{number}").exists():
-            number += 1
-        folder = self.directory / f"{ABANDONED}{number}"
+        folder = first_unused(lambda n: self.directory / f"{ABANDONED}{n}")
         folder.mkdir()
         for path in later:
             os.rename(path, folder / path.name)
