@@ -230,10 +230,12 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
     prefix = _variables_prefix(directory)
     index_hash = None
     if entry.writer is not None:
-        index_hash = entry.writer.write(prefix)
+        written = entry.writer.write(prefix)
+        index_hash = written.index_hash
+        known.update(written.known or _digest_variables(directory))
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
-    known.update(_digest_variables(directory))
+        known.update(_digest_variables(directory))
     try:  # the fingerprint hashes the new checkpoint; optional for loaders
         previous = entry.files.get("fingerprint.pb")
         if previous is None:

@@ -18,13 +18,28 @@ using ``tf.train.Checkpoint.write``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
+from trainer import direct_io, integrity
 from trainer._compat import tensorflow as tf_compat
+from trainer.save_backends.savedmodel import tensor_bundle
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Written:
+    """What one write knows of its files without reading them back: the FarmHash
+    ``Fingerprint64`` of the ``.index`` (8 bytes, what the SavedModel fingerprint's
+    checkpoint hash is made of: ``tf_compat.fingerprint_for_new_variables``), and the size
+    and digest of each file (``variables/<name>``) for the manifest."""
+
+    index_hash: bytes | None = None
+    known: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 class VariablesWriter:
@@ -48,6 +63,7 @@ class VariablesWriter:
         self._slices = tf.constant([""] * (len(keys) + 1))
         self._graph = tf.constant(graph)
         self._traced: Any = None  # the concrete function ``trace`` made
+        self._bundle_writable = all(v.dtype in tensor_bundle.SUPPORTED for v in variables)
 
     def trace(self, scratch_prefix: str) -> None:
         """Make every later ``write`` one call of a traced function, and call it once (into
@@ -63,15 +79,46 @@ class VariablesWriter:
     def traced(self) -> bool:
         return self._traced is not None
 
-    def write(self, prefix: str) -> bytes | None:
-        """Write the checkpoint at ``prefix``. Traced, also returns the FarmHash
-        ``Fingerprint64`` of the ``.index`` file it wrote (8 bytes, what the SavedModel
-        fingerprint's checkpoint hash is made of: ``tf_compat.fingerprint_for_new_variables``),
-        computed in the same call instead of two more TensorFlow calls after it."""
+    def write(self, prefix: str) -> Written:
+        """Write the checkpoint at ``prefix``. Traced (async checkpointing), in one call
+        that also hashes the index. Otherwise with trainer's own bundle writer where every
+        value's dtype is one it writes (``tensor_bundle``: around the page cache, hashed
+        on the way), else with one eager ``SaveV2``."""
         if self._traced is not None:
-            return self._traced(tf.constant(prefix)).numpy().tobytes()
+            return Written(self._traced(tf.constant(prefix)).numpy().tobytes())
+        if self._bundle_writable and direct_io.direct_wanted():
+            return self._write_bundle(prefix)
         self._write_ops(tf.constant(prefix))
-        return None
+        return Written()
+
+    def _write_bundle(self, prefix: str) -> Written:
+        def reader(variable: tf.Variable) -> Any:
+            # The read shares the variable's buffer (copy on a later assign), and
+            # ``np.asarray`` shares the read's: the bundle writer copies it once, into
+            # its staging buffer. ``variable.numpy()`` would copy it first.
+            return lambda: np.asarray(
+                tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype)
+            )
+
+        graph = np.array(self.object_graph, dtype=object)
+        entries = [(tf_compat.OBJECT_GRAPH_KEY, tf.string, lambda: graph)]
+        entries += [(k, v.dtype, reader(v)) for k, v in zip(self.keys, self.variables, strict=True)]
+        with tf.device("/cpu:0"):
+            written = tensor_bundle.write_bundle(prefix, entries)
+        index_hash = tf.fingerprint(tf.constant([written.index]), method="farmhash64")
+        name = prefix.rsplit("/", 1)[-1]
+        return Written(
+            index_hash.numpy()[0].tobytes(),
+            {
+                f"variables/{name}{tensor_bundle.DATA_SUFFIX}": (
+                    written.data_size,
+                    written.data_sha256,
+                ),
+                f"variables/{name}{tensor_bundle.INDEX_SUFFIX}": integrity.known_digest(
+                    written.index
+                ),
+            },
+        )
 
     def _write_ops(self, prefix: Any) -> Any:
         """The ops of one write, run eagerly by ``write`` or traced by ``trace``."""
