@@ -180,6 +180,7 @@ class SaveBackend(abc.ABC):
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
             config_state.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
+            readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
 
     @classmethod
     @abc.abstractmethod

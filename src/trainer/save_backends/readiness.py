@@ -20,6 +20,14 @@ graph calls the layer again (the override applies twice).
   replay the operations construction recorded, so such a layer gets no traced functions
   and a load without its class says the class is needed.
 
+A subclassed model without its own ``build``. Keras builds it by calling it on symbolic
+inputs, which cannot create variables from values (a stateful RNN's states): its first
+eager call then builds its layers but records no build config (``get_build_config()`` is
+None although ``built`` is True), and a rebuild from its config and build config is left
+without those states. Every load of such a model would fail (savedmodel needs the input
+shape to trace it; h5 and weights rebuild it from its config), so it is refused at save
+time (``unrecorded_build_error``, ``refuse_unbuildable_rebuild``).
+
 Layers revived from traced functions (their class was missing when they were loaded, or
 a legacy ``Lambda``). Only a backend that keeps their traces (savedmodel) can store them:
 a backend storing configs and weights would write a config naming trainer's stand-in of
@@ -30,12 +38,15 @@ flattened onto it) would not fit the class. Such saves are refused up front.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from typing import Any
 
 import keras
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
+from trainer.save_backends import layerstate
 
 
 def unbuilt_layers(model: keras.Model) -> list[str]:
@@ -217,3 +228,76 @@ def refuse_unrecorded_policies(model: keras.Model) -> None:
                 f"dtype={recorded!r}), so that it runs as it will be rebuilt. "
                 f"Received policy {policy.name!r} vs config dtype {recorded!r}"
             )
+
+
+# ------------------------------------------------- subclassed models Keras builds symbolically
+_REBUILD_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _built_symbolically(model: keras.Model) -> bool:
+    """A subclassed model without its own ``build``: Keras builds it, when rebuilt from its
+    config, by calling it on symbolic inputs."""
+    return (
+        not keras_compat.is_functional(model)
+        and not isinstance(model, keras.Sequential)
+        and type(model).build is keras.layers.Layer.build
+    )
+
+
+def _rnn_state_count(model: keras.Model) -> int:
+    return sum(len(layerstate.rnn_states(layer)) for layer in layerstate.stateful_layers(model))
+
+
+def unrecorded_build_error(model: keras.Model, backend: str) -> ModelNotReadyError | None:
+    """The error for a built subclassed model that recorded no build config (see the
+    module's docstring), or None if it is not one."""
+    if not (model.built and _built_symbolically(model)) or model.get_build_config():
+        return None
+    name = type(model).__name__
+    return ModelNotReadyError(
+        f"Model {model.name!r} ({name}) is built, but Keras recorded no input shape for it "
+        f"(its get_build_config() is None): {name} has no build() of its own, Keras could not "
+        f"build it by a symbolic call (a stateful RNN, for one, creates its states only when "
+        f"called eagerly), so its first call built its layers without recording the shape. "
+        f"The {backend!r} backend needs that shape to save a model that loads (to trace it, "
+        f"or to rebuild it from its config). Define build(self, input_shape) on {name} "
+        f"building its layers (for example self.lstm.build(input_shape)), create the model "
+        f"again and call it on a batch before saving. Received: {name}, built=True, "
+        f"get_build_config()=None"
+    )
+
+
+def refuse_unbuildable_rebuild(model: keras.Model, backend: str) -> None:
+    """For a backend that rebuilds the model from its config and build config (h5,
+    weights): refuse a subclassed model without its own ``build`` whose rebuild would lack
+    weights or stateful RNN states, found by rebuilding a dropped copy (only for a model
+    without a build config or holding a stateful RNN; once per model and set of layers)."""
+    error = unrecorded_build_error(model, backend)
+    states = _rnn_state_count(model) if _built_symbolically(model) else 0
+    if error is None and not states:
+        return
+    layers = keras_compat.sublayers(model, include_self=True, recursive=True)
+    key = tuple(id(layer) for layer in layers)
+    if _REBUILD_CHECKED.get(model) == key:
+        return
+    try:
+        with keras_compat.unchanged_object_names(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras warns of the failing symbolic build
+            copy = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    except Exception:  # a config that does not rebuild: the load reports what is missing
+        return
+    found = (len(copy.weights) if copy.built else 0), _rnn_state_count(copy)
+    if found != (len(model.weights), states):
+        if error is not None:
+            raise error
+        name = type(model).__name__
+        raise ModelNotReadyError(
+            f"Model {model.name!r} ({name}) has no build() of its own, so a load rebuilds it "
+            f"from its build config {model.get_build_config()} by calling it on symbolic "
+            f"inputs, which cannot create the states of a stateful RNN: the {backend!r} "
+            f"backend would write a checkpoint that does not load. Define "
+            f"build(self, input_shape) on {name} building its layers (for example "
+            f"self.lstm.build(input_shape)). Received: rebuilt with {found[0]} weights and "
+            f"{found[1]} RNN states, the model has {len(model.weights)} and {states}"
+        )
+    _REBUILD_CHECKED[model] = key

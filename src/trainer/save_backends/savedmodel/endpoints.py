@@ -31,6 +31,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
+from trainer.save_backends import readiness
 from trainer.save_backends.savedmodel import composites, input_signature
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -62,6 +63,9 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
         recorded = keras_compat.recorded_input_signature(model) if model.built else None
         if recorded is not None:
             return model_args_from(model, list(recorded))
+        unrecorded = readiness.unrecorded_build_error(model, "savedmodel")
+        if unrecorded is not None:  # built by its first call: "never called" would mislead
+            raise unrecorded from None
         raise ModelNotReadyError(
             f"Cannot find the input signature of model {model.name!r}: {err} Call the model "
             f"on a batch of data before saving. Received {type(model).__name__}"
