@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend, layerstate
@@ -104,3 +105,34 @@ def test_model_built_by_its_constructor_still_saves(backend, tmp_path):
     backend_ = get_backend(backend)
     loaded = backend_.load(backend_.save(model, tmp_path / "ckpt")).model
     np.testing.assert_array_equal(loaded(x).numpy(), expected)
+
+
+@keras.saving.register_keras_serializable(PKG)
+class ShapeBuilt(keras.Model):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(3)
+
+    def build(self, input_shape):
+        self.dense.build(input_shape)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_built_with_a_tensor_shape_round_trips(backend, tmp_path):
+    """model.build(tf.TensorShape(...)) records a TensorShape, which Keras's export
+    refused with a raw ValueError (savedmodel); every backend now saves and loads it."""
+    model = ShapeBuilt()
+    model.build(tf.TensorShape([None, 8]))
+    x = np.random.default_rng(1).random((4, 8)).astype("float32")
+    backend_ = get_backend(backend)
+    path = backend_.save(model, tmp_path / "ckpt")
+    loaded = backend_.load(path).model
+    np.testing.assert_array_equal(loaded(x).numpy(), model(x).numpy())
+    assert isinstance(model.get_build_config()["input_shape"], tf.TensorShape)  # untouched
+    if backend == "savedmodel":
+        serve = tf.saved_model.load(str(path)).signatures["serving_default"]
+        (served,) = serve(tf.constant(x)).values()
+        np.testing.assert_allclose(served.numpy(), model(x).numpy(), atol=1e-6)

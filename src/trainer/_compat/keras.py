@@ -267,7 +267,8 @@ def get_input_signature(model: keras.Model) -> Any:
     """
     from keras.src.export import export_utils
 
-    return export_utils.get_input_signature(model)
+    with _plain_build_shapes(model):
+        return export_utils.get_input_signature(model)
 
 
 def input_layer_names(model: keras.Model) -> list[str] | None:
@@ -302,7 +303,40 @@ def recorded_input_signature(model: keras.Model) -> Any:
     """
     from keras.src.export import export_utils
 
-    return export_utils._infer_input_signature_from_model(model) or None
+    with _plain_build_shapes(model):
+        return export_utils._infer_input_signature_from_model(model) or None
+
+
+def plain_shapes(value: Any) -> Any:
+    """``value`` with each ``tf.TensorShape`` in it as the list Keras itself records
+    (``None`` for an unknown rank). A layer built on a ``tf.Tensor``'s shape (``adapt`` on
+    a ``tf.constant``, ``build(x.shape)``, ``build(tf.TensorShape(...))``) records a
+    ``TensorShape``, which JSON cannot hold and Keras's export refuses."""
+    if isinstance(value, tf.TensorShape):
+        return value.as_list() if value.rank is not None else None
+    if isinstance(value, dict):
+        return {k: plain_shapes(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain_shapes(v) for v in value)
+    return value
+
+
+@contextlib.contextmanager
+def _plain_build_shapes(model: keras.Model) -> Iterator[None]:
+    """Within the block, the shapes the model's build recorded (``_build_shapes_dict``,
+    which Keras's export reads) hold lists where they held ``tf.TensorShape``s: Keras's
+    export raises a raw ``ValueError`` on a ``TensorShape`` (a subclassed model built with
+    ``model.build(tf.TensorShape([None, 8]))``). Put back afterwards: the model is the
+    user's. Checked: Keras 3.15.1."""
+    recorded = getattr(model, "_build_shapes_dict", None)
+    if not recorded:
+        yield
+        return
+    model._build_shapes_dict = plain_shapes(recorded)
+    try:
+        yield
+    finally:
+        model._build_shapes_dict = recorded
 
 
 def make_tf_tensor_spec(spec: Any, *, dynamic_batch: bool = False) -> tf.TensorSpec:

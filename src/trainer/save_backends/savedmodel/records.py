@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
@@ -148,19 +147,10 @@ def _stored_or_fallback(
         return fallback
 
 
-def plain_shapes(value: Any) -> Any:
-    """``value`` with each ``tf.TensorShape`` in it as the list Keras itself records
-    (``None`` for an unknown rank). A layer built on a ``tf.Tensor``'s shape (``adapt`` on
-    a ``tf.constant``, ``build(x.shape)``) records a ``TensorShape`` in its build config,
-    which JSON cannot hold: the record kept no build config, and every load then failed
-    as though the class were missing."""
-    if isinstance(value, tf.TensorShape):
-        return value.as_list() if value.rank is not None else None
-    if isinstance(value, dict):
-        return {k: plain_shapes(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(plain_shapes(v) for v in value)
-    return value
+# A layer built on a ``tf.Tensor``'s shape records a ``TensorShape`` in its build config,
+# which JSON cannot hold: without this the record kept no build config, and every load then
+# failed as though the class were missing.
+plain_shapes = keras_compat.plain_shapes
 
 
 def carries_code(config: dict[str, Any] | None, layer: keras.layers.Layer) -> bool:
