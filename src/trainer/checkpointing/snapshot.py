@@ -231,14 +231,7 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
         with policies.global_policy(getattr(model, "dtype_policy", None)):
             clone = _rebuilt_and_compiled(model)
     except Exception as error:  # whatever the model's own code raises
-        raise SnapshotUnavailable(
-            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, and "
-            f"that copy could not be made, so its checkpoints are written synchronously "
-            f"(training waits for each write). Make the model's classes rebuildable from "
-            f"get_config() (keras.saving.register_keras_serializable), or set "
-            f"checkpoint.policy.async_save=false to silence this. Received "
-            f"{type(error).__name__}: {str(error)[:300]}"
-        ) from error
+        raise _copy_failed(model, error) from error
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SnapshotUnavailable(
@@ -248,6 +241,42 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
             f"Received {len(mine)} variables vs {len(theirs)} in the copy"
         )
     return clone
+
+
+def _copy_failed(model: keras.Model, error: Exception) -> SnapshotUnavailable:
+    """Why no copy could be made. A layer revived from traced functions (its class was
+    missing at load) is rebuilt from the config its checkpoint stored, which names that
+    class: the class is what is missing, not a registration of a class the user has."""
+    received = f"Received {type(error).__name__}: {str(error)[:300]}"
+    revived = readiness.revived_layers(model)
+    if revived:
+        first = revived[0]
+        original = getattr(first, "_trainer_original", None) or {}
+        cls = original.get("registered_name") or original.get("class_name") or "its class"
+        if type(first).__name__ == "LegacyLambda" or original.get("carries_code"):
+            why = "its stored Python code was not run (a Lambda), and the copy runs none either"
+            remedy = "load the checkpoint with safe_mode=False if you trust it"
+        else:
+            why = f"its class {cls!r} was not available when the checkpoint was loaded"
+            remedy = (
+                f"load the checkpoint where the class is importable (or pass "
+                f"custom_objects={{{original.get('class_name', cls)!r}: cls}})"
+            )
+        return SnapshotUnavailable(
+            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, but "
+            f"layer {first.name!r} was revived from the traced functions of "
+            f"{first._trainer_revived_from} ({why}): it cannot be rebuilt from its config. Its "
+            f"checkpoints are written synchronously (training waits for each write) and "
+            f"still hold the traced functions. To save asynchronously, {remedy}; or set "
+            f"checkpoint.policy.async_save=false to silence this. {received}"
+        )
+    return SnapshotUnavailable(
+        f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, and "
+        f"that copy could not be made, so its checkpoints are written synchronously "
+        f"(training waits for each write). Make the model's classes rebuildable from "
+        f"get_config() (keras.saving.register_keras_serializable), or set "
+        f"checkpoint.policy.async_save=false to silence this. {received}"
+    )
 
 
 def _rebuilt_and_compiled(model: keras.Model) -> keras.Model:
