@@ -1,5 +1,5 @@
 """When an async save falls back to synchronous writes, its warning says the real reason:
-a layer revived without its class."""
+a layer revived without its class, or which variables the copy made differently."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import logging
 
 import keras
 import numpy as np
+import pytest
 
 from tests.savedmodel_zoo import classes_hidden
-from trainer.checkpointing import AsyncBackend
+from trainer.checkpointing import AsyncBackend, clone_for_snapshot
+from trainer.checkpointing.snapshot import SnapshotUnavailable
 from trainer.save_backends import get_backend, load_checkpoint
 
 PKG = "test_async_fallback_reasons"
@@ -58,3 +60,20 @@ def test_revived_layer_falls_back_saying_its_class_was_missing(tmp_path, caplog)
     assert f"its class '{PKG}>Doubled' was not available" in message
     assert "custom_objects={'Doubled': cls}" in message
     assert "register_keras_serializable" not in message
+
+
+def test_quantized_copy_says_its_variables_come_in_another_order():
+    """A model quantized in place makes its float8 scales after its kernels; the copy,
+    rebuilt quantized, before them: same count, so "26 vs 26 variables" said nothing."""
+    inputs = keras.Input((8,))
+    model = keras.Model(
+        inputs, keras.layers.Dense(2, name="out")(keras.layers.Dense(8, name="hidden")(inputs))
+    )
+    model.quantize("float8")
+    _fitted(model)
+    with pytest.raises(SnapshotUnavailable) as info:
+        clone_for_snapshot(model)
+    message = str(info.value)
+    assert "the same 26 variables, created in another order" in message
+    assert "variable 0 is ('hidden/kernel', [8, 8], 'float32') in the model" in message
+    assert "('hidden/inputs_scale', [], 'float32') in the copy" in message

@@ -28,6 +28,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -235,12 +236,37 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SnapshotUnavailable(
-            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, but "
-            f"the copy's variables differ from the original's, so its checkpoints are written "
-            f"synchronously. Set checkpoint.policy.async_save=false to silence this. "
-            f"Received {len(mine)} variables vs {len(theirs)} in the copy"
+            f"Async saving keeps a copy of model {model.name!r} rebuilt from its config and "
+            f"copies the variables into it by position, but the copy's variables differ from "
+            f"the original's ({_difference(mine, theirs)}), so its checkpoints are written "
+            f"synchronously. Set checkpoint.policy.async_save=false to silence this. Received: "
+            f"{len(mine)} variables in the model, {len(theirs)} in the copy"
         )
     return clone
+
+
+def _described(variable: Any) -> tuple[str, list, str]:
+    path = getattr(variable, "path", None) or getattr(variable, "name", "?")
+    return str(path), list(variable.shape), str(variable.dtype)
+
+
+def _difference(mine: list, theirs: list) -> str:
+    """What differs: the number of variables, or the same variables created in another
+    order (a model quantized in place makes its quantization variables after its weights;
+    one rebuilt quantized, before them), or other variables; with the first position
+    where they differ."""
+    if len(mine) != len(theirs):
+        return f"{len(mine)} variables in the model, {len(theirs)} in the copy"
+    pairs = enumerate(zip(mine, theirs, strict=True))
+    first = next(i for i, (a, b) in pairs if a.shape != b.shape)
+    if sorted(map(str, map(_described, mine))) == sorted(map(str, map(_described, theirs))):
+        what = f"the same {len(mine)} variables, created in another order"
+    else:
+        what = f"{len(mine)} variables each, not the same names, shapes or dtypes"
+    return (
+        f"{what}: variable {first} is {_described(mine[first])} in the model, "
+        f"{_described(theirs[first])} in the copy"
+    )
 
 
 def _copy_failed(model: keras.Model, error: Exception) -> SnapshotUnavailable:
