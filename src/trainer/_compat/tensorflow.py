@@ -203,6 +203,30 @@ def concrete_functions(function: Any) -> list[Any]:
     return list(function._list_all_concrete_functions())
 
 
+def captured_resources(function: Any) -> list[Any]:
+    """The TF resources (lookup tables...) whose handles a ``tf.function`` or concrete
+    function captures, each once: a function loaded from a SavedModel captures the
+    restored tables, which no Keras layer holds, and saving it again needs them reachable
+    in the object graph (else TensorFlow's "untracked resource" AssertionError).
+
+    Uses ``Tensor._parent_trackable``, the weak reference TensorFlow itself follows from a
+    captured handle to the resource owning it (``_get_trackable_parent_error_string``);
+    no public API maps a captured tensor to its owner. Checked: TensorFlow 2.21.0.
+    """
+    if isinstance(function, tf.types.experimental.ConcreteFunction):
+        functions = [function]
+    else:
+        functions = concrete_functions(function)
+    found: dict[int, Any] = {}
+    for concrete in functions:
+        for tensor in concrete.captured_inputs:
+            parent = getattr(tensor, "_parent_trackable", None)
+            owner = parent() if callable(parent) else None
+            if isinstance(owner, tf.saved_model.experimental.TrackableResource):
+                found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
 def write_fingerprint(directory: str) -> None:
     """Write ``fingerprint.pb`` for the SavedModel in ``directory`` (hashes of its
     ``saved_model.pb`` and variables), as ``tf.saved_model.save`` does.

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import readiness
 from trainer.save_backends.savedmodel import masks
@@ -344,11 +345,22 @@ _RESOURCE_TYPES = (tf.saved_model.experimental.TrackableResource, tf.saved_model
 
 def trackable_resources(layer: keras.layers.Layer) -> list[Any]:
     """TF resources (lookup tables, assets) a layer holds outside Keras variables; a traced
-    function that captures them can only be saved if the object graph reaches them."""
+    function that captures them can only be saved if the object graph reaches them. A
+    layer revived from traces also reaches those its loaded functions capture (the tables
+    of a ``StringLookup`` it owned, restored with the SavedModel): no layer holds them."""
     found = []
     for value in list(vars(layer).values()):
         candidates = value if isinstance(value, list | tuple) else [value]
         for item in candidates:
             if isinstance(item, _RESOURCE_TYPES):
                 found.append(item)
-    return found
+            elif getattr(layer, "_trainer_revived_from", None) and _is_function(item):
+                found.extend(tf_compat.captured_resources(item))
+    unique = {id(item): item for item in found}  # a table two functions capture: once
+    return list(unique.values())
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(
+        value, tf.types.experimental.GenericFunction | tf.types.experimental.ConcreteFunction
+    )
