@@ -11,7 +11,7 @@ import pytest
 
 from tests.savedmodel_zoo import classes_hidden
 from trainer.checkpointing import AsyncBackend, clone_for_snapshot
-from trainer.checkpointing.snapshot import SnapshotUnavailable
+from trainer.checkpointing.shadow import SnapshotUnavailable
 from trainer.save_backends import get_backend, load_checkpoint
 
 PKG = "test_async_fallback_reasons"

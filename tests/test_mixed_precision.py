@@ -63,7 +63,7 @@ def test_an_async_copy_keeps_the_loss_scale_optimizer_when_the_global_policy_cha
     """The async shadow is rebuilt from the model's config: under the model's own policy,
     even if the global one was set back to float32 after the model was built."""
     from trainer.checkpointing import AsyncBackend, CheckpointManager, CheckpointPolicy
-    from trainer.checkpointing.snapshot import all_variables
+    from trainer.checkpointing.shadow import all_variables
 
     model, x, y = mixed_model
     keras.mixed_precision.set_dtype_policy("float32")

@@ -19,12 +19,8 @@ from trainer.checkpointing.listing import complete_checkpoints, find_latest, poi
 from trainer.checkpointing.manager import ABANDONED, CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, name_fields, retained
 from trainer.checkpointing.restoring import numpy_rng_record, restore_into
-from trainer.checkpointing.snapshot import (
-    AsyncWriter,
-    all_variables,
-    clone_for_snapshot,
-    refresh_snapshot,
-)
+from trainer.checkpointing.shadow import all_variables, clone_for_snapshot
+from trainer.checkpointing.snapshot import AsyncWriter, refresh_snapshot
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.locks import LATEST
 

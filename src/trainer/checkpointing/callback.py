@@ -33,7 +33,8 @@ from trainer.checkpointing.callback_state import keeps_state, load_state, state_
 from trainer.checkpointing.manager import CheckpointManager, batches_trained
 from trainer.checkpointing.policy import CheckpointPolicy, scalar_metrics
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
-from trainer.checkpointing.snapshot import ValueReader, all_variables
+from trainer.checkpointing.shadow import all_variables
+from trainer.checkpointing.snapshot import ValueReader
 from trainer.errors import ConfigError, TrainerError
 from trainer.state import TrainingState
 

@@ -33,7 +33,8 @@ from trainer.checkpointing.policy import (
     scalar_metrics,
 )
 from trainer.checkpointing.restoring import restore_into
-from trainer.checkpointing.snapshot import SnapshotUnavailable, copy_state
+from trainer.checkpointing.shadow import SnapshotUnavailable
+from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
 from trainer.locks import remove_dead_leases, remove_unless_read

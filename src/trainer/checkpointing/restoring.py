@@ -8,7 +8,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.checkpointing.snapshot import all_variables
+from trainer.checkpointing.shadow import all_variables
 from trainer.errors import ConfigMismatchError
 from trainer.save_backends import Checkpoint, modelstate, trainable
 from trainer.state import TrainingState

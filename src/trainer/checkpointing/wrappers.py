@@ -18,12 +18,10 @@ from typing import Any
 import keras
 
 from trainer.checkpointing import rehearsal
+from trainer.checkpointing.shadow import SnapshotUnavailable, all_variables, clone_for_snapshot
 from trainer.checkpointing.snapshot import (
     AsyncWriter,
-    SnapshotUnavailable,
     VariableCopier,
-    all_variables,
-    clone_for_snapshot,
     take_snapshot,
     variable_copier,
 )
