@@ -18,6 +18,7 @@ using ``tf.train.Checkpoint.write``.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,11 @@ class VariablesWriter:
         self._slices = tf.constant([""] * (len(keys) + 1))
         self._graph = tf.constant(graph)
         self._traced: Any = None  # the concrete function ``trace`` made
-        self._bundle_writable = all(v.dtype in tensor_bundle.SUPPORTED for v in variables)
+        # The bundle stores host-order bytes under a little-endian header (what TF writes on
+        # every platform it builds for); elsewhere, TensorFlow's own writer.
+        self._bundle_writable = sys.byteorder == "little" and all(
+            v.dtype in tensor_bundle.SUPPORTED for v in variables
+        )
 
     def trace(self, scratch_prefix: str) -> None:
         """Make every later ``write`` one call of a traced function, and call it once (into
