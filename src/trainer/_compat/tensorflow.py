@@ -54,6 +54,28 @@ def save_without_checkpoint(obj: Any, directory: str, signatures: Any, options: 
     return True
 
 
+def checkpoint_object_graph(root: Any) -> Any | None:
+    """The ``TrackableObjectGraph`` proto ``tf.train.Checkpoint(root).write`` stores for
+    ``root`` (passed positionally: ``root`` is the graph's root, with the ``root`` back
+    reference the checkpoint adds), computed without writing anything; None where this
+    TensorFlow lacks the call, or where ``root`` holds objects saved by registered savers
+    (their entries are not plain tensors).
+
+    Lets trainer write that checkpoint itself (``savedmodel.variables_first`` with
+    ``tensor_bundle``): the keys and graph are TensorFlow's, only the writing is ours.
+    Uses ``Checkpoint._saver._gather_serialized_tensors``, the call ``Checkpoint.write``
+    itself makes to build the proto before handing the tensors to ``SaveV2``; no public
+    API returns it. Checked: TensorFlow 2.21.0 (``tests/test_variables_first.py`` compares
+    every entry and the object graph with what ``Checkpoint.write`` writes).
+    """
+    saver = getattr(tf.train.Checkpoint(root), "_saver", None)
+    gather = getattr(saver, "_gather_serialized_tensors", None)
+    if gather is None:
+        return None
+    _tensors, _feeds, registered_savers, proto = gather(None)
+    return None if registered_savers else proto
+
+
 def _parameters(function: Callable[..., Any]) -> set[str]:
     import inspect
 

@@ -84,7 +84,8 @@ def write_saved_model(
         if early is not None:
             early.discard()  # nothing may still write into a directory being cleaned up
         raise
-    pending = _digest_variables(directory)
+    kept = early is not None and early.kept and early.known
+    pending = early.known if kept else _digest_variables(directory)
     write_vocabularies(model, directory)
     files = {}
     for path in directory.rglob("*"):
@@ -124,9 +125,10 @@ def _save_with_our_saver(
             early.join()
         signatures = {"serving_default": traced.serving}
         options = object_graph.SAVE_OPTIONS
-        if early is None or not tf_compat.save_without_checkpoint(
+        skipped = early is not None and tf_compat.save_without_checkpoint(
             traced.root, str(directory), signatures, options
-        ):
+        )
+        if not skipped:
             _save(traced, directory, options)  # writes the checkpoint (again)
     writer = variables_writer.from_first_save(traced.root, _variables_prefix(directory))
     try:
@@ -136,6 +138,8 @@ def _save_with_our_saver(
         ours = False
     if ours:
         tf_compat.write_fingerprint(str(directory))  # it hashes saved_model.pb
+        if skipped:
+            early.kept = True  # its files are the checkpoint: what it knows of them holds
         return writer
     log.info("SaverDef left to TensorFlow: the checkpoint is not plain variables only")
     return _save_with_tensorflows_saver(traced, directory)

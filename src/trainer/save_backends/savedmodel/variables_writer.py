@@ -18,6 +18,7 @@ using ``tf.train.Checkpoint.write``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,11 +65,7 @@ class VariablesWriter:
         self._slices = tf.constant([""] * (len(keys) + 1))
         self._graph = tf.constant(graph)
         self._traced: Any = None  # the concrete function ``trace`` made
-        # The bundle stores host-order bytes under a little-endian header (what TF writes on
-        # every platform it builds for); elsewhere, TensorFlow's own writer.
-        self._bundle_writable = sys.byteorder == "little" and all(
-            v.dtype in tensor_bundle.SUPPORTED for v in variables
-        )
+        self._bundle_writable = bundle_writable(variables)
 
     def trace(self, scratch_prefix: str) -> None:
         """Make every later ``write`` one call of a traced function, and call it once (into
@@ -92,38 +89,9 @@ class VariablesWriter:
         if self._traced is not None:
             return Written(self._traced(tf.constant(prefix)).numpy().tobytes())
         if self._bundle_writable and direct_io.direct_wanted():
-            return self._write_bundle(prefix)
+            return write_bundle(prefix, self.keys, self.variables, self.object_graph)
         self._write_ops(tf.constant(prefix))
         return Written()
-
-    def _write_bundle(self, prefix: str) -> Written:
-        def reader(variable: tf.Variable) -> Any:
-            # The read shares the variable's buffer (copy on a later assign), and
-            # ``np.asarray`` shares the read's: the bundle writer copies it once, into
-            # its staging buffer. ``variable.numpy()`` would copy it first.
-            return lambda: np.asarray(
-                tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype)
-            )
-
-        graph = np.array(self.object_graph, dtype=object)
-        entries = [(tf_compat.OBJECT_GRAPH_KEY, tf.string, lambda: graph)]
-        entries += [(k, v.dtype, reader(v)) for k, v in zip(self.keys, self.variables, strict=True)]
-        with tf.device("/cpu:0"):
-            written = tensor_bundle.write_bundle(prefix, entries)
-        index_hash = tf.fingerprint(tf.constant([written.index]), method="farmhash64")
-        name = prefix.rsplit("/", 1)[-1]
-        return Written(
-            index_hash.numpy()[0].tobytes(),
-            {
-                f"variables/{name}{tensor_bundle.DATA_SUFFIX}": (
-                    written.data_size,
-                    written.data_sha256,
-                ),
-                f"variables/{name}{tensor_bundle.INDEX_SUFFIX}": integrity.known_digest(
-                    written.index
-                ),
-            },
-        )
 
     def _write_ops(self, prefix: Any) -> Any:
         """The ops of one write, run eagerly by ``write`` or traced by ``trace``."""
@@ -147,6 +115,44 @@ class VariablesWriter:
         return tf.fingerprint(tf.reshape(index, [1]), method="farmhash64")[0]
 
 
+def bundle_writable(variables: list[tf.Variable]) -> bool:
+    """Whether ``write_bundle`` writes these: every dtype one ``tensor_bundle`` writes, on
+    a little-endian host (the bundle stores host-order bytes under a little-endian header,
+    what TensorFlow writes on every platform it builds for)."""
+    return sys.byteorder == "little" and all(v.dtype in tensor_bundle.SUPPORTED for v in variables)
+
+
+def write_bundle(
+    prefix: str, keys: list[str], variables: list[tf.Variable], graph: bytes
+) -> Written:
+    """The checkpoint of ``variables`` under ``keys`` with the serialized object graph
+    ``graph``, written by ``tensor_bundle`` (around the page cache, hashed on the way)."""
+
+    def reader(variable: tf.Variable) -> Any:
+        # The read shares the variable's buffer (copied on a later assign), and
+        # ``np.asarray`` shares the read's: the bundle writer copies it once, into its
+        # staging buffer. ``variable.numpy()`` would copy it first.
+        return lambda: np.asarray(
+            tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype)
+        )
+
+    entries = [(tf_compat.OBJECT_GRAPH_KEY, tf.string, lambda: graph)]
+    entries += [(k, v.dtype, reader(v)) for k, v in zip(keys, variables, strict=True)]
+    with tf.device("/cpu:0"):
+        written = tensor_bundle.write_bundle(prefix, entries)
+    index_hash = tf.fingerprint(tf.constant([written.index]), method="farmhash64")
+    name = os.path.basename(prefix)
+    data = f"variables/{name}{tensor_bundle.DATA_SUFFIX}"
+    index = f"variables/{name}{tensor_bundle.INDEX_SUFFIX}"
+    return Written(
+        index_hash.numpy()[0].tobytes(),
+        {
+            data: (written.data_size, written.data_sha256),
+            index: integrity.known_digest(written.index),
+        },
+    )
+
+
 def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
     """A writer for ``root`` matching the checkpoint at ``prefix``, or None if any part of
     that checkpoint is not a plain variable value reached through the object graph."""
@@ -157,7 +163,7 @@ def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
     except (tf.errors.OpError, ValueError) as err:
         log.info("No one-op variables writer (%s); using tf.train.Checkpoint", err)
         return None
-    found = _match(root, graph)
+    found = match_keys(root, graph)
     if found is None or set(found) != stored:
         log.info("No one-op variables writer: the object graph does not match exactly")
         return None
@@ -165,7 +171,7 @@ def from_first_save(root: Any, prefix: str) -> VariablesWriter | None:
     return VariablesWriter(keys, [found[k] for k in keys], graph_bytes)
 
 
-def _match(root: Any, graph: Any) -> dict[str, tf.Variable] | None:
+def match_keys(root: Any, graph: Any) -> dict[str, tf.Variable] | None:
     """Checkpoint key -> variable, walking ``graph`` and the objects from ``root`` in step."""
     view = tf.train.TrackableView(root)
     objects: dict[int, Any] = {0: root}
