@@ -68,3 +68,41 @@ def test_a_rate_setting_callback_with_a_schedule_is_refused_before_the_first_ste
     with pytest.raises(ConfigError, match=r"callbacks\.reduce_lr_on_plateau .* schedule=none"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained or saved
+
+
+@pytest.mark.parametrize(
+    ("callback", "override", "received"),
+    [
+        ("early_stopping", "patience=abc", "'abc'"),
+        ("early_stopping", "patience=-1", "-1"),
+        ("early_stopping", "start_from_epoch=abc", "'abc'"),
+        ("early_stopping", "min_delta=abc", "'abc'"),
+        ("early_stopping", "min_delta=-0.5", "-0.5"),
+        ("early_stopping", "mode=foo", "'foo'"),
+        ("early_stopping", "verbose=abc", "'abc'"),
+        ("early_stopping", "restore_best_weights=abc", "'abc'"),
+        ("reduce_lr_on_plateau", "cooldown=-2", "-2"),
+        ("reduce_lr_on_plateau", "factor=0", "0"),
+    ],
+)
+def test_a_bad_plateau_callback_setting_is_refused_at_start(
+    compose_cfg, tmp_path, callback, override, received
+):
+    """Keras stores these unchecked: patience=abc crashed with a raw TypeError at the first
+    epoch without improvement, mode=foo silently became auto. Refused before anything runs."""
+    key = override.split("=")[0]
+    cfg = compose_cfg(
+        "model=mlp",
+        "save=h5",
+        "schedule=none",
+        f"callbacks=[{callback}]",
+        f"callbacks.{callback}.{override}",
+        # Never an improvement after the first epoch: Keras compares patience at once.
+        *([f"callbacks.{callback}.min_delta=100"] if key != "min_delta" else []),
+    )
+    with pytest.raises(ConfigError) as refused:
+        train(cfg)
+    message = str(refused.value)
+    assert f"callbacks.{callback}.{key}" in message
+    assert message.endswith(f"Received: {received}")
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained or saved

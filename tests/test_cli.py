@@ -96,3 +96,23 @@ def test_inspect_bad_path_is_one_line_exit_2(tmp_path, kind):
     assert "Traceback" not in result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(target) in error_lines[0]
+
+
+def test_train_py_refuses_a_bad_early_stopping_setting_with_exit_2(tmp_path):
+    """patience=abc was accepted and crashed (exit 1, a traceback) at the first epoch
+    without improvement."""
+    result = run(
+        [
+            str(ROOT / "train.py"),
+            "model=mlp",
+            *TINY,
+            "callbacks=[early_stopping]",
+            "callbacks.early_stopping.patience=abc",
+            "callbacks.early_stopping.min_delta=100",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("error: callbacks.early_stopping.patience")
+    assert result.stderr.rstrip().endswith("Received: 'abc'")

@@ -24,7 +24,7 @@ import keras
 from trainer.atomic import first_unused
 from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
 from trainer.errors import ConfigError, CorruptCheckpointError
-from trainer.state import is_count
+from trainer.state import is_count, is_number
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callba
     for name, spec in callbacks_cfg.items():
         if spec is None:
             continue
+        check_settings(str(name), spec)
         callback = hydra.utils.instantiate(spec)
         if not isinstance(callback, keras.callbacks.Callback):
             raise ConfigError(
@@ -55,6 +56,48 @@ def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callba
             callback.set_run_dir(Path(run_dir))
         out[str(name)] = callback
     return out
+
+
+# Settings of Keras' plateau callbacks that Keras stores unchecked and first compares at an
+# epoch's end without improvement (``patience="abc"`` failed there with a raw TypeError),
+# or takes silently (``mode="foo"`` falls back to auto, a negative ``min_delta`` counts a
+# worse value as an improvement). Each: (test, what it must be).
+_SETTINGS: dict[str, tuple[Any, str]] = {
+    "patience": (is_count, "a whole number of epochs, at least 0"),
+    "start_from_epoch": (is_count, "a whole number of epochs, at least 0"),
+    "cooldown": (is_count, "a whole number of epochs, at least 0"),
+    "verbose": (is_count, "a whole number, at least 0 (0 = silent)"),
+    "min_delta": (lambda v: is_number(v) and v >= 0, "a number, at least 0"),
+    "min_lr": (lambda v: is_number(v) and v >= 0, "a number, at least 0"),
+    "factor": (lambda v: is_number(v) and 0 < v < 1, "a number between 0 and 1 (exclusive)"),
+    "baseline": (lambda v: v is None or is_number(v), "a number or null"),
+    "mode": (lambda v: v in ("min", "max", "auto"), "one of min, max, auto"),
+    "monitor": (lambda v: isinstance(v, str) and v != "", "a logged metric's name"),
+    "restore_best_weights": (lambda v: isinstance(v, bool), "true or false"),
+}
+_CHECKED = (keras.callbacks.EarlyStopping, keras.callbacks.ReduceLROnPlateau)
+
+
+def check_settings(name: str, spec: Any) -> None:
+    """Refuse, before the run starts, a setting of an EarlyStopping or ReduceLROnPlateau
+    entry (or a subclass) that Keras would only trip over epochs into the run, or use
+    silently as something else. Other callbacks' settings are their own to check."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("_target_"), str):
+        return  # instantiate reports it
+    try:
+        cls = hydra.utils.get_class(spec["_target_"])
+    except Exception:  # not a class, or not importable: instantiate reports it
+        return
+    if not issubclass(cls, _CHECKED):
+        return
+    for key, value in spec.items():
+        test, must_be = _SETTINGS.get(str(key), (None, ""))
+        if test is not None and not test(value):
+            raise ConfigError(
+                f"callbacks.{name}.{key} ({cls.__name__}) must be {must_be}; fix it in the "
+                f"config or on the command line (callbacks.{name}.{key}=...). "
+                f"Received: {value!r}"
+            )
 
 
 class ConfigCallbacks(keras.callbacks.CallbackList):
