@@ -31,6 +31,7 @@ from trainer import train
 from trainer.atomic import is_temporary
 from trainer.checkpointing import all_variables
 from trainer.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
+from trainer.errors import ConfigError
 from trainer.resume import find_latest
 from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
 from trainer.tensorboard import resolve_link
@@ -86,6 +87,36 @@ def test_rules_without_a_strategy(tmp_path):
     assert is_chief("chief", 0) and not is_chief("worker", 1)
     with pytest.raises(Exception, match=r"strategy\.kind"):
         setup({"kind": "tpu"})
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_a_logical_cpu_count_below_one_is_refused(count):
+    """0 trained silently on the one CPU; -1 hid every CPU (a raw NotFoundError)."""
+    for kind in ("mirrored", "multiworker"):
+        with pytest.raises(ConfigError, match=r"strategy\.logical_cpus must be .* at least 1"):
+            setup({"kind": kind, "logical_cpus": count})
+
+
+@pytest.mark.parametrize("device", ["/gpu:7", "/cpu:3", "foo"])
+def test_a_device_the_process_does_not_have_is_refused(device):
+    """MirroredStrategy took a missing /gpu:7 and trained on the one CPU, silently."""
+    with pytest.raises(ConfigError) as refused:
+        setup({"kind": "mirrored", "devices": [device]})
+    message = str(refused.value)
+    assert f"strategy.devices names {device!r}" in message and "CPU:0" in message
+    assert message.endswith(f"Received: strategy.devices={[device]}")
+
+
+def test_train_py_exits_2_for_a_missing_device(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *BASE, "strategy=mirrored",
+         "strategy.devices=[/gpu:7]", f"hydra.run.dir={tmp_path}"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+        timeout=CHILD_TIMEOUT,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: strategy.devices names '/gpu:7'" in result.stderr
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_learning_rate_scaling_is_opt_in(compose_cfg):

@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer._compat import keras_bugs
 from trainer.atomic import remove_path
 from trainer.checkpointing.wrappers import WrappingBackend
-from trainer.errors import TrainerError
+from trainer.errors import ConfigError
 from trainer.locks import DirectoryLock
 from trainer.save_backends.base import SaveBackend
 
@@ -48,8 +48,8 @@ KINDS = ("default", "mirrored", "multiworker")
 _CACHE: dict[str, tf.distribute.Strategy] = {}  # one strategy per process and config
 
 
-class DistributeError(TrainerError):
-    """The strategy cannot be built as configured."""
+class DistributeError(ConfigError):
+    """The strategy cannot be built as configured (a config error: exit 2, before training)."""
 
 
 @dataclasses.dataclass
@@ -227,8 +227,16 @@ def setup(cfg: DictConfig | dict | None) -> Distribution:
         return Distribution(scale_lr=scale_lr)
     # tf.distribute logs every all-reduce it sets up at INFO level.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    if options.get("logical_cpus"):
-        split_cpu(int(options["logical_cpus"]))
+    logical_cpus = options.get("logical_cpus")
+    if logical_cpus is not None:
+        if isinstance(logical_cpus, bool) or not isinstance(logical_cpus, int) or logical_cpus < 1:
+            # 0 ran silently on the one CPU; a negative count hid every CPU from TensorFlow.
+            raise DistributeError(
+                f"strategy.logical_cpus must be a whole number of at least 1 (the logical "
+                f"devices the CPU is split into), or null to leave the CPU whole. "
+                f"Received: strategy.logical_cpus={logical_cpus!r}"
+            )
+        split_cpu(logical_cpus)
     key = json.dumps({**options, "tf_config": os.environ.get("TF_CONFIG")}, sort_keys=True)
     if key not in _CACHE:
         _CACHE[key] = _build(kind, options)
@@ -254,7 +262,9 @@ def patch_keras_multiworker_mean() -> None:
 def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
     if kind == "mirrored":
         devices = options.get("devices")
-        if not devices and options.get("logical_cpus"):
+        if devices:
+            check_devices(list(devices))
+        elif options.get("logical_cpus"):
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(devices=list(devices) if devices else None)
     tf_config = os.environ.get("TF_CONFIG")
@@ -275,6 +285,36 @@ def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
     )
     patch_keras_multiworker_mean()
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+
+
+def check_devices(devices: list[Any]) -> None:
+    """Refuse a device this process does not have: MirroredStrategy took ``/gpu:7`` on a
+    machine without it and trained on the one CPU, silently. Devices are compared by type
+    and index (``/gpu:0``, ``/device:GPU:0`` and ``/job:localhost/.../device:GPU:0`` are
+    one device) with the logical devices, after ``strategy.logical_cpus`` split the CPU."""
+    present = tf.config.list_logical_devices()
+    known = {(_device_key(d.name)) for d in present}
+    for device in devices:
+        try:
+            key = _device_key(str(device))
+        except ValueError:
+            key = None
+        if key is None or key not in known:
+            names = ", ".join(d.name.split("device:")[-1] for d in present)
+            raise DistributeError(
+                f"strategy.devices names {device!r}, which this process does not have; its "
+                f"devices are {names} (strategy.logical_cpus=N splits the CPU into N; "
+                f"strategy.devices=null uses every GPU, else the CPU). "
+                f"Received: strategy.devices={[str(d) for d in devices]}"
+            )
+
+
+def _device_key(name: str) -> tuple[str, int] | None:
+    """``(TYPE, index)`` of a device name, None without a type; ValueError if malformed."""
+    spec = tf.DeviceSpec.from_string(name)
+    if not spec.device_type:
+        return None
+    return spec.device_type.upper(), int(spec.device_index or 0)
 
 
 def split_cpu(count: int) -> None:
