@@ -220,3 +220,31 @@ def test_train_refuses_an_export_directory_among_its_checkpoints(compose_cfg, tm
     with pytest.raises(ExportError, match=r"export\.directory"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_warmup_writes_every_request_asked_for_up_to_tf_servings_limit(
+    compose_cfg, tmp_path, capsys
+):
+    """``--warmup 150`` wrote 100 requests (a silent cap); TF Serving loads up to 1000, and
+    refuses a version with more, so more is refused before anything is loaded or written."""
+    from trainer import train
+    from trainer.warmup import count_warmup
+
+    train(compose_cfg("model=mlp", "save=h5", "data.num_examples=1000", "trainer.epochs=1"))
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    assert main(["export", str(latest), str(tmp_path / "out"), "--warmup", "150"]) == 0
+    assert "warmup requests: 150" in capsys.readouterr().out
+    assert count_warmup(tmp_path / "out" / "1") == 150
+    assert read_export_metadata(tmp_path / "out" / "1")["warmup_requests"] == 150
+
+    assert main(["export", str(latest), str(tmp_path / "more"), "--warmup", "1001"]) == 2
+    error = capsys.readouterr().err
+    assert "TF Serving" in error and "1000" in error and error.rstrip().endswith("Received: 1001")
+    with pytest.raises(ExportError, match=r"export\.warmup_examples .* 1000"):
+        check_export_options({"warmup_examples": 1001})
+    model = _model()
+    with pytest.raises(ExportError, match="Received: 1001"):
+        export_serving(model, tmp_path / "array", warmup=np.zeros((1001, 3), "float32"))
+    assert not (tmp_path / "more").exists() and versions(tmp_path / "array") == []
+    path = export_serving(model, tmp_path / "array", warmup=np.zeros((120, 3), "float32"))
+    assert count_warmup(path) == 120

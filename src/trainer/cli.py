@@ -124,7 +124,8 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="TF Serving warmup requests from N validation examples of the run's data",
+        help="TF Serving warmup requests from N validation examples of the run's data "
+        "(at most 1000: TF Serving does not load a version with more)",
     )
     export.add_argument(
         "--tensorboard",

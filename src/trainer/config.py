@@ -43,7 +43,9 @@ class ExportConfig:
     directory: str = "export"  # relative to the run directory; a model server can watch it
     keep: int = DEFAULT_KEEP  # newest versions kept; older ones are removed
     format: str = "auto"  # auto (savedmodel if importable) | keras (lean) | savedmodel
-    warmup_examples: int = 4  # TF Serving warmup requests from validation examples; 0 = none
+    # TF Serving warmup requests from validation examples; 0 = none; at most 1000 (TF
+    # Serving does not load a version with more)
+    warmup_examples: int = 4
     unwrap: bool = False  # export plain layers (pruning masks baked into kernels)
     # Keep the compile state, optimizer slots and per-layer training traces (savedmodel
     # format only); off: a server never trains, the slots double or triple the export's

@@ -21,6 +21,7 @@ from trainer import data as data_sets
 from trainer.errors import ExportError, TrainerError
 from trainer.export import DEFAULT_KEEP, check_format_and_keep, export_serving
 from trainer.tensorboard import LINK_KEY, RunBoard
+from trainer.warmup import check_warmup_limit
 
 
 def export_from_checkpoint(
@@ -142,12 +143,14 @@ def _overlap(first: str, second: str) -> bool:
 
 def warmup_count(value: Any, what: str) -> int:
     """A number of warmup examples: a whole number, at least 0 (used as a slice end, -1
-    took every example but one)."""
+    took every example but one), at most what TF Serving loads (checked before any
+    checkpoint is loaded or run trained, not when the export is written)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ExportError(
             f"{what} must be a whole number of validation examples, at least 0 (0: no "
             f"warmup requests). Received: {value!r}"
         )
+    check_warmup_limit(value, what)
     return value
 
 

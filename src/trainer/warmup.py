@@ -24,13 +24,16 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 # what was exported, and the manifest of every file of the export, written last.
 EXPORT_FILE = "trainer_export.json"
 EXPORT_MANIFEST = f"{EXTRA_DIR}/{MANIFEST_FILE}"
+# TF Serving's limit (``WarmupConsts::kMaxNumRecords`` in saved_model_warmup_util.cc): a
+# warmup file holding more records fails the version's load with InvalidArgument, so an
+# export with more would never be served. Asking for more is refused, never cut silently.
+MAX_WARMUP_REQUESTS = 1000
 
 
-def write_warmup(
-    version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[str, Any]], max_requests=100
-) -> int:
-    """TF Serving warmup: a TFRecord of ``PredictionLog`` protos, one request per example
-    (TF Serving replays at most 1000). Needs ``tensorflow-serving-api`` for the protos."""
+def write_warmup(version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[str, Any]]) -> int:
+    """TF Serving warmup: a TFRecord of ``PredictionLog`` protos, one request per example,
+    every example given (at most ``MAX_WARMUP_REQUESTS``: it was cut to 100, silently).
+    Needs ``tensorflow-serving-api`` for the protos."""
     try:
         from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
     except ImportError as error:
@@ -52,7 +55,8 @@ def write_warmup(
             f"Received keys {sorted(examples)}"
         )
     arrays = {name: _as_array(value, inputs[name]["dtype"]) for name, value in examples.items()}
-    count = min(min(len(a) for a in arrays.values()), max_requests)
+    count = min(len(a) for a in arrays.values())
+    check_warmup_limit(count, "warmup examples")
     path = version_dir / EXTRA_DIR / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
@@ -66,6 +70,18 @@ def write_warmup(
             )
             writer.write(record.SerializeToString())
     return count
+
+
+def check_warmup_limit(count: int, what: str) -> None:
+    """Refuse more warmup requests than TF Serving loads (see ``MAX_WARMUP_REQUESTS``)."""
+    if count > MAX_WARMUP_REQUESTS:
+        raise ExportError(
+            f"{what} asks for {count} TF Serving warmup requests; TF Serving refuses to load "
+            f"a version whose warmup file holds more than {MAX_WARMUP_REQUESTS} "
+            f"(saved_model_warmup_util: 'Number of warmup records exceeds the maximum'). "
+            f"Ask for at most {MAX_WARMUP_REQUESTS}; a few cover every traced shape. "
+            f"Received: {count}"
+        )
 
 
 def count_warmup(version_dir: Path) -> int:
