@@ -66,3 +66,27 @@ def test_detection_passes_over_backends_that_cannot_be_imported(monkeypatch, tmp
     (tmp_path / "empty").mkdir()
     with pytest.raises(NotACheckpointError, match="could not be imported: ghost"):
         detect_backend(tmp_path / "empty")
+
+
+def test_backends_and_their_wrappers_have_a_readable_repr(compose_cfg, caplog):
+    """The start-of-training log line showed ``<...H5Backend object at 0x...>`` and
+    ``AsyncBackend(<trainer....object at 0x...>)``."""
+    import logging
+
+    from trainer import train
+    from trainer.checkpointing.wrappers import AsyncBackend
+    from trainer.distribute import ScratchBackend
+    from trainer.save_backends.h5 import H5Backend
+    from trainer.save_backends.savedmodel.backend import SavedModelBackend
+
+    assert repr(get_backend("h5")) == "H5Backend()"
+    assert repr(H5Backend(compression="gzip")) == "H5Backend(compression='gzip')"
+    assert repr(AsyncBackend(SavedModelBackend())) == "AsyncBackend(SavedModelBackend())"
+    nested = ScratchBackend(AsyncBackend(SavedModelBackend(reuse_traces=False)))
+    assert repr(nested) == "ScratchBackend(AsyncBackend(SavedModelBackend(reuse_traces=False)))"
+    assert repr(get_backend("weights")) == "WeightsBackend()"
+
+    with caplog.at_level(logging.INFO, logger="trainer.training"):
+        train(compose_cfg("model=mlp", "save=h5", "checkpoint.policy.async_save=true"))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training ")]
+    assert "; backend AsyncBackend(H5Backend()); " in line and " at 0x" not in line

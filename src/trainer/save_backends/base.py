@@ -67,6 +67,26 @@ class SaveBackend(abc.ABC):
     # (savedmodel). Backends storing configs and weights only refuse them at save time.
     keeps_traces: ClassVar[bool] = False
 
+    def __repr__(self) -> str:
+        """``H5Backend()``, ``H5Backend(compression='gzip')``: the class and the constructor
+        arguments that differ from their defaults (read from the attributes of the same
+        name). The start-of-training log line shows the backend, wrappers included
+        (``AsyncBackend(SavedModelBackend())``); object's default was an address."""
+        try:
+            parameters = inspect.signature(type(self).__init__).parameters.values()
+        except (TypeError, ValueError):  # a C-level or otherwise unreadable constructor
+            parameters = ()
+        shown = []
+        for parameter in parameters:
+            if parameter.name == "self" or parameter.kind in _VARIADIC:
+                continue
+            if parameter.name not in vars(self):  # not kept under its own name: not shown
+                continue
+            value = vars(self)[parameter.name]
+            if not _is_default(value, parameter.default):
+                shown.append(f"{parameter.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     # ----------------------------------------------------------------- public API
     def save(
         self,
@@ -348,6 +368,20 @@ DAMAGED_DATA_ERRORS: tuple[type[BaseException], ...] = (
     tf.errors.OpError,
     DecodeError,
 )
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a constructor argument kept as ``value`` is its ``default`` (an argument
+    without a default, or one whose ``==`` does not give a bool, is shown)."""
+    if default is inspect.Parameter.empty:
+        return False
+    try:
+        return bool(value is default or value == default)
+    except Exception:  # e.g. an array's ambiguous truth value
+        return False
 
 
 def class_path(cls: type) -> str:
