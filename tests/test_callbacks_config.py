@@ -106,3 +106,22 @@ def test_a_bad_plateau_callback_setting_is_refused_at_start(
     assert f"callbacks.{callback}.{key}" in message
     assert message.endswith(f"Received: {received}")
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained or saved
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["schedule=cosine", "callbacks=[reduce_lr_on_plateau]"],  # a rate setter, a schedule
+        ["+callbacks.bad={_target_: builtins.dict}"],  # not a callback
+        ["callbacks=[early_stopping]", "callbacks.early_stopping.patience=abc"],
+    ],
+)
+def test_a_run_refused_for_its_callbacks_leaves_no_tensorboard_files(
+    compose_cfg, tmp_path, overrides
+):
+    """The refusal came after the session-start mark, the event file and the model graph
+    were written into tb/: a refused run looked like a run that happened."""
+    with pytest.raises(ConfigError):
+        train(compose_cfg("model=mlp", "save=h5", *overrides))
+    board = tmp_path / "run" / "tb"
+    assert not board.exists() or not any(board.rglob("*")), sorted(board.rglob("*"))

@@ -167,8 +167,14 @@ def build_run(
     if resume_from is not None:
         state = restore(cfg, dist, model, resume_from)
 
-    config_record = OmegaConf.to_container(cfg, resolve=True)
     out_dir = dist.output_dir(run_dir)
+    # The user's callbacks before anything of the session is written (TensorBoard's session
+    # mark and graph included): a run they refuse leaves nothing that looks like a run.
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
+    )
+    user_callbacks.check_rate_setters(configured.named, model)
+    config_record = OmegaConf.to_container(cfg, resolve=True)
     progress = RunProgress(state, steps)
     scalars = ScalarLogger(
         out_dir / cfg.trainer.tensorboard_dir, state, on_write_error=policy.on_save_error
@@ -184,7 +190,7 @@ def build_run(
         board.write_graph(model)
     finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
     manager, callbacks = wire_callbacks(
-        cfg, dist, out_dir, state, policy, progress, board, [*wrap_callbacks, scalars]
+        cfg, dist, out_dir, state, policy, progress, board, configured, [*wrap_callbacks, scalars]
     )
     if not finished:  # this session trains (nothing refused it): its config is the run's
         board.write_session_hparams(flatten_config(config_record))
@@ -224,15 +230,12 @@ def fit_session(cfg: DictConfig, dist: distribute.Distribution, parts: RunParts)
     parts.scalars.close()
 
 
-def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, middle):
+def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configured, middle):
     """The checkpoint manager and the run's callbacks, in the order they must run: stop
-    agreement (multi-worker), step counting, the configured ones, ``middle`` (wrappers'
-    callbacks: masks baked in before epoch-end saves; TensorBoard scalars), checkpointing,
-    the epoch cutter; the progress bar right after the configured ones."""
-    # The user's callbacks first: what they refuse is refused before anything is moved.
-    configured = user_callbacks.ConfigCallbacks(
-        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
-    )
+    agreement (multi-worker), step counting, the configured ones (``configured``, built and
+    checked by ``build_run``), ``middle`` (wrappers' callbacks: masks baked in before
+    epoch-end saves; TensorBoard scalars), checkpointing, the epoch cutter; the progress
+    bar right after the configured ones."""
     manager = CheckpointManager(
         out_dir / cfg.checkpoint.directory,
         dist.backend(build_backend(cfg)),

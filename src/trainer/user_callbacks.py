@@ -153,7 +153,8 @@ RATE_SETTERS = (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateS
 def check_rate_setters(named: dict[str, keras.callbacks.Callback], model: keras.Model) -> None:
     """A callback that sets the learning rate cannot work with a learning-rate schedule,
     which owns the rate: Keras would raise a TypeError at the first plateau, epochs into the
-    run. Refuse it before the first step instead."""
+    run. Refuse it before the first step instead (``train`` calls it before the session
+    writes anything; ``ConfigCallbacks.on_train_begin`` again, for other ``fit`` calls)."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return
