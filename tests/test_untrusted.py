@@ -4,6 +4,9 @@ yields a model or a project error, nothing else."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,6 +60,37 @@ def test_safe_mode_never_runs_lambda_bytecode(tmp_path, backend):
     loaded = load_checkpoint(path, safe_mode=False).model  # the user vouches for the source
     assert marker.exists(), "safe_mode=False should rebuild the Lambda from its code"
     assert isinstance(loaded, keras.Model)
+
+
+@pytest.mark.parametrize("backend", ["h5", "weights"])
+def test_the_cli_refusal_of_a_lambda_names_a_call_the_user_can_run(tmp_path, capsys, backend):
+    """The CLI's refusal said "load with safe_mode=False", which no command has: it names
+    the Python call doing what the command did, and that call works."""
+    from conftest import subprocess_env
+
+    from trainer.cli import main
+    from trainer.export import versions
+
+    marker = tmp_path / "code-ran"
+    path = get_backend(backend).save(lambda_model(marker), tmp_path / "lambda")
+    marker.unlink(missing_ok=True)
+    out = tmp_path / "served"
+    assert main(["export", str(path), str(out), "--keep", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "load with safe_mode=False" not in error and "CLI never runs code" in error
+    call = re.search(r'python -c "([^"]+)"', error).group(1)
+    assert f"export_from_checkpoint({str(path)!r}, {str(out)!r}, keep=2, safe_mode=False)" in call
+    assert error.rstrip().startswith("error: ") and "Received: Requested the" in error
+    assert main(["inspect", str(path)]) == 2
+    inspect_error = capsys.readouterr().err
+    assert f"load_checkpoint({str(path)!r}, safe_mode=False)" in inspect_error
+    assert not marker.exists() and not out.exists()
+
+    done = subprocess.run(
+        [sys.executable, "-c", call], env=subprocess_env(), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert versions(out) == [1] and marker.exists()  # the user's call ran the lambda
 
 
 # -------------------------------------------------------------------------- fuzzing

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, UnsafeCheckpointError
 
 EXIT_USAGE = 2
 
@@ -164,11 +164,45 @@ def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
             return cli_extra.run_import_legacy(args.src, args.dst, args.backend, args.json)
         return cli_extra.run_runs(args.output_dir, as_json=args.json)
     except (TrainerError, OSError) as error:
-        message = " ".join(str(error).split())  # one line, even for multi-line causes
+        text = unsafe_advice(args, error) if isinstance(error, UnsafeCheckpointError) else None
+        message = " ".join((text or str(error)).split())  # one line, even for multi-line causes
         print(f"error: {message}", file=sys.stderr)
         if getattr(args, "json", False):  # a script reading stdout gets the verdict too
             print(json.dumps({"ok": False, "error": type(error).__name__, "message": message}))
         return EXIT_USAGE
+
+
+def unsafe_advice(args: argparse.Namespace, error: UnsafeCheckpointError) -> str | None:
+    """A lambda refused in safe mode, with advice the CLI user can act on: the library's
+    says "load with safe_mode=False", which no command has (the CLI never runs code from
+    a checkpoint), so name the Python call that does what the command did."""
+    if not error.received:  # not the refusal of a stored lambda: its own message
+        return None
+    if args.command == "export":
+        options = {
+            "keep": (args.keep, 5),
+            "warmup": (args.warmup, 0),
+            "format": (args.format, "auto"),
+            "tensorboard": (str(args.tensorboard) if args.tensorboard else None, None),
+            "with_optimizer": (args.with_optimizer, False),
+        }
+        extra = "".join(f", {k}={v!r}" for k, (v, default) in options.items() if v != default)
+        call = (
+            f"from trainer.export_sources import export_from_checkpoint; "
+            f"export_from_checkpoint({str(args.checkpoint)!r}, {str(args.out_dir)!r}{extra}, "
+            f"safe_mode=False)"
+        )
+    else:
+        path = getattr(args, "path", None) or getattr(args, "src", "CHECKPOINT")
+        call = (
+            f"from trainer.save_backends import load_checkpoint; "
+            f"load_checkpoint({str(path)!r}, safe_mode=False).model.summary()"
+        )
+    return (
+        f"{error.problem} The trainer CLI never runs code stored in a checkpoint and has no "
+        f"option to; if you trust its source, run the same from Python, which does: "
+        f'python -c "{call}". Received: {error.received.split(". ")[0]}'
+    )
 
 
 def run_verify(path: Path, *, load: bool, as_json: bool) -> int:

@@ -65,7 +65,16 @@ class RebuildError(TrainerError, TypeError):
 
 
 class UnsafeCheckpointError(MissingClassError, ValueError):
-    """The checkpoint asks to run stored Python code (a marshalled lambda) in safe mode."""
+    """The checkpoint asks to run stored Python code (a marshalled lambda) in safe mode.
+
+    ``problem`` says where the code is, without the advice, and ``received`` is Keras's
+    refusal: a caller with other means than ``safe_mode=False`` (the CLI has none) words
+    its own advice from them."""
+
+    def __init__(self, message: str, *, problem: str = "", received: str = ""):
+        super().__init__(message)
+        self.problem = problem or message
+        self.received = received
 
 
 class ConfigError(TrainerError, ValueError):

@@ -33,6 +33,7 @@ def export_from_checkpoint(
     format: str = "auto",
     tensorboard: str | os.PathLike | None = None,
     with_optimizer: bool = False,
+    safe_mode: bool = True,
 ) -> Path:
     """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
 
@@ -43,13 +44,17 @@ def export_from_checkpoint(
     for the export's card and graph at the checkpoint's step, which the export then links
     to; None (the default) writes no TensorBoard log. ``with_optimizer``: see
     ``export_serving`` (the checkpoint is then loaded compiled, its optimizer restored).
+    ``safe_mode=False``: load a checkpoint holding a Python lambda (a ``Lambda`` layer),
+    running its code; only for a checkpoint of a source you trust.
     """
     from trainer.save_backends import load_checkpoint
 
     counted = isinstance(warmup, int) and not isinstance(warmup, bool)  # N examples
     if counted:
         warmup_count(warmup, "warmup")  # before the checkpoint is loaded
-    checkpoint = load_checkpoint(checkpoint_path, compile=bool(with_optimizer))
+    checkpoint = load_checkpoint(
+        checkpoint_path, compile=bool(with_optimizer), safe_mode=bool(safe_mode)
+    )
     meta = checkpoint.metadata
     if counted:
         warmup = (

@@ -416,10 +416,16 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
                 f"custom_objects={{{name!r}: {kind}}}. Received: missing {name!r}"
             ) from error
         if "lambda" in message:
-            raise UnsafeCheckpointError(
+            problem = (
                 f"{where}: the stored {what} holds a Python lambda, which would run code "
-                f"from the checkpoint. If you trust its source, load with safe_mode=False. "
-                f"Received error: {message.splitlines()[0]}"
+                f"from the checkpoint."
+            )
+            received = message.splitlines()[0]
+            raise UnsafeCheckpointError(
+                f"{problem} If you trust its source, load with safe_mode=False. "
+                f"Received error: {received}",
+                problem=problem,
+                received=received,
             ) from error
         rebuilt = rebuild.rebuild_error(error, where, what)
         if rebuilt is not None:  # a class's own code failed: say so, not "damaged"
