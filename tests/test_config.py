@@ -82,6 +82,35 @@ def test_npz_missing_file_is_a_clear_error(compose_cfg, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("override", "key", "received"),
+    [
+        ("model._target_=no.such.Thing", "model._target_ names 'no.such.Thing'", "'no.such.Thing'"),
+        ("data._target_=no.such.load", "data._target_ names", "data._target_='no.such.load'"),
+        ("optimizer._target_=no.such.Opt", "optimizer._target_", "'no.such.Opt'"),
+        ("schedule._target_=no.such.Decay", "schedule._target_", "'no.such.Decay'"),
+        ("save._target_=no.such.Backend", "save._target_", "'no.such.Backend'"),
+        ("+callbacks.x={_target_: no.such.Cb}", "callbacks.x._target_", "'no.such.Cb'"),
+        ("model.hidden=[0]", "model could not be built", "'hidden': [0]"),
+        ("data.num_examples=0", "data.num_examples", "data.num_examples=0"),
+        ("data.num_examples=-5", "data.num_examples", "data.num_examples=-5"),
+        ("data.image_size=0", "data.image_size", "data.image_size=0"),  # aborted the process
+        ("data.num_classes=0", "data.num_classes", "data.num_classes=0"),
+    ],
+)
+def test_config_nodes_that_cannot_be_built_are_config_errors(
+    compose_cfg, tmp_path, override, key, received
+):
+    """Hydra's "Error locating target ..." and "Error in call to target ...: ValueError(
+    'zero-size array ...')" reached the user without the key's fix or 'Received:', and
+    train(cfg) raised Hydra's InstantiationException."""
+    with pytest.raises(ConfigError) as refused:
+        train(compose_cfg("model=mlp", "save=h5", override))
+    message = str(refused.value)
+    assert key in message and received in message.rsplit("Received: ", 1)[1]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
     ("y", "match"),
     [
         (np.array(["cat", "dog"] * 20), r"integer class labels 0\.\.N-1.*dtype <U3"),

@@ -39,6 +39,12 @@ def split(x: np.ndarray, y: np.ndarray, validation_split: float, seed: int) -> D
     order = np.random.default_rng(seed).permutation(len(x))
     n_val = round(len(x) * validation_split)
     val, train = order[:n_val], order[n_val:]
+    if not len(train):
+        raise ConfigError(
+            f"No training examples are left: {len(x)} example(s), {n_val} held out for "
+            f"validation. Use more examples or a smaller trainer.validation_split. "
+            f"Received: {len(x)} examples, validation_split={validation_split!r}"
+        )
     num_classes = int(y.max()) + 1
     return DataSplits(x[train], y[train], x[val], y[val], num_classes)
 
@@ -60,6 +66,19 @@ def make_synthetic(
     seed: int = 0,
 ) -> DataSplits:
     """Learnable random images: each class has its own mean pattern plus noise."""
+    for key, value in (
+        ("num_examples", num_examples),
+        ("image_size", image_size),
+        ("num_classes", num_classes),
+    ):
+        # 0 failed inside NumPy ("zero-size array to reduction operation"), and
+        # image_size=0 aborted the process in oneDNN (exit 134).
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"data.{key} must be a whole number of at least 1 (data=synthetic generates "
+                f"num_examples images of image_size x image_size in num_classes classes). "
+                f"Received: data.{key}={value!r}"
+            )
     rng = np.random.default_rng(seed)
     means = rng.normal(size=(num_classes, image_size, image_size, 1)).astype("float32")
     y = rng.integers(0, num_classes, size=num_examples).astype("int32")

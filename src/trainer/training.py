@@ -20,6 +20,7 @@ from trainer.callbacks import RunProgbar, RunProgress, ScalarLogger
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.errors import ConfigError, DirectoryInUseError
+from trainer.instantiation import instantiate
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.tensorboard import RunBoard, config_hash, flatten_config
@@ -150,7 +151,7 @@ def build_run(
     if cfg.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
 
-    data: DataSplits = hydra.utils.instantiate(cfg.data)
+    data: DataSplits = instantiate(cfg.data, "data")
     steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
     with dist.scope():  # model, optimizer and metrics variables are distributed
         model, wrap_callbacks = build_model(
@@ -286,7 +287,7 @@ def configured_backend(cfg: DictConfig) -> type:
 
 def build_backend(cfg: DictConfig) -> SaveBackend:
     """The save backend ``save`` configures; anything else is a ``ConfigError``."""
-    backend = hydra.utils.instantiate(cfg.save)
+    backend = instantiate(cfg.save, "save")
     if not isinstance(backend, SaveBackend):
         raise ConfigError(
             f"save._target_ must build a save backend (a subclass of "
@@ -404,8 +405,8 @@ def build_model(
 ) -> tuple[keras.Model, list[keras.callbacks.Callback]]:
     """The configured model, wrapped per ``cfg.wrap`` and compiled; plus the wrapper's
     training callbacks (e.g. the pruning schedule). ``lr_factor``: see trainer.distribute."""
-    model = hydra.utils.instantiate(
-        cfg.model, input_shape=list(data.input_shape), num_classes=data.num_classes
+    model = instantiate(
+        cfg.model, "model", input_shape=list(data.input_shape), num_classes=data.num_classes
     )
     model, wrap_callbacks = apply_wrap(model, cfg.get("wrap"), total_steps=total_steps)
     model.compile(
@@ -434,11 +435,11 @@ def build_optimizer(
 ) -> keras.optimizers.Optimizer:
     """The optimizer, with ``learning_rate`` turned into a schedule when one is selected."""
     if schedule_cfg is None or schedule_cfg.get("_target_") is None:
-        return hydra.utils.instantiate(optimizer_cfg)
+        return instantiate(optimizer_cfg, "optimizer")
     options: dict[str, Any] = OmegaConf.to_container(schedule_cfg, resolve=True)
     if "decay_steps" in options and options["decay_steps"] is None:
         options["decay_steps"] = max(1, total_steps)
-    schedule = hydra.utils.instantiate(
-        options, initial_learning_rate=float(optimizer_cfg.learning_rate)
+    schedule = instantiate(
+        options, "schedule", initial_learning_rate=float(optimizer_cfg.learning_rate)
     )
-    return hydra.utils.instantiate(optimizer_cfg, learning_rate=schedule)
+    return instantiate(optimizer_cfg, "optimizer", learning_rate=schedule)

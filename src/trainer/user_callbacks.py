@@ -13,17 +13,18 @@ ReduceLROnPlateau lowers is an optimizer variable, saved with the others.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import hydra
 import keras
 
 from trainer.atomic import first_unused
 from trainer.checkpointing.callback_state import load_state, refuse_unrestorable, state_of
 from trainer.errors import ConfigError, CorruptCheckpointError
+from trainer.instantiation import instantiate
 from trainer.state import is_count, is_number
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def build(callbacks_cfg: Any, run_dir: Path) -> dict[str, keras.callbacks.Callba
         if spec is None:
             continue
         check_settings(str(name), spec)
-        callback = hydra.utils.instantiate(spec)
+        callback = instantiate(spec, f"callbacks.{name}")
         if not isinstance(callback, keras.callbacks.Callback):
             raise ConfigError(
                 f"callbacks.{name} must build a keras.callbacks.Callback; point its _target_ "
@@ -84,11 +85,12 @@ def check_settings(name: str, spec: Any) -> None:
     silently as something else. Other callbacks' settings are their own to check."""
     if not isinstance(spec, Mapping) or not isinstance(spec.get("_target_"), str):
         return  # instantiate reports it
-    try:
-        cls = hydra.utils.get_class(spec["_target_"])
-    except Exception:  # not a class, or not importable: instantiate reports it
+    module, _, attribute = spec["_target_"].rpartition(".")
+    try:  # not hydra.utils.get_class: it logs an ERROR line of its own for a bad target
+        cls = getattr(importlib.import_module(module), attribute)
+    except Exception:  # not importable (or nested deeper): instantiate reports it
         return
-    if not issubclass(cls, _CHECKED):
+    if not isinstance(cls, type) or not issubclass(cls, _CHECKED):
         return
     for key, value in spec.items():
         test, must_be = _SETTINGS.get(str(key), (None, ""))
