@@ -336,7 +336,7 @@ def test_cli_export_only_reads_the_source_run_and_cards_only_where_told(run, tmp
     assert everything == set(tags)
 
 
-def test_cli_export_into_an_unwritable_tensorboard_dir_is_one_error_line(run, tmp_path):
+def test_cli_export_into_an_unwritable_tensorboard_dir_is_one_error_line(run, tmp_path, capsys):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the log directory should be")
     out = tmp_path / "served"
@@ -344,3 +344,11 @@ def test_cli_export_into_an_unwritable_tensorboard_dir_is_one_error_line(run, tm
                  str(blocker / "tb")])  # fmt: skip
     assert code == 2
     assert not out.exists() or versions(out) == []  # refused before exporting
+    # It quoted the training run's error: "Writing TensorBoard the log directory to ...
+    # failed, so training stopped (...on_save_error=raise) ... resume from the latest
+    # checkpoint": garbled, and about training, not this export.
+    error = capsys.readouterr().err
+    assert "export's TensorBoard card" in error and "writable directory" in error
+    assert "Received: NotADirectoryError" in error
+    for wrong in ("Writing TensorBoard the", "training stopped", "resume", "on_save_error"):
+        assert wrong not in error, error

@@ -16,7 +16,7 @@ from tensorboard.plugins.hparams import metadata as hp_metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
-from trainer.errors import TensorBoardLinkError
+from trainer.errors import TensorBoardLinkError, TensorBoardWriteError
 from trainer.integrity import total_size
 from trainer.save_backends import backend_class, load_checkpoint
 from trainer.tensorboard import (
@@ -286,3 +286,16 @@ def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
     events.Reload()
     assert [e.step for e in events.Tensors("loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert [step for _name, step in LogView.read(tmp_path).restarts] == [4]
+
+
+def test_a_log_directory_that_cannot_be_created_is_named_in_plain_words(tmp_path):
+    """The message read "Writing TensorBoard the log directory to .../tb failed": the
+    operations are named as such now ("creating the log directory")."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the run's directories should be")
+    with pytest.raises(TensorBoardWriteError) as refused:
+        RunBoard(blocker / "tb", run_dir=tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"TensorBoard log {blocker / 'tb'}: creating the log directory")
+    assert "Writing TensorBoard the" not in message
+    assert "Received: NotADirectoryError" in message

@@ -65,16 +65,16 @@ def test_continue_logs_each_kind_of_tensorboard_failure_once_and_finishes(runs):
     result = report(runs["continue"])
     assert result["finished"], result
     assert set(result["checkpoints"].values()) == {1, 2, 3, 4}  # written before the fault
-    tensorboard = [line for line in result["log"] if "Writing TensorBoard" in line]
-    kinds = [line.split("Writing TensorBoard ")[1].split(" to ")[0] for line in tensorboard]
+    tensorboard = [line for line in result["log"] if " failed; the run continues" in line]
+    kinds = [line.split("/tb: ")[1].split(" failed")[0] for line in tensorboard]
     # Eight batches and two epochs failed after the fault; each kind is logged once.
-    assert "batch scalars" in kinds and "epoch scalars" in kinds, result["log"]
+    assert "writing batch scalars" in kinds and "writing epoch scalars" in kinds, result["log"]
     assert len(kinds) == len(set(kinds)), tensorboard
     assert all(line.startswith("WARNING") for line in tensorboard)
     assert all("on_save_error=continue" in line for line in tensorboard)
-    assert all("Received OutOfRangeError" in line for line in tensorboard)
-    totals = [line for line in result["log"] if "TensorBoard writes to" in line]
-    assert any("8 x batch scalars" in line for line in totals), totals
+    assert all("Received: OutOfRangeError" in line for line in tensorboard)
+    totals = [line for line in result["log"] if "writes that failed in all" in line]
+    assert any("8 x writing batch scalars" in line for line in totals), totals
     # The checkpoint failures are still logged one by one, as before.
     assert sum("Training continues" in line for line in result["log"]) == 8
 
@@ -86,7 +86,7 @@ def test_raise_stops_training_with_a_trainer_error(runs):
     assert result["error"] == "TensorBoardWriteError", result
     assert {"SaveError", "TrainerError"} <= set(result["mro"])
     message = result["message"]
-    assert "Writing TensorBoard batch scalars to" in message
+    assert "/tb: writing batch scalars failed, so training stopped" in message
     assert "on_save_error=continue" in message  # what to do
-    assert "Received OutOfRangeError" in message and "File too large" in message
+    assert "Received: OutOfRangeError" in message and "File too large" in message
     assert set(result["checkpoints"].values()) == {4}  # the epoch-1 checkpoint is intact

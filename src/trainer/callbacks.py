@@ -182,7 +182,7 @@ class ScalarLogger(keras.callbacks.Callback):
         super().__init__()
         self.state = state
         self.writes = SummaryWrites(log_dir, on_write_error)
-        with self.writes.writing("the session start"):
+        with self.writes.writing("writing the session-start mark"):
             mark_session_start(Path(log_dir), state.global_step)
         writer = open_writer(self.writes, Path(log_dir))
         self.writer = writer or tf.summary.create_noop_writer()
@@ -194,7 +194,7 @@ class ScalarLogger(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.state.global_step
-        with self.writes.writing("batch scalars"), self.writer.as_default(step=step):
+        with self.writes.writing("writing batch scalars"), self.writer.as_default(step=step):
             for key, value in scalar_metrics(logs).items():  # arrays: not scalars
                 tf.summary.scalar(f"batch/{key}", value)
             if self._step_rate is not None:
@@ -209,7 +209,7 @@ class ScalarLogger(keras.callbacks.Callback):
             return
         learning_rate = current_learning_rate(self.model.optimizer)
         step = self.state.global_step
-        with self.writes.writing("epoch scalars"), self.writer.as_default(step=step):
+        with self.writes.writing("writing epoch scalars"), self.writer.as_default(step=step):
             for key, value in scalar_metrics(logs).items():  # arrays: not scalars
                 tf.summary.scalar(f"epoch/{key}", value)
             if learning_rate is not None:

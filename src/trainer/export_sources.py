@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import data as data_sets
-from trainer.errors import ExportError, TrainerError
+from trainer.errors import ExportError, TensorBoardWriteError, TrainerError
 from trainer.export import DEFAULT_KEEP, check_format_and_keep, export_serving
 from trainer.tensorboard import LINK_KEY, RunBoard
 from trainer.warmup import check_warmup_limit
@@ -100,11 +100,15 @@ def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
     try:
         return RunBoard(log_dir, config_hash=link.get("config_hash"))
     except (OSError, tf.errors.OpError, TrainerError) as error:
+        # A TensorBoardWriteError speaks of training (stopped, resume, on_save_error):
+        # nothing of that applies to an export, so its cause is what was received.
+        if isinstance(error, TensorBoardWriteError) and error.__cause__ is not None:
+            error = error.__cause__
         raise ExportError(
             f"Cannot write the export's TensorBoard card into {log_dir}: the directory "
             f"cannot be created or written. Name a writable directory, or leave out the "
-            f"TensorBoard option to export without a card. Received {type(error).__name__}: "
-            f"{str(error)[:300]}"
+            f"TensorBoard option to export without a card. Received: {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}"
         ) from None
 
 

@@ -47,7 +47,9 @@ class SummaryWrites:
     @contextlib.contextmanager
     def writing(self, what: str) -> Iterator[None]:
         """Run the block's writes; a failure is raised or logged as the policy says. The
-        block is left at the failing write: what follows it in the block is skipped."""
+        block is left at the failing write: what follows it in the block is skipped.
+        ``what`` names the operation ("creating the log directory", "writing batch
+        scalars"): messages read "TensorBoard log DIR: <what> failed"."""
         try:
             yield
         except (tf.errors.OpError, OSError) as error:
@@ -60,22 +62,22 @@ class SummaryWrites:
         ending = what == "closing the event file" and sys.exc_info()[1] is not None
         if self.on_error == "raise" and not ending:
             raise TensorBoardWriteError(
-                f"Writing TensorBoard {what} to {self.log_dir} failed, so training stopped "
+                f"TensorBoard log {self.log_dir}: {what} failed, so training stopped "
                 f"(checkpoint.policy.on_save_error=raise). Free space or fix the permissions "
                 f"of {self.log_dir} and resume from the latest checkpoint, or set "
                 f"checkpoint.policy.on_save_error=continue to train on without these "
-                f"TensorBoard entries. Received {reason}"
+                f"TensorBoard entries. Received: {reason}"
             ) from error
         key = (what, type(error).__name__)
         if key in self._warned:
             return
         self._warned.add(key)
         log.warning(
-            "Writing TensorBoard %s to %s failed; the run continues without it "
+            "TensorBoard log %s: %s failed; the run continues without these entries "
             "(checkpoint.policy.on_save_error=continue), and further failures of this kind "
-            "are not logged. Received %s",
-            what,
+            "are not logged. Received: %s",
             self.log_dir,
+            what,
             reason,
         )
 
@@ -83,14 +85,14 @@ class SummaryWrites:
         """Log how many writes failed in all (under ``continue``), once, at the end."""
         if self.failures:
             counts = ", ".join(f"{n} x {what}" for what, n in sorted(self.failures.items()))
-            log.warning("TensorBoard writes to %s that failed: %s", self.log_dir, counts)
+            log.warning("TensorBoard log %s: writes that failed in all: %s", self.log_dir, counts)
             self.failures = {}
 
 
 def open_writer(writes: SummaryWrites, log_dir: Path, **options) -> tf.summary.SummaryWriter | None:
     """A summary writer into ``log_dir``, or None when it cannot even be opened (and the
     policy is ``continue``): the caller then writes nothing."""
-    with writes.writing("the event file"):
+    with writes.writing("opening the event file"):
         return tf.summary.create_file_writer(str(log_dir), **options)
     return None
 

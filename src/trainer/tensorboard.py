@@ -119,7 +119,7 @@ class RunBoard:
         self.run_name = run_name or os.path.relpath(self.log_dir, self.run_dir.parent)
         self.config_hash = config_hash
         self.writes = SummaryWrites(self.log_dir, on_write_error)
-        with self.writes.writing("the log directory"):
+        with self.writes.writing("creating the log directory"):
             self.log_dir.mkdir(parents=True, exist_ok=True)
         suffix = f".{uuid.uuid4().hex[:12]}.v2"
         writer = open_writer(self.writes, self.log_dir, filename_suffix=suffix)
@@ -153,7 +153,7 @@ class RunBoard:
         arbitrarily; without, it infers hparams and metrics from every run's session.
         """
         values = flatten_config(dict(flat_config))
-        with self.writes.writing("hparams"), self.writer.as_default(step=0):
+        with self.writes.writing("writing hparams"), self.writer.as_default(step=0):
             hp.hparams(values, start_time_secs=int(time.time()))
             self.writer.flush()
         self.replace_earlier_hparams()
@@ -161,13 +161,13 @@ class RunBoard:
     def replace_earlier_hparams(self) -> int:
         """Keep only the newest hparams session in the log directory (also repairs a crash
         between writing one and replacing the older); returns how many it held."""
-        with self.writes.writing("earlier sessions' hparams"):
+        with self.writes.writing("replacing earlier sessions' hparams"):
             return replace_earlier_hparams(self.log_dir)
         return 0
 
     def write_final_metrics(self, final_metrics: Mapping[str, float], *, step: int) -> None:
         """``final/<metric>`` scalars at ``step``: the HParams tab's metric columns."""
-        with self.writes.writing("final metrics"), self.writer.as_default(step=step):
+        with self.writes.writing("writing final metrics"), self.writer.as_default(step=step):
             for name, value in final_metrics.items():
                 tf.summary.scalar(f"final/{name}", float(value))
             self.writer.flush()
@@ -186,7 +186,7 @@ class RunBoard:
                     fn = serving_function(fn)
                 fn = fn.get_concrete_function()
             graph_def = fn.graph.as_graph_def()
-        with self.writes.writing("the graph"), self.writer.as_default(step=step):
+        with self.writes.writing("writing the graph"), self.writer.as_default(step=step):
             tf.summary.graph(graph_def)
             self.writer.flush()
 
@@ -292,7 +292,7 @@ class RunBoard:
         return saved
 
     def flush(self) -> None:
-        with self.writes.writing("the event file"):
+        with self.writes.writing("flushing the event file"):
             self.writer.flush()
 
     def close(self) -> None:
