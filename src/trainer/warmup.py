@@ -56,7 +56,7 @@ def write_warmup(version_dir: Path, examples: Any, inputs: Mapping[str, Mapping[
         )
     arrays = {name: _as_array(value, inputs[name]["dtype"]) for name, value in examples.items()}
     count = min(len(a) for a in arrays.values())
-    check_warmup_limit(count, "warmup examples")
+    check_warmup_limit(count, "warmup=... (one request per example)")
     path = version_dir / EXTRA_DIR / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
