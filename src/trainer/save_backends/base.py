@@ -9,10 +9,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime as _dt
-import errno
 import inspect
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,7 +28,7 @@ from trainer.errors import (
     SaveError,
     TrainerError,
 )
-from trainer.save_backends import config_state, readiness, vocabularies
+from trainer.save_backends import config_state, readiness, targets, vocabularies
 from trainer.serializables import register_serializables
 from trainer.state import TrainingState
 from trainer.version import __version__
@@ -102,7 +100,7 @@ class SaveBackend(abc.ABC):
         checkpoint's metadata. The checkpoint appears at ``path`` complete or not at all.
         """
         path = self.checkpoint_path(path)
-        check_replaceable(path, type(self))
+        targets.check_replaceable(path, type(self))
         self.check_savable(model)
         state = state if state is not None else TrainingState()
         meta = self.build_metadata(model, state, metadata or {})
@@ -153,7 +151,7 @@ class SaveBackend(abc.ABC):
         ``TrainerError`` (damaged data becomes ``CorruptCheckpointError``).
         """
         path = Path(path)
-        check_exists(path)
+        targets.check_exists(path)
         if is_temporary(path) or not type(self).can_load(path):
             raise self._not_ours(path)
         register_serializables()  # the classes it may name, before anything is rebuilt
@@ -315,11 +313,11 @@ class SaveBackend(abc.ABC):
         file), or nothing trainer knows."""
         if is_temporary(path):
             actual = "it is the temporary of a save in progress or of a crashed one"
-        elif _format_detector is None:
+        elif targets.format_detector() is None:
             actual = "no backend registry was imported to tell what it is"
         else:
             try:
-                actual = f"it is a {_format_detector(path).name!r} checkpoint"
+                actual = f"it is a {targets.format_detector()(path).name!r} checkpoint"
             except CorruptCheckpointError as error:
                 return error
             except TrainerError as error:
@@ -351,8 +349,6 @@ class SaveBackend(abc.ABC):
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
         """Rebuild the model and state from a complete checkpoint at ``path``."""
 
-
-_format_detector: Callable[[Path], type[SaveBackend]] | None = None
 
 # What reading damaged or inconsistent stored data raises inside Keras, TensorFlow, h5py,
 # protobuf and json: turned into CorruptCheckpointError at the load boundary. Anything
@@ -387,61 +383,6 @@ def _is_default(value: Any, default: Any) -> bool:
 def class_path(cls: type) -> str:
     """``"module:Qualified.Name"``: how ``register_backend`` and entry points name a class."""
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def set_format_detector(detector: Callable[[Path], type[SaveBackend]]) -> None:
-    """Called by the registry, which sits above this module: a backend asked to load
-    another backend's checkpoint names the right one without importing the registry."""
-    global _format_detector
-    _format_detector = detector
-
-
-def check_replaceable(path: Path, backend: type[SaveBackend]) -> None:
-    """Refuse to save over anything but one of our checkpoints (or an empty directory).
-
-    A save replaces its target atomically, so an existing directory or file at ``path``
-    would be deleted with everything in it: only a checkpoint trainer wrote (intact or
-    damaged) may be replaced, never a user's data.
-    """
-    if not os.path.lexists(path):
-        return
-    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-        return
-    if not is_temporary(path) and backend.can_load(path):
-        return
-    if _format_detector is not None:
-        try:
-            _format_detector(path)
-            return  # another backend's checkpoint: ours to replace
-        except CorruptCheckpointError:
-            return  # one of ours, damaged (its manifest told)
-        except TrainerError:
-            pass
-    kind = "directory" if path.is_dir() else "file"
-    raise SaveError(
-        f"{path} already exists and is a {kind} that is not a trainer checkpoint; saving "
-        f"there would replace it and everything in it. Save to a new path, or move it away "
-        f"yourself if it is really unwanted. Received: {str(path)!r}"
-    )
-
-
-def check_exists(path: Path) -> None:
-    """``NotACheckpointError`` for a missing path, saying so when a symlink loop hides it."""
-    try:
-        os.stat(path)
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            problem = "its symbolic links form a loop"
-        elif error.errno == errno.ENOTDIR:
-            problem = "a file stands where a directory is expected in the path"
-        elif error.errno == errno.ENOENT:
-            problem = "the path does not exist"
-        else:
-            problem = f"it cannot be accessed ({error.strerror})"
-        raise NotACheckpointError(
-            f"No checkpoint at {path}: {problem}. Check the path, or list a run's "
-            f"checkpoints with `python -m trainer runs`. Received: {str(path)!r}"
-        ) from None
 
 
 STATE_KEYS = ("epoch", "step_in_epoch", "global_step")

@@ -28,13 +28,8 @@ from trainer.errors import (
 )
 from trainer.locks import read_lease
 from trainer.save_backends import hints
-from trainer.save_backends.base import (
-    Checkpoint,
-    SaveBackend,
-    check_exists,
-    class_path,
-    set_format_detector,
-)
+from trainer.save_backends.base import Checkpoint, SaveBackend, class_path
+from trainer.save_backends.targets import check_exists, set_format_detector
 
 _BUILTIN = {
     "savedmodel": "trainer.save_backends.savedmodel:SavedModelBackend",
