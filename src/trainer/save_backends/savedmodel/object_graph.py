@@ -23,6 +23,7 @@ from trainer.save_backends.savedmodel import (
     input_signature,
     python_gradients,
     records,
+    rnn_states,
     state_variables,
     structure,
     tracing,
@@ -289,6 +290,7 @@ def _trace_node(
         record["training_traced"] = False  # its training behaviour is not in this save
     if python_gradient:
         record[python_gradients.RECORD_KEY] = True
+    rnn_states.record(layer, plan.state[li], record)  # which node state_variables they are
     # After the record: this mutes its regularizer. A layer overriding __call__ is not
     # dispatched: its traced function holds its __call__ Python, which the parent's call
     # runs too before reaching ``call`` (the override would be applied twice).

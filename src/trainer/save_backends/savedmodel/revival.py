@@ -39,7 +39,13 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.save_backends.rebuild import rebuild_error
-from trainer.save_backends.savedmodel import constraints, graph_revival, layout, standins
+from trainer.save_backends.savedmodel import (
+    constraints,
+    graph_revival,
+    layout,
+    rnn_states,
+    standins,
+)
 from trainer.save_backends.savedmodel.records import is_graph_config
 from trainer.save_backends.savedmodel.stored_variables import Stored
 
@@ -172,6 +178,7 @@ class Reviver:
                 layer = self.deserialize(cfg, extra)
                 self._build(layer, record)
                 if self.bind(layer, record, strict=False):
+                    self._bind_states(layer, record)
                     self._load_vocabulary(layer, record)
                     self._adopt_children(layer, record)
                     self.how[record["name"]] = "config"
@@ -360,6 +367,11 @@ class Reviver:
                 self._require_functions(record, "shares a variable with another layer")
         return True
 
+    def _bind_states(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
+        """A stateful RNN rebuilt from its class keeps the loaded states that the traced
+        functions of its revived parents use (``rnn_states``), not states of its own."""
+        rnn_states.bind(layer, record, self.nodes[record["id"]], self.where)
+
     def assign_stored(self, read: Any) -> None:
         """Give every variable bound to a stored (not loaded) entry its stored value
         (``read(storage entry)`` returns the array)."""
@@ -378,6 +390,7 @@ class Reviver:
             if child["id"] in self.layers or type(kid).__name__ != child_record["class_name"]:
                 continue
             self.layers[child["id"]] = kid
+            self._bind_states(kid, child_record)
             self._adopt_children(kid, child_record)
 
 

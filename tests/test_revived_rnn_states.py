@@ -1,0 +1,129 @@
+"""A stateful LSTM rebuilt from its class under a parent revived from traced functions
+(savedmodel): the parent's functions read and update the loaded state variables, and the
+LSTM's ``states`` must be those very variables. They were states of its own, at zero: the
+outputs matched, but reading, assigning or resetting the states (and so training after a
+reset) acted on variables nothing used."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from tests.savedmodel_zoo import classes_hidden
+from trainer.save_backends import get_backend, layerstate
+
+PKG = "test_revived_rnn_states"
+X = np.random.default_rng(0).random((2, 3, 5)).astype("float32")
+Y = np.random.default_rng(1).random((2, 2)).astype("float32")
+
+
+@keras.saving.register_keras_serializable(PKG)
+class StatefulNet(keras.Model):
+    """No build() of its own: a load cannot rebuild it (its symbolic build cannot create
+    the LSTM's states) and revives it from its traced functions."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lstm = keras.layers.LSTM(4, stateful=True)
+        self.head = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.head(self.lstm(x))
+
+
+@keras.saving.register_keras_serializable(PKG)
+class Recurrent(keras.layers.Layer):
+    """A user layer wrapping a stateful LSTM."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lstm = keras.layers.LSTM(4, stateful=True)
+
+    def build(self, input_shape):
+        self.lstm.build(input_shape)
+
+    def call(self, x):
+        return self.lstm(x)
+
+
+def _subclassed():
+    model = StatefulNet()
+    model(X)
+    model.build(X.shape)  # records a build config, as the user would to save it
+    return model
+
+
+def _functional_with_user_layer():
+    inputs = keras.Input(batch_shape=X.shape)
+    return keras.Model(inputs, keras.layers.Dense(2)(Recurrent()(inputs)))
+
+
+def _sequential():
+    layers = [keras.Input(batch_shape=X.shape), keras.layers.LSTM(4, stateful=True)]
+    return keras.Sequential([*layers, keras.layers.Dense(2)])
+
+
+CASES = {
+    "subclassed, class importable": (_subclassed, []),
+    "subclassed, class missing": (_subclassed, ["StatefulNet"]),
+    "functional, user layer missing": (_functional_with_user_layer, ["Recurrent"]),
+    "sequential, Keras's own LSTM": (_sequential, []),
+}
+
+
+def _lstm(model):
+    layers = layerstate.stateful_layers(model)
+    (found,) = [layer for layer in layers if layerstate.rnn_states(layer)]
+    return found
+
+
+def _states(model):
+    return [v.numpy() for v in layerstate.rnn_states(_lstm(model))]
+
+
+def _assert_alike(original, loaded, what):
+    for name, (a, b) in {
+        "states": (_states(original), _states(loaded)),
+        "outputs": ([original(X).numpy()], [loaded(X).numpy()]),  # updates the states
+        "states after the call": (_states(original), _states(loaded)),
+    }.items():
+        for left, right in zip(a, b, strict=True):
+            np.testing.assert_allclose(right, left, atol=1e-5, err_msg=f"{name} {what}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loaded_stateful_lstm_states_are_the_ones_its_model_uses(case, tmp_path):
+    make, hidden = CASES[case]
+    keras.utils.set_random_seed(3)
+    model = make()
+    model(X)
+    model(X)  # states far from zero
+    backend = get_backend("savedmodel")
+    path = backend.save(model, tmp_path / "ckpt")
+    with classes_hidden(hidden, PKG):
+        loaded = backend.load(path).model
+        assert np.abs(_states(loaded)[0]).max() > 0.01  # the saved states, not zeros
+        _assert_alike(model, loaded, "once loaded")
+        _assert_alike(model, loaded, "on the next call")
+
+        for each in (model, loaded):
+            _lstm(each).reset_states()
+        assert not any(np.abs(s).max() for s in _states(loaded))
+        _assert_alike(model, loaded, "after reset_states()")
+
+        for each in (model, loaded):
+            for variable in layerstate.rnn_states(_lstm(each)):
+                variable.assign(np.full(variable.shape, 0.3, "float32"))
+        _assert_alike(model, loaded, "after assigning the states")
+
+        for each in (model, loaded):
+            _lstm(each).reset_state()
+            each.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            each.train_on_batch(X, Y)
+        _assert_alike(model, loaded, "after a training step")
+        for before, after in zip(model.weights, loaded.weights, strict=True):
+            np.testing.assert_allclose(after.numpy(), before.numpy(), atol=1e-5)
+
+        again = backend.load(backend.save(loaded, tmp_path / "again")).model
+        _assert_alike(loaded, again, "saved again and loaded")
