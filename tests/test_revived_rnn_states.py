@@ -2,7 +2,9 @@
 (savedmodel): the parent's functions read and update the loaded state variables, and the
 LSTM's ``states`` must be those very variables. They were states of its own, at zero: the
 outputs matched, but reading, assigning or resetting the states (and so training after a
-reset) acted on variables nothing used."""
+reset) acted on variables nothing used. A user RNN class missing at load comes back from its
+own traces: its stand-in had no states and no reset_state() at all (code resetting the
+stateful layers it finds skipped it)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ class Recurrent(keras.layers.Layer):
         return self.lstm(x)
 
 
+@keras.saving.register_keras_serializable(PKG)
+class UserLSTM(keras.layers.LSTM):
+    """A user RNN class: missing at load, it is revived from its own traced functions."""
+
+
 def _subclassed():
     model = StatefulNet()
     model(X)
@@ -59,6 +66,11 @@ def _functional_with_user_layer():
     return keras.Model(inputs, keras.layers.Dense(2)(Recurrent()(inputs)))
 
 
+def _functional_with_user_rnn():
+    inputs = keras.Input(batch_shape=X.shape)
+    return keras.Model(inputs, keras.layers.Dense(2)(UserLSTM(4, stateful=True)(inputs)))
+
+
 def _sequential():
     layers = [keras.Input(batch_shape=X.shape), keras.layers.LSTM(4, stateful=True)]
     return keras.Sequential([*layers, keras.layers.Dense(2)])
@@ -68,6 +80,7 @@ CASES = {
     "subclassed, class importable": (_subclassed, []),
     "subclassed, class missing": (_subclassed, ["StatefulNet"]),
     "functional, user layer missing": (_functional_with_user_layer, ["Recurrent"]),
+    "functional, user RNN class missing": (_functional_with_user_rnn, ["UserLSTM"]),
     "sequential, Keras's own LSTM": (_sequential, []),
 }
 

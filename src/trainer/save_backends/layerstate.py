@@ -179,8 +179,10 @@ def rnn_states(layer: keras.layers.Layer) -> list[keras.Variable]:
     """The state variables of a stateful RNN (``LSTM(stateful=True)``, ``ConvLSTM2D``...):
     what it carries from one batch to the next. Keras keeps them out of ``variables`` and
     ``save_own_variables`` (its ``.keras`` files reload them as zeros), so a checkpoint
-    would silently restart every sequence; trainer stores them with the layer's state."""
-    if not (isinstance(layer, keras.layers.RNN) and layer.stateful):
+    would silently restart every sequence; trainer stores them with the layer's state.
+    A stand-in revived from a stateful RNN's traces (its class missing) has them too."""
+    revived = getattr(layer, "_trainer_revived_from", None) and hasattr(layer, "reset_state")
+    if not (isinstance(layer, keras.layers.RNN) or revived) or not getattr(layer, "stateful", 0):
         return []
     return [v for v in keras.tree.flatten(layer.states or []) if isinstance(v, keras.Variable)]
 

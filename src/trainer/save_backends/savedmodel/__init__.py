@@ -16,6 +16,7 @@ Modules, in the order a save and a load go through them:
 - ``layout``: the files of the directory and its metadata file;
 - ``revival``: from a loaded SavedModel and its records back to a Keras model;
 - ``standins``: layers that stand in for a class that is missing at load time.
+- ``rnn_states``: a stateful RNN's states shared with the traced functions that use them.
 """
 
 from trainer.save_backends.savedmodel.backend import SavedModelBackend

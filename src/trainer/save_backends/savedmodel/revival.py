@@ -299,6 +299,7 @@ class Reviver:
         own = [self._keras_variable(i) for i in own_ids]
         dtype = _policy(record["dtype_policy"])
         layer = standins.make_revived(record, node, children, own, dtype)
+        rnn_states.expose(layer, record, node, self.where)
         for index, variable in zip(own_ids, own, strict=True):
             # Created as their kind (so that a frozen layer's weights are trainable again
             # once it is unfrozen: Keras flips only those it created trainable), then given

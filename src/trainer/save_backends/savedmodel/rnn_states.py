@@ -11,6 +11,11 @@ own: the parent's functions would go on with the loaded ones, and the RNN's ``st
 and computes the same, then silently behaves differently once its states are read, reset or
 set). So the rebuilt RNN's states are pointed at the loaded variables, as its weights are.
 
+A stateful RNN whose own class is missing is revived from its traced functions: its
+stand-in (``standins.RevivedStatefulRNN``) is given as ``states`` Keras variables over the
+same loaded variables, and ``reset_state()``, so code resetting or reading the states of
+its stateful layers finds them (``layerstate.rnn_states`` too, so a save keeps them).
+
 The save records which entries of the node's ``state_variables`` are the RNN's states, in
 the RNN's order (``rnn_states`` in the layer's record); a checkpoint written before that was
 recorded is matched when the node holds exactly the RNN's states.
@@ -26,6 +31,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer.errors import CorruptCheckpointError
 from trainer.save_backends import layerstate
+from trainer.save_backends.savedmodel import standins
 from trainer.save_backends.savedmodel.tracing import variable_storage
 
 RECORD_KEY = "rnn_states"
@@ -69,6 +75,27 @@ def bind(layer: keras.layers.Layer, saved: dict[str, Any], node: Any, where: str
         )
     for variable, position in zip(states, positions, strict=True):
         keras_compat.set_variable_storage(variable, loaded[position])
+
+
+def expose(layer: keras.layers.Layer, saved: dict[str, Any], node: Any, where: str) -> None:
+    """Give a stand-in revived from a stateful RNN's traced functions its ``states``: the
+    loaded variables those functions read and update (``standins.RevivedStatefulRNN``)."""
+    positions = saved.get(RECORD_KEY)
+    if not positions or not hasattr(type(layer), "reset_state"):
+        return
+    loaded = list(getattr(node, "state_variables", None) or [])
+    if not isinstance(positions, list) or not all(
+        type(p) is int and 0 <= p < len(loaded) for p in positions
+    ):
+        raise CorruptCheckpointError(
+            f"{where}: the saved states of stateful RNN layer {layer.name!r} cannot be "
+            f"found among the {len(loaded)} state variables of its node. The checkpoint is "
+            f"damaged; load an older checkpoint. Received: {RECORD_KEY}={positions!r:.200}"
+        )
+    states = [
+        standins.wrap_variable(loaded[p], name="rnn_state", trainable=False) for p in positions
+    ]
+    object.__setattr__(layer, "states", states)  # untracked, as Keras keeps an RNN's states
 
 
 def _fits(variable: keras.Variable, storage: Any) -> bool:

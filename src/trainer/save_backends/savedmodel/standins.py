@@ -299,6 +299,23 @@ class RevivedModel(_RevivedMixin, keras.Model):
     """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
 
 
+class RevivedStatefulRNN(RevivedLayer):
+    """Stand-in for a stateful RNN (a ``keras.layers.RNN`` subclass) whose class is
+    unknown at load time: its ``states`` are the loaded variables its traced functions
+    read and update (set by ``rnn_states.expose``), so reading, assigning and resetting
+    them act on what it computes with, as on the original."""
+
+    stateful = True
+    states: list[keras.Variable]
+
+    def reset_state(self) -> None:
+        for variable in self.states:
+            variable.assign(keras.ops.zeros_like(variable.value))
+
+    def reset_states(self) -> None:  # Keras' compatibility alias
+        self.reset_state()
+
+
 _KINDS = {
     kind.name: kind
     for kind in (
@@ -386,6 +403,8 @@ def make_revived(
 ) -> keras.layers.Layer:
     # Any model (also a Functional subclass revived from its traces) stands in as a model.
     base = RevivedModel if record["model_kind"] else RevivedLayer
+    if base is RevivedLayer and record.get("rnn_states"):
+        base = RevivedStatefulRNN
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
     layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
