@@ -36,17 +36,22 @@ class StatefulNet(keras.Model):
 
 @keras.saving.register_keras_serializable(PKG)
 class Recurrent(keras.layers.Layer):
-    """A user layer wrapping a stateful LSTM."""
+    """A user layer wrapping a stateful LSTM (in a Bidirectional wrapper if asked)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, bidirectional=False, **kwargs):
         super().__init__(**kwargs)
-        self.lstm = keras.layers.LSTM(4, stateful=True)
+        self.bidirectional = bidirectional
+        lstm = keras.layers.LSTM(4, stateful=True)
+        self.lstm = keras.layers.Bidirectional(lstm) if bidirectional else lstm
 
     def build(self, input_shape):
         self.lstm.build(input_shape)
 
     def call(self, x):
         return self.lstm(x)
+
+    def get_config(self):
+        return {**super().get_config(), "bidirectional": self.bidirectional}
 
 
 @keras.saving.register_keras_serializable(PKG)
@@ -61,9 +66,10 @@ def _subclassed():
     return model
 
 
-def _functional_with_user_layer():
+def _functional_with_user_layer(bidirectional=False):
     inputs = keras.Input(batch_shape=X.shape)
-    return keras.Model(inputs, keras.layers.Dense(2)(Recurrent()(inputs)))
+    outputs = Recurrent(bidirectional=bidirectional)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(2)(outputs))
 
 
 def _functional_with_user_rnn():
@@ -80,19 +86,23 @@ CASES = {
     "subclassed, class importable": (_subclassed, []),
     "subclassed, class missing": (_subclassed, ["StatefulNet"]),
     "functional, user layer missing": (_functional_with_user_layer, ["Recurrent"]),
+    "functional, user layer with a Bidirectional LSTM missing": (
+        lambda: _functional_with_user_layer(bidirectional=True),
+        ["Recurrent"],
+    ),
     "functional, user RNN class missing": (_functional_with_user_rnn, ["UserLSTM"]),
     "sequential, Keras's own LSTM": (_sequential, []),
 }
 
 
-def _lstm(model):
-    layers = layerstate.stateful_layers(model)
-    (found,) = [layer for layer in layers if layerstate.rnn_states(layer)]
+def _rnns(model):
+    found = [layer for layer in layerstate.stateful_layers(model) if layerstate.rnn_states(layer)]
+    assert found, f"{model.name}: no stateful RNN with states"
     return found
 
 
 def _states(model):
-    return [v.numpy() for v in layerstate.rnn_states(_lstm(model))]
+    return [v.numpy() for layer in _rnns(model) for v in layerstate.rnn_states(layer)]
 
 
 def _assert_alike(original, loaded, what):
@@ -121,17 +131,19 @@ def test_loaded_stateful_lstm_states_are_the_ones_its_model_uses(case, tmp_path)
         _assert_alike(model, loaded, "on the next call")
 
         for each in (model, loaded):
-            _lstm(each).reset_states()
+            for layer in _rnns(each):
+                layer.reset_states()
         assert not any(np.abs(s).max() for s in _states(loaded))
         _assert_alike(model, loaded, "after reset_states()")
 
         for each in (model, loaded):
-            for variable in layerstate.rnn_states(_lstm(each)):
+            for variable in (v for layer in _rnns(each) for v in layerstate.rnn_states(layer)):
                 variable.assign(np.full(variable.shape, 0.3, "float32"))
         _assert_alike(model, loaded, "after assigning the states")
 
         for each in (model, loaded):
-            _lstm(each).reset_state()
+            for layer in _rnns(each):
+                layer.reset_state()
             each.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
             each.train_on_batch(X, Y)
         _assert_alike(model, loaded, "after a training step")

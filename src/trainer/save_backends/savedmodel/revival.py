@@ -381,16 +381,20 @@ class Reviver:
                 variable.assign(read(self.storage[index]))
 
     def _adopt_children(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
-        """Children rebuilt by the parent's config count as revived (shared identity)."""
+        """Children rebuilt by the parent's config count as revived (shared identity).
+        Their stateful RNNs keep the loaded states even when a record was revived apart
+        first (the substituted config is prepared before the plain one is tried)."""
         kids = keras_compat.tracked_sublayers(layer)
         saved = record["sublayers"]
         if len(kids) != len(saved):
             return
         for kid, child in zip(kids, saved, strict=True):
             child_record = self.records[child["id"]]
-            if child["id"] in self.layers or type(kid).__name__ != child_record["class_name"]:
+            if type(kid).__name__ != child_record["class_name"]:
                 continue
-            self.layers[child["id"]] = kid
+            if self.layers.get(child["id"]) is kid:
+                continue  # revived as it is: its subtree was handled then
+            self.layers.setdefault(child["id"], kid)
             self._bind_states(kid, child_record)
             self._adopt_children(kid, child_record)
 
