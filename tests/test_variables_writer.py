@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel import trace_cache, variables_writer
+
+
+@pytest.fixture(autouse=True, params=["SaveV2", "tensor_bundle"])
+def _writer(request, monkeypatch):
+    """Every test with both writers of a repeat save: TensorFlow's ``SaveV2`` (these small
+    models) and trainer's own bundle writer (from ``OWN_WRITER_FROM`` bytes, made 0 here)."""
+    if request.param == "tensor_bundle":
+        monkeypatch.setattr(variables_writer, "OWN_WRITER_FROM", 0)
+    return request.param
 
 
 def _trained_model() -> keras.Model:
