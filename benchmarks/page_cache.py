@@ -6,9 +6,11 @@ writer both end in) and with a plain Python ``write``, each two ways: into pages
 system must newly allocate ("fresh": no file was deleted before, as for a first save in
 a process that never deleted one), and into pages just freed by deleting a file of the
 same size ("reused": as a repeat save after retention deleted the oldest checkpoint).
-No fsync: the copy into the page cache alone. On a virtual machine the fresh case can
-include the hypervisor backing guest memory touched for the first time. Issue 17's
-first-save figures include this cost, for trainer and tf_keras alike.
+No fsync: the copy into the page cache alone (for ``O_DIRECT``, trainer's
+``direct_io.StreamedFile`` as its bundle writer uses it, the write to the device, hashed).
+On a virtual machine the fresh case can include the hypervisor backing guest memory touched
+for the first time. Issue 17's first-save figures include this cost, for tf_keras and, before
+trainer wrote large bundles itself, for trainer.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+
+from trainer import direct_io
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +49,22 @@ def main(argv: list[str] | None = None) -> int:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         prefix.write_bytes(blob)
 
+    def direct_write(prefix: Path) -> None:  # what trainer's own bundle writer uses
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        streamed = direct_io.StreamedFile(prefix)
+        streamed.write(blob)
+        streamed.close()
+
     root = Path(tempfile.mkdtemp(prefix="trainer-pagecache-"))
     times: dict[str, list[float]] = {}
     try:
         for index in range(args.rounds):
-            for writer, label in ((save_v2, "SaveV2"), (python_write, "python write")):
+            writers = (
+                (save_v2, "SaveV2"),
+                (python_write, "python write"),
+                (direct_write, "O_DIRECT StreamedFile" if direct_io.direct_wanted() else "no"),
+            )
+            for writer, label in writers:
                 for mode in ("fresh", "reused"):
                     if mode == "reused":  # free as many pages just before the write
                         scratch = root / f"scratch_{index}" / "data"
