@@ -12,10 +12,10 @@ from conftest import config_options, list_checkpoints
 from omegaconf import OmegaConf
 
 from trainer import train
+from trainer.building import build_model, build_optimizer
 from trainer.data import DataSplits, epoch_dataset, epoch_order
 from trainer.errors import ConfigError
 from trainer.save_backends import SaveBackend, load_checkpoint
-from trainer.training import build_model, build_optimizer
 
 
 @pytest.mark.parametrize("option", config_options("model"))
