@@ -310,8 +310,9 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
     if payload.get("quick"):
         out.append("- **--quick run**: tiny model, one repeat, no warm-up: a smoke test only.")
     targets, async_lines = target_rows(by_size, training)
-    out += ["", "## Targets (issue 7)", "", "| target | size | ours s | anchor s | ratio | limit "
-            "| verdict |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out += ["", "## Targets (issues 7 and 17)", "",
+            "| target | size | ours s | anchor s | ratio | limit | verdict |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
     for title, size, row, anchor, value, limit, verdict in targets:
         ours = fmt(row.median) if row else "—"
         base = fmt(anchor.median) if anchor else "—"

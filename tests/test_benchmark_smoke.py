@@ -81,7 +81,7 @@ def test_quick_benchmark_reports_numbers_for_every_row(tmp_path):
         if row["status"] == "ok" and row["unit"] == "s":
             line = next(x for x in report.splitlines() if x.startswith(f"| {row['label']} |"))
             assert f"| {row['median']:.3f} |" in line, (key, line)
-    assert "## Targets (issue 7)" in report
+    assert "## Targets (issues 7 and 17)" in report
     assert payload["command"].startswith("python -m benchmarks.run")
 
 
