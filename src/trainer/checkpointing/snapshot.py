@@ -38,6 +38,7 @@ from trainer.checkpointing.shadow import all_variables
 from trainer.errors import SaveError
 from trainer.save_backends import config_state, layerstate, trainable
 from trainer.save_backends.savedmodel.tracing import tf_variable
+from trainer.save_backends.savedmodel.variables_writer import total_bytes
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,7 @@ class VariableCopier:
         self._variables = all_variables(model), all_variables(shadow)
         self._sources = [tf_variable(v) for v in self._variables[0]]
         targets = [tf_variable(v) for v in self._variables[1]]
-        nbytes = sum(v.shape.num_elements() * v.dtype.size for v in self._sources)
-        self.by_reference = nbytes <= BY_REFERENCE_BYTES
+        self.by_reference = total_bytes(self._sources) <= BY_REFERENCE_BYTES
 
         @tf.function(autograph=False)
         def put(values):

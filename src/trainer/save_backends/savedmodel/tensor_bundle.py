@@ -75,7 +75,7 @@ SUPPORTED = frozenset(
 
 
 @dataclass(frozen=True)
-class Written:
+class BundleFiles:
     """What ``write_bundle`` wrote: the data file's size and SHA-256, and the index bytes
     (small; the caller hashes them for the manifest and the SavedModel fingerprint)."""
 
@@ -91,7 +91,7 @@ def masked(crc: int) -> int:
 
 def write_bundle(
     prefix: str, entries: Iterable[tuple[str, tf.DType, Callable[[], np.ndarray]]]
-) -> Written:
+) -> BundleFiles:
     """Write the bundle of ``entries`` (key, dtype, a function giving the value as NumPy,
     called once, in key order, so at most one value is held at a time) at ``prefix``."""
     header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1)
@@ -120,7 +120,7 @@ def write_bundle(
     index = table(rows)
     with open(prefix + INDEX_SUFFIX, "wb") as handle:
         handle.write(index)
-    return Written(data_size, digest, index)
+    return BundleFiles(data_size, digest, index)
 
 
 def _append(out: direct_io.StreamedFile, dtype: tf.DType, value: np.ndarray) -> tuple[int, int]:

@@ -103,7 +103,7 @@ def start(plan: Any, directory: Path) -> VariablesWrite | None:
         *holder.optimizer_variables,
         *(v for extra in plan.state for v in extra),
     ]
-    if sum(v.shape.num_elements() * v.dtype.size for v in variables) < WORTH_FROM:
+    if variables_writer.total_bytes(variables) < WORTH_FROM:
         return None
     return VariablesWrite(holder, directory, variables).start()
 
