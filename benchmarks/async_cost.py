@@ -39,7 +39,6 @@ import keras
 from benchmarks.overhead import FULL, QUICK, SAVEDMODEL, compose
 
 WRITERS = ("real", "sleep", "burn", "hash", "files")
-LINKED = "saved_model.pb"  # the file trainer hard-links from the checkpoint before
 
 
 class EpochStarts(keras.callbacks.Callback):
@@ -92,9 +91,6 @@ def files_floor(real_write):
         for relative, data in template.items():
             target = tmp / relative
             os.makedirs(target.parent, exist_ok=True)
-            if relative == LINKED:
-                os.link(written[-1] / relative, target)
-                continue
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, data)

@@ -9,12 +9,12 @@ import collections
 from pathlib import Path
 
 import keras
-import numpy as np
 import pytest
 
 from trainer import train
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import ConfigError, CorruptCheckpointError
+from trainer.save_backends import load_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -92,35 +92,77 @@ def test_manager_arguments_of_the_wrong_type_are_refused(tmp_path):
         manager.save(model, state=collections.OrderedDict(global_step=1))
 
 
-@pytest.mark.parametrize("backend", ["h5", "savedmodel", "weights"])
-def test_resume_refuses_a_directory_holding_a_damaged_checkpoint(compose_cfg, backend):
-    """Skipped as "not complete", the damaged newest checkpoint was trained over from an
-    older one and replaced; with every checkpoint damaged, resume=auto started afresh and
-    replaced them all. A crash leaves only hidden temporaries: this is damage."""
+def _checkpoints(cfg) -> list[Path]:
+    return sorted(p for p in (Path(cfg.run_dir) / "checkpoints").iterdir() if "step-" in p.name)
+
+
+def _target(backend: str, checkpoint: Path, how: str) -> Path:
+    """The file ``_damage`` damages: the variable values or the metadata."""
+    if backend == "h5":
+        return checkpoint
+    if how == "values":
+        if backend == "weights":
+            return checkpoint / "model.weights.h5"
+        return checkpoint / "variables" / "variables.data-00000-of-00001"
+    if backend == "weights":
+        return checkpoint / "trainer.json"
+    return checkpoint / "assets.extra" / "trainer_metadata.json"
+
+
+def _damage(backend: str, checkpoint: Path, how: str) -> bytes:
+    """Damage ``checkpoint``: one byte of its variable values flipped behind the manifest's
+    back ("values"), or its metadata garbled ("metadata"); returns the damaged content."""
+    target = _target(backend, checkpoint, how)
+    data = bytearray(target.read_bytes())
+    if how == "values":
+        data[len(data) * 2 // 3] ^= 0xFF
+    elif backend == "h5":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray(b"{garbled")
+    target.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("backend", "how"),
+    [("h5", "values"), ("weights", "values"), ("savedmodel", "values"), ("weights", "metadata")],
+)
+def test_resume_skips_a_damaged_newest_checkpoint_and_keeps_it(compose_cfg, backend, how, caplog):
+    """Issue 36: resume=auto after the newest checkpoint was damaged continues from the one
+    before, with a warning naming the damaged one and why. The damaged checkpoint is moved
+    aside whole (abandoned-1/), never deleted or trained over. Before, damaged values were
+    loaded silently (h5, weights) and damaged metadata refused the whole resume."""
     cfg = compose_cfg(f"save={backend}", "trainer.epochs=2")
     train(cfg)
-    checkpoints = sorted(
-        p
-        for p in (__import__("pathlib").Path(cfg.run_dir) / "checkpoints").iterdir()
-        if p.name.startswith("step-")
-    )
-    newest = checkpoints[-1]
-    metadata = {
-        "h5": newest,
-        "savedmodel": newest / "assets.extra" / "trainer_metadata.json",
-        "weights": newest / "trainer.json",
-    }[backend]
-    if backend == "h5":
-        data = metadata.read_bytes()
-        metadata.write_bytes(data[: len(data) // 2])
-    else:
-        metadata.write_text("{garbled")
-    damaged = metadata.read_bytes()
+    newest = _checkpoints(cfg)[-1]
+    content = _damage(backend, newest, how)
+    again = compose_cfg(f"save={backend}", "trainer.epochs=4", "resume=auto")
+    with caplog.at_level("WARNING"):
+        train(again)
+    assert f"Skipping damaged checkpoint {newest}" in caplog.text
+    kept = Path(cfg.run_dir) / "checkpoints" / "abandoned-1" / newest.name
+    assert _target(backend, kept, how).read_bytes() == content
+    # From step 3 on: step 6 written again (whole), then 9 and 12; retention keeps 3.
+    names = [p.name.removesuffix(".h5") for p in _checkpoints(cfg)]
+    assert names == ["step-00000006", "step-00000009", "step-00000012"]
+    assert load_checkpoint(Path(cfg.run_dir) / "checkpoints" / newest.name).state.global_step == 6
+
+
+@pytest.mark.parametrize("backend", ["h5", "savedmodel"])
+def test_resume_refuses_when_every_checkpoint_is_damaged(compose_cfg, backend):
+    """With every checkpoint damaged there is nothing to resume from; resume=auto must not
+    start afresh over them (it replaced them all once)."""
+    cfg = compose_cfg(f"save={backend}", "trainer.epochs=2")
+    train(cfg)
+    checkpoints = _checkpoints(cfg)
+    damage = list(zip(checkpoints, ["values", "metadata"] * len(checkpoints), strict=False))
+    contents = [_damage(backend, checkpoint, how) for checkpoint, how in damage]
     for resume in ("latest", "auto"):
         again = compose_cfg(f"save={backend}", "trainer.epochs=4", f"resume={resume}")
-        with pytest.raises(CorruptCheckpointError, match="is a damaged checkpoint"):
+        with pytest.raises(CorruptCheckpointError, match=r"Every checkpoint in .* is damaged"):
             train(again)
-    assert metadata.read_bytes() == damaged and np.all([p.exists() for p in checkpoints])
+    assert [_target(backend, c, how).read_bytes() for c, how in damage] == contents
 
 
 def test_checkpoint_track_must_name_its_callbacks(tmp_path):

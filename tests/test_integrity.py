@@ -14,7 +14,7 @@ from fault_corpus import BACKENDS, build_model, copy_checkpoint, data_file, flip
 
 from trainer import integrity
 from trainer.cli import main as cli_main
-from trainer.errors import CorruptCheckpointError
+from trainer.errors import CorruptCheckpointError, IntegrityError
 from trainer.save_backends import backend_class, load_checkpoint
 
 
@@ -61,11 +61,13 @@ def test_verify_command_reports_ok_then_the_first_bad_file(saved, tmp_path, caps
     assert out.startswith("OK ") and "match their manifest" in out and "loads" in out
     bad = data_file(backend, path)
     flip_bytes(bad, 0.6)  # same size: only the digest can tell
+    with pytest.raises(IntegrityError, match=f"{bad.name}.*SHA-256"):  # every load checks
+        load_checkpoint(path)
     if backend == "savedmodel":  # TensorFlow's own CRC of the variables catches it too
         with pytest.raises(CorruptCheckpointError, match="Checksum does not match"):
-            load_checkpoint(path)
-    else:  # a plain load checks sizes only (by design: digests with verify=True)
-        load_checkpoint(path)
+            load_checkpoint(path, verify=False)
+    else:  # verify=False (the opt-out) checks sizes only: h5 has no checksums of its own
+        load_checkpoint(path, verify=False)
     assert cli_main(["verify", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and bad.name in err and "SHA-256" in err

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tests import savedmodel_zoo as zoo
 from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
-from trainer.errors import ModelNotReadyError, NotACheckpointError
+from trainer.errors import IntegrityError, ModelNotReadyError, NotACheckpointError
 from trainer.save_backends import detect_backend, get_backend
 from trainer.save_backends.savedmodel import trace_cache
 from trainer.save_backends.savedmodel.layout import metadata_path
@@ -237,25 +237,27 @@ def test_repeat_saves_manifest_holds_each_files_own_digest(tmp_path):
     ]
 
 
-def test_repeat_saves_link_the_unchanged_graph_only_while_it_is_unchanged(tmp_path):
-    """A repeat save hard-links ``saved_model.pb`` from the checkpoint published before it
-    (the same bytes). A graph changed in place since, or gone, is not linked: the save
-    writes the bytes it traced, and the checkpoint verifies and loads."""
+def test_repeat_saves_share_no_file_with_the_checkpoint_before(tmp_path):
+    """A repeat save hard-linked ``saved_model.pb`` from the checkpoint published before it:
+    truncating that file in one checkpoint damaged every kept checkpoint of the run
+    (issue 36). Each save now writes its own copy; damage to one leaves the other whole."""
     backend, model, x, _y, first, second = zoo.saved_before_and_after_training(tmp_path, 4)
-    assert os.path.samefile(first / "saved_model.pb", second / "saved_model.pb")
-    traced = trace_cache.cached(model).files["saved_model.pb"]
-
-    with open(second / "saved_model.pb", "r+b") as handle:  # same size, other bytes
-        handle.seek(len(traced) // 2)
-        handle.write(bytes([traced[len(traced) // 2] ^ 0xFF]))
     third = backend.save(model, tmp_path / "c")
-    assert (third / "saved_model.pb").read_bytes() == traced
-    shutil.rmtree(third)  # the published graph gone: written again
-    fourth = backend.save(model, tmp_path / "d")
-    assert (fourth / "saved_model.pb").read_bytes() == traced
-    assert not os.path.samefile(second / "saved_model.pb", fourth / "saved_model.pb")
-    loaded = backend.load(fourth, verify=True).model
-    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    inodes = [
+        (f.stat().st_dev, f.stat().st_ino)
+        for checkpoint in (first, second, third)
+        for f in checkpoint.rglob("*")
+        if f.is_file()
+    ]
+    assert len(inodes) == len(set(inodes))
+    expected = model.predict(x, verbose=0)
+    with open(third / "saved_model.pb", "r+b") as handle:
+        handle.truncate(100)
+    assert backend.check_integrity(second, digests=True, strict=True) is not None
+    loaded = backend.load(second).model
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), expected)
+    with pytest.raises(IntegrityError, match=r"saved_model\.pb"):
+        backend.load(third)
 
 
 def test_a_traced_repeat_write_gives_the_fingerprint_tensorflow_computes(tmp_path):

@@ -10,19 +10,23 @@ a full disk or a partial copy, no bit rot, no file swapped in from another check
   first 512 bytes of the file, which HDF5 reserves for applications and skips. It holds
   the file size and the SHA-256 of every byte after the block.
 
-``load`` checks sizes always (a few ``stat`` calls) and digests with ``verify=True``;
-``python -m trainer verify PATH`` checks digests and unlisted files, then loads.
+Every ``load`` checks sizes and digests before the bytes reach a model (``check_for_load``;
+``verify=False`` checks sizes only); ``python -m trainer verify PATH`` also refuses files
+the manifest does not list, then loads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import hashlib
 import json
 import os
 import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -317,16 +321,27 @@ def _refuse_linked_directories(directory: Path, root_dir: str, dirs: list[str]) 
 
 
 def _verify_entry(directory: Path, root: str, entry: dict[str, Any], *, digests: bool) -> None:
+    _check_file(directory, root, entry)
+    if digests:
+        _check_digest(directory, entry)
+
+
+def _entry_error(directory: Path, name: str, problem: str, received: str) -> IntegrityError:
+    return IntegrityError(
+        f"{directory}: file {name!r} {problem}; the checkpoint is damaged or incomplete. "
+        f"Load an older checkpoint, or restore this one from a copy. Received: {received}",
+        path=directory,
+        file=name,
+    )
+
+
+def _check_file(directory: Path, root: str, entry: dict[str, Any]) -> None:
+    """The listed file is a regular file inside the checkpoint with its recorded size."""
     name = entry["path"]
     target = directory / name
 
     def fail(problem: str, received: str) -> IntegrityError:
-        return IntegrityError(
-            f"{directory}: file {name!r} {problem}; the checkpoint is damaged or incomplete. "
-            f"Load an older checkpoint, or restore this one from a copy. Received: {received}",
-            path=directory,
-            file=name,
-        )
+        return _entry_error(directory, name, problem, received)
 
     try:
         info = os.lstat(target)
@@ -348,8 +363,105 @@ def _verify_entry(directory: Path, root: str, entry: dict[str, Any], *, digests:
             f"has {info.st_size} bytes instead of {entry['size']} (truncated or overwritten)",
             f"size {info.st_size}",
         )
-    if digests and file_digest(target) != entry["sha256"]:
-        raise fail("does not match its SHA-256 digest (content changed)", "another digest")
+
+
+def _check_digest(directory: Path, entry: dict[str, Any]) -> None:
+    name = entry["path"]
+    try:
+        digest = file_digest(directory / name)
+    except OSError as error:
+        problem = f"cannot be read ({error.strerror})"
+        raise _entry_error(directory, name, problem, repr(error)) from error
+    if digest != entry["sha256"]:
+        raise _entry_error(
+            directory, name, "does not match its SHA-256 digest (content changed)", "another digest"
+        )
+
+
+# ------------------------------------------------------------------- checks on load
+# Every load checks every digest. Files named by the backend as read late (a model's
+# variable values, read after the model is rebuilt from its small config files) are hashed
+# in a thread meanwhile (``DigestCheck``): on a second core the SHA-256 of a large model's
+# 97 MiB of variables (0.07 s) costs no wall time. Everything else is checked before the
+# backend reads anything.
+# Smaller late-read files are checked at once: a thread's start costs more than their hash.
+DEFER_FROM = 1 << 20
+_PENDING: contextvars.ContextVar[DigestCheck | None] = contextvars.ContextVar(
+    "trainer_pending_digests", default=None
+)
+
+
+class DigestCheck:
+    """The digests of a checkpoint's late-read files, computed in one thread from the start
+    of its load. ``wait`` blocks until they are known and raises the ``IntegrityError`` of
+    the first file whose content differs from the manifest's record."""
+
+    def __init__(self, directory: Path, entries: list[dict[str, Any]]):
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if entries:
+            self._thread = threading.Thread(
+                target=self._run, args=(Path(directory), entries), name="trainer-verify"
+            )
+            self._thread.daemon = True
+            self._thread.start()
+
+    def _run(self, directory: Path, entries: list[dict[str, Any]]) -> None:
+        try:
+            for entry in entries:
+                _check_digest(directory, entry)
+        except BaseException as error:  # raised in the loading thread by wait()
+            self._error = error
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+
+NOTHING_PENDING = DigestCheck(Path(), [])
+
+
+def check_for_load(
+    directory: Path, relative: str, late: tuple[str, ...] = ()
+) -> tuple[dict[str, Any] | None, DigestCheck]:
+    """What a load checks of a directory checkpoint: the manifest, every file's presence,
+    type and size, and every digest: now, except for files matching a pattern of ``late``
+    (``fnmatch``), whose digests the returned ``DigestCheck`` computes in a thread."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, relative)
+    if manifest is None:
+        return None, NOTHING_PENDING
+    root = os.path.realpath(directory)
+    now, deferred = [], []
+    for entry in manifest["files"]:
+        _check_file(directory, root, entry)
+        late_read = any(fnmatch(entry["path"], pattern) for pattern in late)
+        (deferred if late_read and entry["size"] >= DEFER_FROM else now).append(entry)
+    for entry in now:
+        _check_digest(directory, entry)
+    return manifest, DigestCheck(directory, deferred)
+
+
+@contextlib.contextmanager
+def pending(check: DigestCheck) -> Iterator[None]:
+    """``check`` is the one ``await_digests`` waits for inside this block (one load)."""
+    token = _PENDING.set(check)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+
+
+def await_digests() -> None:
+    """Block until the digests of the checkpoint being loaded in this thread are checked;
+    raise the ``IntegrityError`` of a damaged file. A backend calls this before reading
+    the files it named as read late; outside a load it returns at once."""
+    check = _PENDING.get()
+    if check is not None:
+        check.wait()
 
 
 def find_manifest(directory: Path) -> tuple[str, dict[str, Any]] | None:

@@ -137,11 +137,12 @@ class Checkpoint(keras.callbacks.Callback):
 
     def _begin_standalone(self) -> None:
         self._pending_logs = None
-        latest = self.manager.latest() if self.resume == "auto" else None
+        latest = self.manager.latest_whole() if self.resume == "auto" else None
         if latest is None:
             self.state = TrainingState(global_step=batches_trained(self.model) or 0)
             return
         self.state = self.manager.restore(self.model, latest).state
+        self.manager.set_aside_after(self.state.global_step)  # damaged newer ones skipped
         # The tracked callbacks ran their on_train_begin (which resets them) before this
         # one (``_refuse_tracked_after_me``): their state goes back now, and again after a
         # mid-epoch resume's replayed batches (``_end_replay``).

@@ -3,6 +3,7 @@ and the ``latest`` link. Read by the manager, by resume, and by readers that own
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from trainer.errors import CorruptCheckpointError, NotACheckpointError, TrainerE
 from trainer.locks import LATEST
 from trainer.save_backends import detect_backend
 from trainer.save_backends.base import SaveBackend
+
+log = logging.getLogger(__name__)
 
 # What reading a damaged checkpoint's metadata raises (untrusted content).
 _UNREADABLE = (TrainerError, OSError, ValueError, KeyError, TypeError, AttributeError)
@@ -71,29 +74,49 @@ def complete_checkpoints(
     return [path for _key, path in complete(Path(directory), configured)]
 
 
-def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
-    """The complete checkpoint in ``directory`` with the highest global step (raises);
-    ``configured``: see ``complete``. A damaged checkpoint in the directory is refused
-    (``CorruptCheckpointError``): resuming from an older one would train over its step and
-    replace it, and the damage would go unnoticed."""
+def newest_whole(
+    directory: Path, configured: type[SaveBackend] | None = None
+) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The complete checkpoint with the highest step whose files match their manifest
+    (sizes and digests: a resume must not start from damaged bytes), or None; and every
+    damaged checkpoint met on the way, as (path, why): those whose metadata cannot be read,
+    and the newer ones whose files were damaged after they were written."""
     damaged: list[tuple[Path, str]] = []
     found = complete(Path(directory), configured, damaged)
-    if damaged:
+    for _key, path in reversed(found):
+        try:
+            detect_backend(path, configured=configured)().check_integrity(path, digests=True)
+        except (TrainerError, OSError) as error:
+            _note(damaged, path, error)
+            continue
+        return path, damaged
+    return None, damaged
+
+
+def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
+    """The newest whole checkpoint in ``directory`` (``newest_whole``; raises if there is
+    none). Damaged checkpoints are skipped with a warning naming each and why: the run
+    continues from the one before (``CheckpointManager.set_aside_after`` then moves the
+    damaged newer ones out of the way, whole). If every checkpoint is damaged, nothing is
+    chosen (``CorruptCheckpointError``): a fresh start would write over them."""
+    chosen, damaged = newest_whole(Path(directory), configured)
+    for path, why in damaged:
+        log.warning("Skipping damaged checkpoint %s (%s)", path, why)
+    if chosen is None and damaged:
         path, why = damaged[0]
         raise CorruptCheckpointError(
-            f"{path} is a damaged checkpoint ({len(damaged)} in {directory}), so the newest "
-            f"checkpoint cannot be told: resuming from an older one would train over its step "
-            f"and replace it. Check it with `python -m trainer verify {path}`; move it out of "
-            f"{directory} to resume from the newest intact checkpoint, or pass "
-            f"resume=/path/to/checkpoint. Received error: {why}"
+            f"Every checkpoint in {directory} is damaged ({len(damaged)}, e.g. {path}), so "
+            f"there is nothing to resume from, and a fresh run would write over them. Check "
+            f"them with `python -m trainer verify {path}`; restore one from a copy, or move "
+            f"them out of {directory} to start afresh. Received error: {why}"
         )
-    if not found:
+    if chosen is None:
         raise NotACheckpointError(
             f"resume=latest found no complete checkpoint in {directory}. Point resume_dir at "
             f"the run directory that holds checkpoints/, or pass resume=/path/to/checkpoint. "
             f"Received directory {str(directory)!r}"
         )
-    return found[-1][1]
+    return chosen
 
 
 def point_latest(directory: Path, checkpoint: Path) -> None:

@@ -25,7 +25,7 @@ import keras
 
 from trainer._compat import keras as keras_compat
 from trainer.atomic import clean_stale_temporaries, first_unused
-from trainer.checkpointing.listing import complete, point_latest
+from trainer.checkpointing.listing import complete, find_latest, point_latest
 from trainer.checkpointing.policy import (
     CheckpointPolicy,
     format_name,
@@ -108,6 +108,15 @@ class CheckpointManager:
         """The complete checkpoint with the highest step, or None."""
         found = complete(self.directory, self._configured())
         return found[-1][1] if found else None
+
+    def latest_whole(self) -> Path | None:
+        """The newest checkpoint whose files match their manifest, or None if there is no
+        checkpoint; damaged newer ones are skipped with a warning (``find_latest``, which
+        raises if every checkpoint is damaged)."""
+        try:
+            return find_latest(self.directory, self._configured())
+        except NotACheckpointError:
+            return None
 
     def _configured(self) -> type[SaveBackend]:
         """The class of this manager's own backend: it reads what it wrote, registered or
@@ -273,7 +282,7 @@ class CheckpointManager:
         Retention continues from the checkpoint's records."""
         self.backend_wait()
         if path is None:
-            path = self.latest()
+            path = self.latest_whole()
             if path is None:
                 raise NotACheckpointError(
                     f"There is no complete checkpoint in {self.directory} to restore; save one "
@@ -310,23 +319,26 @@ class CheckpointManager:
         that ``resume=latest`` continues this branch instead of jumping back to that one,
         and no save of this branch replaces one of them under the same name. Returns the
         folder, or None if there was nothing after ``step``."""
-        found = complete(self.directory, self._configured())
+        damaged: list[tuple[Path, str]] = []
+        found = complete(self.directory, self._configured(), damaged)
         later = [path for key, path in found if key[0] > step]
-        if not later:
+        unreadable = [path for path, _why in damaged]  # of no known step: any name may come
+        if not later and not unreadable:
             return None
         folder = first_unused(lambda n: self.directory / f"{ABANDONED}{n}")
         folder.mkdir()
-        for path in later:
+        for path in later + unreadable:
             os.rename(path, folder / path.name)
         remaining = [path for key, path in found if key[0] <= step]  # still in step order
         if remaining:
             point_latest(self.directory, remaining[-1])
         log.warning(
             "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
-            "after it (%s) belong to the abandoned continuation and were moved to %s",
+            "after it or damaged (%s) belong to the abandoned continuation and were moved "
+            "to %s",
             step,
-            len(later),
-            ", ".join(p.name for p in later[:5]),
+            len(later) + len(unreadable),
+            ", ".join(p.name for p in (later + unreadable)[:5]),
             folder,
         )
         return folder

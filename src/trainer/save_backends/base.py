@@ -64,6 +64,10 @@ class SaveBackend(abc.ABC):
     # Whether the backend stores layers revived from traced functions with their traces
     # (savedmodel). Backends storing configs and weights only refuse them at save time.
     keeps_traces: ClassVar[bool] = False
+    # Files (``fnmatch`` patterns, relative to a directory checkpoint) that ``_read`` reads
+    # only after calling ``integrity.await_digests()``: their digests are checked in a
+    # thread while it rebuilds the model from the rest. Any other file is checked first.
+    read_late: ClassVar[tuple[str, ...]] = ()
 
     def __repr__(self) -> str:
         """``H5Backend()``, ``H5Backend(compression='gzip')``: the class and the constructor
@@ -110,7 +114,6 @@ class SaveBackend(abc.ABC):
                 self.seal(tmp, known)  # the manifest: last, before the rename
         except (OSError, tf.errors.OpError) as error:  # disk full, permissions, I/O
             raise write_error(path, error) from error
-        self._published(model, path)
         return path
 
     def write_into(
@@ -139,16 +142,24 @@ class SaveBackend(abc.ABC):
         *,
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
-        verify: bool = False,
+        verify: bool = True,
         **options: Any,
     ) -> Checkpoint:
         """Read a checkpoint written by this backend; the model comes back compiled as saved.
 
-        File sizes are checked against the checkpoint's manifest always, SHA-256 digests
-        with ``verify=True``. ``options`` are backend-specific (for example ``safe_mode``
-        or ``model``) and are passed on to ``_read``; a backend that takes none rejects
-        them with a TypeError. Anything else that goes wrong while reading is a
-        ``TrainerError`` (damaged data becomes ``CorruptCheckpointError``).
+        Every file is checked against the checkpoint's manifest (size and SHA-256) before
+        its bytes reach the model; ``verify=False`` checks sizes only, for a caller who
+        accepts the risk. ``options`` are backend-specific (for example ``safe_mode`` or
+        ``model``) and are passed on to ``_read``; a backend that takes none rejects them
+        with a TypeError.
+
+        Raises:
+            IntegrityError: a file is missing, has another size or another digest.
+            CorruptCheckpointError: the content is damaged or inconsistent in a way the
+                manifest cannot tell (written so, or a checkpoint without one).
+            NotACheckpointError: ``path`` is not a complete checkpoint of this backend.
+            TrainerError: anything else that goes wrong while reading (a missing class,
+                a newer format, ...).
         """
         path = Path(path)
         targets.check_exists(path)
@@ -159,7 +170,21 @@ class SaveBackend(abc.ABC):
         inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
         )
-        sealed = self.check_integrity(path, digests=verify) is not None
+        manifest, late = self.check_for_load(path, verify=verify)
+        with integrity.pending(late):
+            try:
+                checkpoint = self._read_checked(path, custom_objects, compile, options)
+            except BaseException:
+                late.wait()  # damage explains any failure: its IntegrityError wins
+                raise
+            late.wait()  # before the model is handed out
+        self._refuse_unsealed(path, manifest is not None, checkpoint.metadata)
+        return checkpoint
+
+    def _read_checked(
+        self, path: Path, custom_objects: dict[str, Any], compile: bool, options: dict
+    ) -> Checkpoint:
+        """``_read`` within the size budget of the checkpoint, its raw errors made clear."""
         try:
             with limits.dimension_budget(integrity.total_size(path)):
                 checkpoint = self._read(
@@ -175,7 +200,11 @@ class SaveBackend(abc.ABC):
                 f"verify {path}`, or load an older checkpoint. Received error: "
                 f"{type(error).__name__}: {str(error)[:500]}"
             ) from error
-        record = checkpoint.metadata.get("integrity")
+        return checkpoint
+
+    def _refuse_unsealed(self, path: Path, sealed: bool, metadata: dict[str, Any]) -> None:
+        """A checkpoint whose metadata says it was sealed must still have its manifest."""
+        record = metadata.get("integrity")
         if not sealed and record:
             where = record.get("manifest") if isinstance(record, dict) else record
             raise IntegrityError(
@@ -185,7 +214,6 @@ class SaveBackend(abc.ABC):
                 path=path,
                 file=str(where),
             )
-        return checkpoint
 
     def check_savable(self, model: keras.Model) -> None:
         """Refuse, before anything is written, a model this backend could not load back as
@@ -294,6 +322,15 @@ class SaveBackend(abc.ABC):
                 format_version=self.format_version,
             )
 
+    def check_for_load(
+        self, path: Path, *, verify: bool
+    ) -> tuple[dict[str, Any] | None, integrity.DigestCheck]:
+        """What ``load`` checks before ``_read``: the manifest (None: the checkpoint has
+        none) and the digests of the ``read_late`` files, still being computed."""
+        if verify and self.is_directory and self.manifest_file:
+            return integrity.check_for_load(path, self.manifest_file, self.read_late)
+        return self.check_integrity(path, digests=verify), integrity.NOTHING_PENDING
+
     def check_integrity(
         self, path: Path, *, digests: bool, strict: bool = False
     ) -> dict[str, Any] | None:
@@ -339,11 +376,6 @@ class SaveBackend(abc.ABC):
         ``tmp`` (``integrity.known_digest``), or hashed in a thread while it wrote the rest
         (``integrity.PendingDigest``), which the manifest then takes instead of reading
         those files back."""
-
-    def _published(self, model: keras.Model, path: Path) -> None:
-        """``save`` published ``path``, complete (a backend may remember it: the savedmodel
-        backend's next repeat save links the graph file it holds)."""
-        return None  # by default nothing is remembered
 
     @abc.abstractmethod
     def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:

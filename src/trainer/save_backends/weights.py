@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
+from trainer import integrity
 from trainer.errors import ConfigMismatchError, LayerStateError
 from trainer.save_backends import hdf5_arrays, layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend
@@ -58,6 +59,8 @@ class WeightsBackend(SaveBackend):
     format_version: ClassVar[int] = 2
     is_directory: ClassVar[bool] = True
     async_by_default: ClassVar[bool] = True
+    # Values are read after the model is rebuilt from trainer.json (``_read``).
+    read_late: ClassVar[tuple[str, ...]] = (WEIGHTS_FILE, EXTRA_FILE)
 
     @classmethod
     def can_load(cls, path: Path) -> bool:
@@ -135,6 +138,7 @@ class WeightsBackend(SaveBackend):
                     safe_mode=safe_mode,
                     where=path,
                 )
+        integrity.await_digests()  # the weights' digests, checked while the model was built
         _load_weights(model, path, given=given)
         if index["format_version"] >= 2:
             layerstate.read_assets(model, path / ASSETS_DIR, str(path))

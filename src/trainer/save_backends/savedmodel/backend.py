@@ -58,6 +58,8 @@ class SavedModelBackend(SaveBackend):
     async_by_default: ClassVar[bool] = True
     # Layers revived from traced functions are saved with their traces again.
     keeps_traces: ClassVar[bool] = True
+    # The variables' values are read after the layers are rebuilt (StoredVariables.value).
+    read_late: ClassVar[tuple[str, ...]] = ("variables/variables.data-*",)
     # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
     # Serving ignore by convention, so the directory stays a clean SavedModel.
     manifest_file: ClassVar[str] = f"{layout.METADATA_DIR}/{MANIFEST_FILE}"
@@ -77,9 +79,6 @@ class SavedModelBackend(SaveBackend):
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
-    def _published(self, model: keras.Model, path: Path) -> None:
-        trace_cache.remember_published(model, path)  # the next repeat save may link to it
-
     def check_savable(self, model: keras.Model) -> None:
         """Also refuses float8-quantized layers (``trainable.float8_layers``): this format
         restores variables by position, so no load could give them back (the h5 and
@@ -153,7 +152,7 @@ class SavedModelBackend(SaveBackend):
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
         safe_mode: bool = True,
-        verify: bool = False,
+        verify: bool = True,
     ) -> Checkpoint:
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
@@ -281,6 +280,7 @@ def _revive_fully(
     path: Path, saved: dict[str, Any], options: dict[str, Any], library: int
 ) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]]:
     """Revive from ``tf.saved_model.load`` of the whole SavedModel."""
+    integrity.await_digests()  # TensorFlow reads the variables' values
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as err:

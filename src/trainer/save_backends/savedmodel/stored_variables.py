@@ -20,6 +20,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
+from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError
 
@@ -112,6 +113,7 @@ class StoredVariables:
         )
 
     def value(self, stored: Stored) -> np.ndarray:
+        integrity.await_digests()  # the data file's digest, checked while layers were built
         return self._reader.get_tensor(stored.key)
 
     def optimizer_arrays(self) -> list[np.ndarray]:

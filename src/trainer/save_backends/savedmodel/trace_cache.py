@@ -51,9 +51,6 @@ class Entry:
     writer: variables_writer.VariablesWriter | None = None  # None: tf.train.Checkpoint
     # Relative path -> (size, SHA-256) of ``files``, for the manifest (``integrity``).
     digests: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
-    # The saved_model.pb of the last checkpoint published from this entry, and that file's
-    # (device, inode, size, modification time) then: ``remember_published``.
-    published: tuple[str, tuple[int, int, int, int]] | None = None
 
 
 def clear() -> None:
@@ -176,46 +173,6 @@ def write_vocabularies(model: keras.Model, directory: Path) -> None:
             (target / layout.VOCAB_FILE).write_text(json.dumps(words, ensure_ascii=False))
 
 
-def remember_published(model: keras.Model, directory: Path) -> None:
-    """``directory`` is a checkpoint of ``model`` just published: its ``saved_model.pb``
-    may be linked by the next repeat save (``_link_unchanged``)."""
-    entry = _CACHE.get(model)
-    if entry is None:
-        return
-    source = os.path.join(directory, _LINKED)
-    try:
-        entry.published = (source, _identity(os.stat(source)))
-    except OSError:
-        entry.published = None
-
-
-_LINKED = "saved_model.pb"
-
-
-def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
-    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
-
-
-def _link_unchanged(entry: Entry, relative: str, target: Path) -> bool:
-    """Hard-link ``saved_model.pb`` (the same bytes in every repeat save, most of a small
-    model's checkpoint) from the last published checkpoint instead of writing it again:
-    no copy, no new blocks for ``syncfs`` to write, nothing for retention to free. Only
-    while that file is still the one this entry wrote: the same inode, size and
-    modification time, which a change in place would move (what git and make trust).
-    False where the file changed, is gone, or cannot be linked (another filesystem):
-    the caller writes it."""
-    if relative != _LINKED or entry.published is None:
-        return False
-    source, identity = entry.published
-    try:
-        if _identity(os.stat(source)) != identity:
-            return False
-        os.link(source, target)
-    except OSError:
-        return False
-    return True
-
-
 def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
     """Write the remembered files and a new variables checkpoint; returns the size and
     digest of what was written from memory (the remembered files, the fingerprint)."""
@@ -225,9 +182,9 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
     for relative, content in entry.files.items():
         if relative == "fingerprint.pb":
             continue
-        target = directory / relative
-        if not _link_unchanged(entry, relative, target):
-            target.write_bytes(content)
+        # Written, never hard-linked from the checkpoint before: kept checkpoints share no
+        # file, so damage to one (a bad block, a truncating tool) leaves the others whole.
+        (directory / relative).write_bytes(content)
         if not relative.startswith(f"{layout.VOCAB_DIR}/"):  # rewritten next, maybe changed
             known[relative] = entry.digests[relative]
     (directory / "variables").mkdir(exist_ok=True)
