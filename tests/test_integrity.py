@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import ROOT, subprocess_env
@@ -145,3 +147,34 @@ def test_a_large_file_is_hashed_in_a_thread_and_a_small_one_at_once(tmp_path):
     assert pending.result() == (2 << 20, integrity.file_digest(large))
     at_once = integrity.PendingDigest(small)
     assert at_once._thread is None and at_once.result() == (100, integrity.file_digest(small))
+
+
+@pytest.mark.slow
+def test_a_runs_checkpoints_and_export_share_no_file(compose_cfg):
+    """Issue 36: consecutive savedmodel checkpoints shared ``saved_model.pb`` (a hard link),
+    so truncating it in one damaged every kept checkpoint. No two files of a run's
+    checkpoints and export may be one inode; damage to one checkpoint leaves the rest whole."""
+    from trainer import train
+
+    cfg = compose_cfg("save=savedmodel", "trainer.epochs=3", "export.enabled=true")
+    train(cfg)
+    run = Path(cfg.run_dir)
+    files = [
+        f for f in run.joinpath("checkpoints").rglob("*") if f.is_file() and not f.is_symlink()
+    ]
+    files += [f for f in run.joinpath("export").rglob("*") if f.is_file()]
+    inodes = [(f.stat().st_dev, f.stat().st_ino) for f in files]
+    assert len(files) > 20 and len(set(inodes)) == len(inodes)
+    checkpoints = sorted(run.joinpath("checkpoints").glob("step-*"))
+    assert len(checkpoints) == 3
+    x = np.random.default_rng(0).normal(size=(4, 8, 8, 1)).astype("float32")
+    before = [load_checkpoint(c).model.predict(x, verbose=0) for c in checkpoints]
+    with open(checkpoints[-1] / "saved_model.pb", "r+b") as handle:
+        handle.truncate(1000)
+    for checkpoint, expected in zip(checkpoints[:-1], before, strict=False):
+        assert cli_main(["verify", "--files-only", str(checkpoint)]) == 0
+        np.testing.assert_array_equal(
+            load_checkpoint(checkpoint).model.predict(x, verbose=0), expected
+        )
+    with pytest.raises(IntegrityError, match=r"saved_model\.pb"):
+        load_checkpoint(checkpoints[-1])
