@@ -96,11 +96,15 @@ def test_can_load_rejects_foreign_and_incomplete_files(trained, tmp_path):
     with h5py.File(no_mark, "r+") as handle:
         del handle["metadata"]
     assert H5Backend.can_load(ours)
-    for path in (text, keras_weights, no_mark, tmp_path):
+    # A file of ours that lost its metadata is damaged, not foreign: its user-block manifest
+    # claims it without HDF5 parsing it (libhdf5 can hang on damage), and the load refuses
+    # it by its manifest (h5py rewrote it smaller).
+    assert H5Backend.can_load(no_mark)
+    with pytest.raises(CorruptCheckpointError, match="bytes instead of"):
+        H5Backend().load(no_mark)
+    for path in (text, keras_weights, tmp_path):
         assert not H5Backend.can_load(path), path
-        # A file of ours that lost its metadata is damaged (its manifest tells), not foreign.
-        error = CorruptCheckpointError if path is no_mark else NotACheckpointError
-        with pytest.raises(error):
+        with pytest.raises(NotACheckpointError):
             H5Backend().load(path)
     assert detect_backend(ours) is H5Backend
     with pytest.raises(NotACheckpointError, match="not a checkpoint in any registered format"):

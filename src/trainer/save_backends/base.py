@@ -392,7 +392,10 @@ DAMAGED_DATA_ERRORS: tuple[type[BaseException], ...] = (
     LookupError,  # KeyError, IndexError
     OSError,  # includes h5py's read errors
     EOFError,
-    RecursionError,
+    # h5py's errors for damaged HDF5 structures ("bad local heap signature", "link
+    # iteration failed"), met when a load skips digests (verify=False, unsealed files);
+    # RecursionError too.
+    RuntimeError,
     tf.errors.OpError,
     DecodeError,
 )

@@ -32,6 +32,7 @@ import h5py
 import keras
 
 from trainer import integrity
+from trainer.errors import TrainerError
 from trainer.save_backends import hdf5_arrays, layerstate, modelstate
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.state import TrainingState
@@ -56,8 +57,17 @@ class H5Backend(SaveBackend):
 
     @classmethod
     def can_load(cls, path: Path) -> bool:
+        """A file whose user block holds trainer's manifest is ours without HDF5 parsing
+        it: libhdf5 can spin forever on damaged metadata (the corruption fuzzer hung on a
+        damaged global heap), so nothing of a sealed file is parsed before its digest is
+        checked (``load``, ``read_metadata``). Files without the seal are opened."""
         path = Path(path)
         if not path.is_file() or not hdf5_arrays.has_hdf5_signature(path):
+            return False
+        try:
+            if integrity.read_hdf5_seal(path) is not None:
+                return True
+        except (OSError, TrainerError):
             return False
         try:
             with h5py.File(path, "r") as handle:
@@ -67,6 +77,8 @@ class H5Backend(SaveBackend):
 
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
+        """The stored metadata; the whole file's digest is checked first (see ``can_load``)."""
+        integrity.verify_hdf5(path, digests=True)
         with h5py.File(path, "r") as handle:
             return modelstate.from_json(
                 hdf5_arrays.read_text(handle, "metadata", path), "metadata", path
