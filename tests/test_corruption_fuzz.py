@@ -47,6 +47,7 @@ def test_damaged_checkpoints_are_refused_or_load_identical(backend, tmp_path):
         env=subprocess_env(),
         load_options=LOAD_OPTIONS,
     )
+    print(corruption.summary(results))  # the tally: shown with ``pytest -rP``
     assert len(results) == len(trials)
     assert any(r.outcome == "refused" for r in results), "no damage was ever noticed"
     bad = [r for r in results if r.bad]
