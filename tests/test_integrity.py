@@ -178,3 +178,26 @@ def test_a_runs_checkpoints_and_export_share_no_file(compose_cfg):
         )
     with pytest.raises(IntegrityError, match=r"saved_model\.pb"):
         load_checkpoint(checkpoints[-1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_restore_skips_a_damaged_newest_checkpoint(tmp_path, caplog, backend):
+    """``CheckpointManager.restore()`` (and the Keras callback's resume="auto", through
+    ``latest_whole``) continues from the newest checkpoint whose files are whole, naming
+    the damaged one it skipped."""
+    from trainer.checkpointing import CheckpointManager
+    from trainer.state import TrainingState
+
+    model = build_model()
+    with CheckpointManager(tmp_path / "ckpt", backend) as manager:
+        older = manager.save(model, TrainingState(epoch=1, global_step=4))
+        newer = manager.save(model, TrainingState(epoch=2, global_step=8))
+        manager.wait()
+    flip_bytes(data_file(backend, newer), 0.5)
+    manager = CheckpointManager(tmp_path / "ckpt", backend)
+    # latest() reads metadata without digests, except h5's, read only after its digest.
+    assert manager.latest() == (older if backend == "h5" else newer)
+    with caplog.at_level("WARNING"):
+        restored = manager.restore()
+    assert restored.path == older and restored.state.global_step == 4
+    assert f"Skipping damaged checkpoint {newer}" in caplog.text
