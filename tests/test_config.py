@@ -115,7 +115,10 @@ def test_config_nodes_that_cannot_be_built_are_config_errors(
     [
         (np.array(["cat", "dog"] * 20), r"integer class labels 0\.\.N-1.*dtype <U3"),
         (np.linspace(0, 2, 40), r"would be truncated.*such as \[0\.05"),  # 1.7 -> class 1
-        (np.r_[np.zeros(39), -1], r"whole numbers from 0 up.*such as \[-1\.0\]"),
+        (np.r_[np.zeros(39), -1], r"class ids from 0 up.*such as \[-1\.0\]"),
+        # A negative integer was blamed on float truncation (issue 39, item 7).
+        (np.r_[np.zeros(39, "int64"), -2], r"class ids from 0 up.*such as \[-2\].*index 39"),
+        (np.r_[np.zeros(39), np.nan], r"NaN or infinite.*Received nan at index \[39\]"),
         (np.eye(3)[np.arange(40) % 3], r"one-hot labels: save their argmax.*\(40, 3\)"),
         (np.zeros(39), r"\(40 examples.*shape \(39,\)"),
     ],
@@ -214,3 +217,29 @@ def test_train_exports_and_links_tensorboard(compose_cfg, tmp_path):
     metadata = read_checkpoint_metadata(latest)
     assert metadata[LINK_KEY]["step"] == 6
     resolve_link(latest, metadata)  # the event file exists and holds that step's card
+
+
+@pytest.mark.slow
+def test_train_py_refuses_nan_features_before_training(tmp_path):
+    """Issue 39, item 2: data=npz whose features hold NaN trained to the end (the first
+    kernel NaN, the loss printed as 0.693, no warning) and its checkpoints were saved and
+    rotated. Now `python train.py` exits 2 naming the array and the first bad index, and
+    writes no checkpoint."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, subprocess_env
+
+    x = np.random.default_rng(0).normal(size=(60, 8, 8, 1)).astype("float32")
+    x[17, 3, 2, 0] = np.nan
+    np.savez(tmp_path / "arrays.npz", x=x, y=np.arange(60) % 3)
+    run = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train.py"), "data=npz", "model=mlp"]
+    command += [f"data.path={tmp_path / 'arrays.npz'}", f"hydra.run.dir={run}"]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "data.x_key='x' holds 1 NaN or infinite values" in result.stderr
+    assert "Received nan at index [17, 3, 2, 0]" in result.stderr
+    assert not (run / "checkpoints").exists()

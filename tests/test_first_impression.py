@@ -197,6 +197,7 @@ def test_run_directory_points_at_latest_and_runs(run_dir, capsys, command):
     assert f"{run_dir / 'checkpoints' / 'latest'}" in error
     assert f"python -m trainer runs {run_dir}" in error
     assert "tf.saved_model.load" not in error
+    assert "third-party" not in error  # it says what the path is (issue 39, item 8)
 
 
 @pytest.mark.parametrize("command", ["inspect", "verify"])
@@ -206,6 +207,7 @@ def test_checkpoints_folder_points_at_latest(run_dir, capsys, command):
     error = capsys.readouterr().err
     assert "folder of checkpoints" in error and f"{folder / 'latest'} (the newest)" in error
     assert "tf.saved_model.load" not in error
+    assert "third-party" not in error  # it says what the path is (issue 39, item 8)
 
 
 def test_entry_point_error_is_one_line_with_the_hint(run_dir):

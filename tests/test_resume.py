@@ -10,7 +10,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import ROOT, config_options, list_checkpoints, subprocess_env
+from conftest import ROOT, TINY, config_options, list_checkpoints, subprocess_env
 
 from trainer import train
 from trainer.checkpointing import AsyncWriter, CheckpointPolicy, all_variables, retained
@@ -422,3 +422,28 @@ def test_restore_into_carries_weight_decay_exclusions_or_refuses_other_ones(tmp_
     built.fit(x, x[:, :1], epochs=1, shuffle=False, verbose=0)  # built: it cannot change
     with pytest.raises(ConfigMismatchError, match="out of weight decay"):
         restore_into(built, checkpoint)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save", ["savedmodel", "h5"])
+def test_training_that_diverges_stops_and_keeps_its_finite_checkpoints(tmp_path, save):
+    """Issue 39, item 2: a run whose weights became NaN trained on, saved NaN checkpoints
+    and let retention delete the finite ones. Now `python train.py` stops at the first save
+    after the loss turned NaN, exits 2 naming the newest finite checkpoint, and every
+    checkpoint left is finite."""
+    run = tmp_path / "run"
+    hook = "+callbacks.poison={_target_: faults.PoisonAtEpoch, epoch: 3}"
+    tiny = [o for o in TINY if not o.startswith("trainer.epochs=")]
+    command = [sys.executable, str(ROOT / "train.py"), *tiny, f"save={save}", "model=mlp"]
+    command += ["trainer.epochs=6", "checkpoint.policy.keep_last=2", hook, f"hydra.run.dir={run}"]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Training diverged: the loss became NaN or infinite by epoch" in result.stderr
+    kept = list_checkpoints(run / "checkpoints")
+    assert [p.name.removesuffix(".h5") for p in kept] == ["step-00000006", "step-00000009"]
+    assert f"the newest finite one is {kept[-1]}" in result.stderr
+    for path in kept:
+        weights = load_checkpoint(path).model.get_weights()
+        assert all(np.isfinite(w).all() for w in weights), path

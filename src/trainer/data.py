@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, DataError
 
 
 @dataclasses.dataclass
@@ -127,11 +127,29 @@ def load_npz(
 
 def _features(path: Path, x: np.ndarray, key: str) -> np.ndarray:
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool) or x.ndim < 2 or not len(x):
-        raise ConfigError(
+        raise DataError(
             f"{path}: data.x_key={key!r} must hold one numeric array per example (at least "
             f"one example, at least 2 dimensions). Received dtype {x.dtype}, shape {x.shape}"
         )
-    return x.astype("float32")
+    features = x.astype("float32")
+    refuse_non_finite(features, f"{path}: data.x_key={key!r}")
+    return features
+
+
+def refuse_non_finite(values: np.ndarray, where: str) -> None:
+    """NaN or infinite features make the first weights NaN at the first step; the run then
+    "trains" on without a word and its checkpoints hold NaN. Refuse them when the data is
+    loaded, naming the first one (also values that overflow float32, such as 1e39)."""
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    first = tuple(int(i) for i in np.argwhere(~finite)[0])
+    raise DataError(
+        f"{where} holds {int((~finite).sum())} NaN or infinite values (in "
+        f"{int((~finite).reshape(len(values), -1).any(axis=1).sum())} of {len(values)} "
+        f"examples), which would make the model's weights NaN: clean them or drop those "
+        f"examples before saving the arrays. Received {values[first]} at index {list(first)}"
+    )
 
 
 def _labels(path: Path, y: np.ndarray, key: str, examples: int) -> np.ndarray:
@@ -147,12 +165,22 @@ def _labels(path: Path, y: np.ndarray, key: str, examples: int) -> np.ndarray:
             f"{where} must hold integer class labels 0..N-1; map names to ids before saving. "
             f"Received dtype {y.dtype}, first labels {y[:3].tolist()}"
         )
-    whole = np.isfinite(y) & (y == np.round(y)) if y.dtype.kind == "f" else np.ones(len(y), bool)
-    if not whole.all() or (y < 0).any() or (y > np.iinfo(np.int32).max).any():
-        bad = y[~whole | (y < 0) | (y > np.iinfo(np.int32).max)][:3].tolist()
-        raise ConfigError(
-            f"{where} must hold class labels that are whole numbers from 0 up; a float label "
-            f"would be truncated to another class. Received labels such as {bad}"
+    if y.dtype.kind == "f":
+        refuse_non_finite(y, where)
+        fractional = y != np.round(y)
+        if fractional.any():
+            raise DataError(
+                f"{where} must hold class labels that are whole numbers; a float label "
+                f"would be truncated to another class. Received labels such as "
+                f"{y[fractional][:3].tolist()}"
+            )
+    outside = (y < 0) | (y > np.iinfo(np.int32).max)
+    if outside.any():
+        raise DataError(
+            f"{where} must hold class ids from 0 up (0..N-1 for N classes); negative or "
+            f"oversized ids fail inside training. Map them to 0..N-1 before saving. Received "
+            f"labels such as {y[outside][:3].tolist()} (the first at index "
+            f"{int(np.argmax(outside))})"
         )
     return y.astype("int32")
 

@@ -81,6 +81,16 @@ class ConfigError(TrainerError, ValueError):
     """A setting of the run's config cannot work; raised before training starts."""
 
 
+class DataError(ConfigError):
+    """The training data cannot be trained on as it is (NaN or infinite features, labels
+    that are no class ids); raised when the data is loaded, before training starts."""
+
+
+class TrainingDivergedError(TrainerError):
+    """The loss became NaN or infinite: no checkpoint is written from such weights, and the
+    run stops instead of letting retention replace the finite checkpoints with them."""
+
+
 class ConfigMismatchError(TrainerError):
     """The run's config disagrees with the checkpoint it should resume from."""
 

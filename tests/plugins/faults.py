@@ -76,3 +76,17 @@ def slow_backend(inner: str = "weights", delay: float = 0.5, **options: Any) -> 
 
     Slow.__name__ = Slow.__qualname__ = f"Slow{base.__name__}"
     return Slow(**options)
+
+
+class PoisonAtEpoch(keras.callbacks.Callback):
+    """Makes one weight NaN when epoch ``epoch`` (0-based) begins: training diverges there
+    as it would with a learning rate far too high, at a known point."""
+
+    def __init__(self, epoch: int):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            kernel = self.model.trainable_variables[0]
+            kernel.assign(kernel * float("nan"))

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 
 from trainer._compat.keras import before_finalizing, innermost_optimizer, set_initial_epoch
 from trainer.checkpointing.callback_state import keeps_state, load_state, state_of
@@ -35,7 +36,7 @@ from trainer.checkpointing.policy import CheckpointPolicy, scalar_metrics
 from trainer.checkpointing.restoring import numpy_rng_record, set_numpy_rng
 from trainer.checkpointing.shadow import all_variables
 from trainer.checkpointing.snapshot import ValueReader
-from trainer.errors import ConfigError, TrainerError
+from trainer.errors import ConfigError, TrainerError, TrainingDivergedError
 from trainer.state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,7 @@ class Checkpoint(keras.callbacks.Callback):
         self._pending_logs = None
         state = self.state
         values = self._read_metrics(self.model.metrics_variables)
+        self._refuse_diverged(values, logs)
         state.metric_variables = [value.tolist() for value in values]
         state.numpy_rng = numpy_rng_record()
         states = dict(self.callback_state() if self.callback_state else {})
@@ -273,6 +275,25 @@ class Checkpoint(keras.callbacks.Callback):
         # A callback (EarlyStopping) ended the run: resuming from here has nothing to do.
         state.stopped_early = bool(self.model.stop_training and not self.interrupted)
         return self.manager.save(self.model, self.state, metrics=logs, wait=wait, called=called)
+
+    def _refuse_diverged(self, values: list[Any], logs: dict[str, Any] | None) -> None:
+        """Like Keras's ``TerminateOnNaN``, but before anything is written: a NaN or
+        infinite loss (its running sum is among the metric variables, read for the state
+        anyway) means the weights are no longer finite. Saving them would let retention
+        delete the finite checkpoints for checkpoints nothing can resume from usefully."""
+        loss = (logs or {}).get("loss")
+        finite = all(np.isfinite(value).all() for value in values)
+        if finite and (loss is None or np.isfinite(np.asarray(loss, dtype="float64")).all()):
+            return
+        self.model.stop_training = True
+        newest = self.manager.latest()
+        raise TrainingDivergedError(
+            f"Training diverged: the loss became NaN or infinite by epoch {self.state.epoch}, "
+            f"step {self.state.global_step}. No checkpoint was written from these weights; "
+            f"the newest finite one is {newest or 'none (none was saved before)'}, kept "
+            f"with every other. Lower the learning rate or check the data, then resume from "
+            f"a finite checkpoint (resume=PATH) or start afresh. Received loss={loss}"
+        )
 
 
 class BatchCounter:

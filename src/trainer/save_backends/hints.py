@@ -23,10 +23,12 @@ def advice(path: Path, is_checkpoint: Callable[[Path], bool]) -> str:
         return _directory_advice(path, is_checkpoint)
     if path.is_file():
         return _file_advice(path)
-    return _GENERIC
+    return GENERIC
 
 
-_GENERIC = (
+# The advice for a path nothing here recognises: only then may a third-party backend's
+# format be the explanation (the caller adds how to register one).
+GENERIC = (
     "trainer checkpoints are the entries of a run's checkpoints/ folder; "
     "python -m trainer runs OUTPUT_DIR lists them."
 )
@@ -72,6 +74,11 @@ def _directory_advice(path: Path, is_checkpoint: Callable[[Path], bool]) -> str:
                 f"It is a training run directory: its newest checkpoint is {newest}; "
                 f"python -m trainer runs {path} lists its checkpoints and exports."
             )
+    if (path.parent / ".hydra").is_dir() and not _entries(path):
+        return (
+            f"It is a training run's checkpoint folder without checkpoints yet; python -m "
+            f"trainer runs {path.parent} lists what the run holds."
+        )
     if (path / ".hydra").is_dir():
         return (
             f"It is a training run directory without checkpoints yet; python -m trainer "
@@ -89,7 +96,7 @@ def _directory_advice(path: Path, is_checkpoint: Callable[[Path], bool]) -> str:
             "It is a plain TensorFlow SavedModel (not written by trainer): open it with "
             "tf.saved_model.load or keras.layers.TFSMLayer."
         )
-    return _GENERIC
+    return GENERIC
 
 
 def _file_advice(path: Path) -> str:
@@ -112,7 +119,7 @@ def _file_advice(path: Path) -> str:
         )
     if kind is not None:
         return "It is an HDF5 file but not a trainer checkpoint or a Keras model or weights file."
-    return _GENERIC
+    return GENERIC
 
 
 def _hdf5_kind(path: Path) -> str | None:

@@ -163,11 +163,12 @@ def detect_backend(
     skipped = ""
     if unavailable:
         skipped = f" Backends that could not be imported: {'; '.join(unavailable)}."
+    advice = hints.advice(path, _is_checkpoint)
+    if advice == hints.GENERIC:  # what the path is, nothing here can tell
+        advice += f" If a third-party backend (save._target_) wrote it: {HOW_TO_REGISTER}"
     raise NotACheckpointError(
         f"{path} is not a checkpoint in any registered format "
-        f"({', '.join(sorted(_registry))}).{skipped} {hints.advice(path, _is_checkpoint)} "
-        f"If a third-party backend (save._target_) wrote it: {HOW_TO_REGISTER} "
-        f"Received: {str(path)!r}"
+        f"({', '.join(sorted(_registry))}).{skipped} {advice} Received: {str(path)!r}"
     )
 
 
