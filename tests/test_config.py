@@ -243,3 +243,18 @@ def test_train_py_refuses_nan_features_before_training(tmp_path):
     assert "data.x_key='x' holds 1 NaN or infinite values" in result.stderr
     assert "Received nan at index [17, 3, 2, 0]" in result.stderr
     assert not (run / "checkpoints").exists()
+
+
+def test_your_own_model_target_says_how_to_replace_the_default_node(compose_cfg):
+    """Issue 39, item 5: `model._target_=mymodule.build` kept resnet's `blocks` and `width`
+    and failed with "unexpected keyword argument 'blocks'" and no way forward. The error now
+    gives the override that works, and that override trains (with a key of its own)."""
+    with pytest.raises(ConfigError) as refused:
+        train(compose_cfg("model._target_=own_model.build", "save=h5"))
+    message = str(refused.value)
+    assert "Its keys ['blocks', 'width'] come from the option your _target_ replaced" in message
+    assert "'~model' '+model={_target_: own_model.build}'" in message
+    metrics = train(
+        compose_cfg("~model", "+model={_target_: own_model.build, hidden: 4}", "save=h5")
+    )
+    assert "val_accuracy" in metrics

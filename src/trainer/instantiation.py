@@ -48,8 +48,25 @@ def _config_error(node: Any, key: str, error: InstantiationException) -> ConfigE
         )
     return ConfigError(
         f"{key} could not be built: {target or 'its _target_'} raised {why}. Fix the "
-        f"settings of {key} (python train.py --cfg job --package {group} shows them). "
-        f"Received: {key}={_shown(node)}"
+        f"settings of {key} (python train.py --cfg job --package {group} shows them)."
+        f"{_own_target_hint(node, key, cause)} Received: {key}={_shown(node)}"
+    )
+
+
+def _own_target_hint(node: Any, key: str, cause: BaseException | None) -> str:
+    """``model._target_=mymodule.build`` keeps the default option's other keys (resnet's
+    ``blocks``, ``width``), which the user's function does not take: say how to replace the
+    whole node, which nothing in Hydra's message suggests."""
+    if not (isinstance(cause, TypeError) and "unexpected keyword argument" in str(cause)):
+        return ""
+    target = node.get("_target_") if isinstance(node, Mapping) else None
+    others = [k for k in (node or {}) if k != "_target_"]
+    if not target or not others:
+        return ""
+    return (
+        f" Its keys {others} come from the option your _target_ replaced; to call "
+        f"{target} with only its own arguments, replace the whole node: python train.py "
+        f"'~{key}' '+{key}={{_target_: {target}}}' (your own keys inside the braces)."
     )
 
 
