@@ -75,7 +75,7 @@ def test_sigterm_in_the_first_epoch_exits_zero(first_epoch_interrupt):
     output = output_of(proc)
     assert proc.returncode == 0, output[-3000:]
     assert "Traceback" not in output
-    assert "Interrupted at epoch 0, step 2" in output
+    assert "Interrupted in epoch 1, after 2 of its batches, step 2" in output
     state = load_checkpoint(run / "checkpoints" / "latest").state
     assert (state.epoch, state.step_in_epoch, state.history) == (0, 2, [])
 

@@ -118,7 +118,7 @@ def test_a_resumed_session_logs_into_the_runs_own_log(resumed_run):
     """Item 15: before, the run's train.log ended with the first session's interrupt."""
     _, run, later = resumed_run
     log = (run / "train.log").read_text()
-    assert "Interrupted at epoch 0, step 2" in log  # the first session
+    assert "Interrupted in epoch 1, after 2 of its batches, step 2" in log  # the first session
     assert f"Resuming from {run / 'checkpoints'}" in log  # the second one, appended
     assert "Final metrics:" in log
     assert f"Session 2 of run {run}" in log

@@ -310,9 +310,13 @@ def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress)
     log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
     if progress.interrupted:
         where = manager.saved[-1] if manager.saved else None
+        # Epochs as the progress bar numbers them (from 1): "Epoch 1/2" was reported as
+        # "Interrupted at epoch 0" (the count of completed epochs).
         log.warning(
-            "Interrupted at epoch %d, step %d. %s",
-            state.epoch,
+            "Interrupted %s, step %d. %s",
+            f"in epoch {state.epoch + 1}, after {state.step_in_epoch} of its batches"
+            if state.step_in_epoch
+            else f"after epoch {state.epoch}",
             state.global_step,
             f"Saved {where}; resume with: {hint(cfg, run_dir, where)}"
             if where
