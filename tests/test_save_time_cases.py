@@ -402,3 +402,21 @@ def test_float8_quantized_model_is_refused_where_a_load_could_not_restore_it(bac
     assert mine.keys() == theirs.keys()
     for key, value in mine.items():
         np.testing.assert_array_equal(theirs[key], value, err_msg=str(key))
+
+
+@pytest.mark.parametrize("backend", ["h5", "weights", "savedmodel"])
+def test_int4_quantized_dense_with_a_custom_quantizer_loads(tmp_path, backend):
+    """Issue 42, item 2: a Dense quantized to int4 with a custom weight quantizer saved, but
+    no load rebuilt it: JSON gave its ``value_range`` back as a list, which Keras's own
+    ``Int4QuantizationConfig`` rejects (savedmodel even blamed a missing class)."""
+    from keras import quantizers
+
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(4, name="d")(inputs))
+    quantizer = quantizers.AbsMaxQuantizer(axis=0, value_range=(-8, 7), output_dtype="int8")
+    model.quantize("int4", config=quantizers.Int4QuantizationConfig(quantizer, block_size=None))
+    x = np.random.default_rng(0).normal(size=(3, 8)).astype("float32")
+    path = get_backend(backend).save(model, tmp_path / "int4")
+    loaded = get_backend(backend).load(path).model
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert loaded.get_layer("d").quantization_mode == "int4"

@@ -45,7 +45,7 @@ from trainer.errors import (
     TrainerError,
     UnsafeCheckpointError,
 )
-from trainer.save_backends import compile_objects, policies, rebuild
+from trainer.save_backends import compile_objects, json_tuples, policies, rebuild
 from trainer.save_backends.base import checkpoint_state
 from trainer.save_backends.trainable import (  # build_optimizer: part of this kit
     BUILT_FOR,
@@ -394,7 +394,9 @@ def names_a_missing_class(entry: Any, custom_objects: dict[str, Any], safe_mode:
 def _deserialize(config, custom_objects, safe_mode, where, what):
     try:
         return keras.saving.deserialize_keras_object(  # Keras pops from what it is given
-            copy.deepcopy(config), custom_objects=custom_objects, safe_mode=safe_mode
+            json_tuples.restore(copy.deepcopy(config)),
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
         )
     except TrainerError:
         raise

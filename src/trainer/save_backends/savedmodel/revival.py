@@ -38,6 +38,7 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.save_backends import json_tuples
 from trainer.save_backends.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import (
     constraints,
@@ -162,7 +163,7 @@ class Reviver:
         objects = {**self.custom_objects, **extra}
         with keras.saving.custom_object_scope(objects):
             return keras.saving.deserialize_keras_object(
-                config, custom_objects=objects, safe_mode=self.safe_mode
+                json_tuples.restore(config), custom_objects=objects, safe_mode=self.safe_mode
             )
 
     def _from_config(self, record: dict[str, Any]) -> keras.layers.Layer | None:
