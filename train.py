@@ -1,7 +1,7 @@
 """Entry point: `python train.py [group=option ...] [key=value ...]` (see conf/).
 
 A deliberate error prints one `error: ...` line and exits 2 (HYDRA_FULL_ERROR=1 for the
-traceback); see trainer/entry.py."""
+traceback); see trainer/training/entry.py."""
 
 from trainer.console import quiet_tensorflow
 
@@ -11,7 +11,7 @@ quiet_tensorflow()
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from trainer import entry  # noqa: E402
+from trainer.training import entry  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

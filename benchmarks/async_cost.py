@@ -73,7 +73,7 @@ def stand_in(kind: str, burn_ms: float):
 
 def files_floor(real_write):
     """The ``files`` stand-in: trainer's first write, then the same files by hand."""
-    from trainer.atomic import flushing_whole_filesystem, fsync_tree
+    from trainer.storage.atomic import flushing_whole_filesystem, fsync_tree
 
     def write(self, model, path, *args, **kwargs):
         # Per manager (one per run): the template, and the checkpoints written since.
@@ -124,7 +124,7 @@ def pair_costs(durations: list[float], every: int) -> list[float]:
 
 
 def run_once(epochs: int, every: int, workdir: Path, quick: bool = False) -> list[float]:
-    from trainer.training import train
+    from trainer.training.loop import train
 
     cfg = compose(
         [

@@ -20,14 +20,14 @@ SAMPLE_SECONDS = 0.002
 
 
 def export_rows(size: Size, model: keras.Model, repeats: int, root: Path) -> list[Result]:
-    """``trainer.export.export_serving`` of the trained model, without warmup requests, its
-    trace cache emptied before every repeat: an export comes from a model loaded from a
-    checkpoint (the CLI) or from a live model whose checkpoints were written from the async
-    shadow copy, so in practice it traces; Keras' ``model.export`` traces every time too."""
+    """``trainer.exports.exporter.export_serving`` of the trained model, without warmup
+    requests, its trace cache emptied before every repeat: an export comes from a model loaded
+    from a checkpoint (the CLI) or from a live model whose checkpoints were written from the
+    async shadow copy, so in practice it traces; Keras' ``model.export`` traces every time too."""
     label = "ours serving export (python -m trainer export; no optimizer)"
     try:
-        from trainer.export import export_serving
-        from trainer.save_backends.savedmodel import trace_cache
+        from trainer.exports.exporter import export_serving
+        from trainer.save_backends.savedmodel.save import trace_cache
     except Exception as err:  # not in this checkout: said so, never estimated
         return [not_available(size.name, "savedmodel.export", label, f"{err}"[:200])]
     made: dict[int, Path] = {}

@@ -1,6 +1,6 @@
 """What checkpointing every epoch costs the default training run, in steps per second.
 
-Runs the real ``trainer.training.train(cfg)`` on the default config, changing only the
+Runs the real ``trainer.training.loop.train(cfg)`` on the default config, changing only the
 checkpoint policy and backend through Hydra overrides, with one timing callback added
 through ``callbacks``. Modes are interleaved repeat by repeat, each round starting with
 another mode, so background load and order effects hit them alike. Besides wall-clock
@@ -101,7 +101,7 @@ def compose(overrides: list[str]):
     from hydra import compose as _compose
     from hydra import initialize_config_dir
 
-    import trainer.config  # noqa: F401  (the schemas conf/ extends)
+    import trainer.training.config  # noqa: F401  (the schemas conf/ extends)
 
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         return _compose("config", overrides=overrides)
@@ -118,7 +118,7 @@ def run_once(
     The run's time starts at the first epoch and ends when ``train`` returns (last write
     awaited, final evaluation included); model building and data loading are left out.
     """
-    from trainer.training import train
+    from trainer.training.loop import train
 
     cfg = compose([*base, *MODES[mode][1], HOOK, f"run_dir={run_dir}"])
     EpochClock.spans = []

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer import direct_io
+from trainer.storage import direct_io
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -335,7 +335,7 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         quick = " (--quick: mlp, synthetic data, 2 epochs of 1 step)" if payload["quick"] else ""
         out += ["", "## Checkpoint overhead on training", ""]
         out += [
-            "`trainer.training.train(cfg)` on the default config (`conf/config.yaml`: resnet "
+            "`trainer.training.loop.train(cfg)` on the default config (`conf/config.yaml`: resnet "
             "with 2 blocks of width 16 on the digits data, Adam, batch 64, 5 epochs, validation "
             "and TensorBoard scalars every epoch, op determinism on), only the checkpoint policy "
             "and backend changed by overrides"

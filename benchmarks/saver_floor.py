@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     from trainer.save_backends import get_backend
-    from trainer.save_backends.savedmodel.tracing import tf_variable
+    from trainer.save_backends.savedmodel.features.keras_objects import tf_variable
 
     backend = get_backend("savedmodel")
     root = Path(tempfile.mkdtemp(prefix="trainer-floor-"))

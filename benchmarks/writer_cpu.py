@@ -40,12 +40,12 @@ HISTORY = [
 
 
 def measure(saves: int) -> dict[str, float]:
-    from trainer import atomic
     from trainer.checkpointing import CheckpointManager, CheckpointPolicy, numpy_rng_record
+    from trainer.model_state import kit
     from trainer.models import build_resnet
-    from trainer.save_backends import modelstate
     from trainer.state import TrainingState
-    from trainer.tensorboard import RunBoard
+    from trainer.storage import atomic
+    from trainer.tensorboard.board import RunBoard
 
     keras.utils.set_random_seed(0)
     model = build_resnet((8, 8, 1), 10, blocks=2, width=16)
@@ -53,7 +53,7 @@ def measure(saves: int) -> dict[str, float]:
     rng = np.random.default_rng(0)
     x, y = rng.random((256, 8, 8, 1), "float32"), rng.integers(0, 10, 256)
     model.fit(x, y, epochs=1, verbose=0)
-    modelstate.mark_private_copy(model)
+    kit.mark_private_copy(model)
     root = Path(tempfile.mkdtemp(prefix="writer-cpu-"))
     try:
         policy = CheckpointPolicy(async_save=False, keep_last=3)

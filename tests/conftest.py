@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import trainer.config  # noqa: F401  (registers the config schemas conf/ extends)
+import trainer.training.config  # noqa: F401  (registers the config schemas conf/ extends)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"

@@ -130,10 +130,10 @@ def full_disk_run(out: Path, on_save_error: str, limit: int) -> list[str]:
 def train_run(out: Path, backend: str, on_save_error: str, limit: int) -> dict:
     from hydra import compose, initialize_config_dir
 
-    import trainer.config  # noqa: F401  (the schemas conf/ extends)
+    import trainer.training.config  # noqa: F401  (the schemas conf/ extends)
     from trainer.errors import SaveError
     from trainer.save_backends import load_checkpoint
-    from trainer.training import train
+    from trainer.training.loop import train
 
     overrides = [
         f"save={backend}",

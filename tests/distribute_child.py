@@ -22,9 +22,10 @@ import numpy as np
 from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 
-import trainer.config  # noqa: F401  (the schemas conf/ extends)
-from trainer import distribute, train
+import trainer.training.config  # noqa: F401  (the schemas conf/ extends)
+from trainer import train
 from trainer.save_backends import load_checkpoint
+from trainer.training import distribute
 
 
 def compose_cfg(overrides: list[str]):

@@ -16,7 +16,9 @@ import keras
 import numpy as np
 
 from trainer.errors import CorruptCheckpointError
-from trainer.integrity import (
+from trainer.save_backends import get_backend
+from trainer.state import TrainingState
+from trainer.storage.integrity import (
     HDF5_USERBLOCK,
     MANIFEST_FILE,
     find_manifest,
@@ -24,8 +26,6 @@ from trainer.integrity import (
     seal_hdf5,
     write_manifest,
 )
-from trainer.save_backends import get_backend
-from trainer.state import TrainingState
 
 BACKENDS = ("h5", "weights", "savedmodel")
 FEATURES = 6

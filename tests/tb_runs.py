@@ -21,7 +21,7 @@ from trainer.data import make_synthetic
 from trainer.models import build_mlp
 from trainer.save_backends import get_backend
 from trainer.state import TrainingState
-from trainer.tensorboard import RunBoard, config_hash, flatten_config
+from trainer.tensorboard.board import RunBoard, config_hash, flatten_config
 
 DATA = {
     "_target_": "trainer.data.make_synthetic",

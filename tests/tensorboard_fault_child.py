@@ -34,7 +34,7 @@ def main(out: Path, limit: int, on_save_error: str, every_n_steps: str) -> dict:
     from hydra import compose, initialize_config_dir
 
     from trainer.save_backends import load_checkpoint
-    from trainer.training import train
+    from trainer.training.loop import train
 
     overrides = [
         "save=weights",

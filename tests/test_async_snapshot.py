@@ -91,7 +91,7 @@ def test_async_save_after_freezing_a_layer_saves_it_frozen(backend, tmp_path):
     optimizer is built for the live optimizer's variables: a layer frozen after the first
     async save (fine-tuning) is saved frozen, with the optimizer as it is, like a sync save."""
     from trainer.checkpointing import AsyncBackend
-    from trainer.save_backends import trainable
+    from trainer.model_state import trainable
 
     model, x = _trained_with_a_base_layer(seed=3)
     saver = AsyncBackend(get_backend(backend))
@@ -138,7 +138,7 @@ def test_async_saving_that_starts_after_a_layer_was_frozen(backend, tmp_path):
     builds its optimizer for the trainable variables, fewer than the live optimizer's.
     It is compiled again the way a load is, so the save works and keeps the slots."""
     from trainer.checkpointing import AsyncBackend
-    from trainer.save_backends import trainable
+    from trainer.model_state import trainable
 
     model, _ = _trained_with_a_base_layer(seed=8)
     model.get_layer("base").trainable = False
@@ -153,19 +153,19 @@ def test_async_saving_that_starts_after_a_layer_was_frozen(backend, tmp_path):
 
 
 def test_the_shadows_structure_fingerprint_follows_flags_and_variables():
-    """The shadow is a private copy (``modelstate.mark_private_copy``): the savedmodel
+    """The shadow is a private copy (``kit.mark_private_copy``): the savedmodel
     backend checks its structure by flags and variable identities alone, and must still
     see every change trainer can make to it, giving the very fingerprint a full check
     would."""
-    from trainer.save_backends import modelstate
-    from trainer.save_backends.savedmodel import structure
+    from trainer.model_state import kit
+    from trainer.save_backends.savedmodel.save import structure
 
     inputs = keras.Input((3,))
     hidden = keras.layers.Dense(4, name="hidden")(inputs)
     model = keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden))
     model.compile(optimizer="adam", loss="mse")
     shadow = clone_for_snapshot(model)
-    assert modelstate.is_private_copy(shadow) and not modelstate.is_private_copy(model)
+    assert kit.is_private_copy(shadow) and not kit.is_private_copy(model)
 
     def check():
         value = structure.fingerprint(shadow)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from trainer import atomic
 from trainer.checkpointing.snapshot import AsyncWriter
+from trainer.storage import atomic
 
 
 def _tree(root):

@@ -75,9 +75,9 @@ def test_backends_and_their_wrappers_have_a_readable_repr(compose_cfg, caplog):
 
     from trainer import train
     from trainer.checkpointing.wrappers import AsyncBackend
-    from trainer.distribute import ScratchBackend
     from trainer.save_backends.h5 import H5Backend
     from trainer.save_backends.savedmodel.backend import SavedModelBackend
+    from trainer.training.distribute import ScratchBackend
 
     assert repr(get_backend("h5")) == "H5Backend()"
     assert repr(H5Backend(compression="gzip")) == "H5Backend(compression='gzip')"
@@ -86,7 +86,7 @@ def test_backends_and_their_wrappers_have_a_readable_repr(compose_cfg, caplog):
     assert repr(nested) == "ScratchBackend(AsyncBackend(SavedModelBackend(reuse_traces=False)))"
     assert repr(get_backend("weights")) == "WeightsBackend()"
 
-    with caplog.at_level(logging.INFO, logger="trainer.training"):
+    with caplog.at_level(logging.INFO, logger="trainer.training.loop"):
         train(compose_cfg("model=mlp", "save=h5", "checkpoint.policy.async_save=true"))
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training ")]
     assert "; backend AsyncBackend(H5Backend()); " in line and " at 0x" not in line

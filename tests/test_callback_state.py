@@ -21,7 +21,7 @@ from trainer import train
 from trainer.checkpointing import all_variables
 from trainer.errors import ConfigError
 from trainer.save_backends import load_checkpoint
-from trainer.user_callbacks import load_state
+from trainer.training.user_callbacks import load_state
 
 # Nothing counts as an improvement (min_delta=100): EarlyStopping stops after its patience
 # (epoch 4 of 8) and ReduceLROnPlateau halves the rate after every epoch but the first.
@@ -129,7 +129,7 @@ def test_early_stopping_that_restores_best_weights_is_refused_on_resume():
 def test_csv_logger_drops_rows_logged_after_the_checkpoint(tmp_path):
     """A crash between an epoch's CSV row and its checkpoint: the resumed run's logger keeps
     the rows its checkpoint counted and logs the repeated epoch once."""
-    from trainer.user_callbacks import CSVLogger
+    from trainer.callbacks import CSVLogger
 
     (tmp_path / "metrics.csv").write_text("epoch,loss\r\n0,1.0\r\n1,0.5\r\n2,0.25\r\n")
     logger = CSVLogger("metrics.csv")
@@ -157,9 +157,10 @@ def test_damaged_callback_state_is_refused_when_the_run_is_built(tmp_path, callb
     """The checkpoint's callback state was applied as stored: best="abc" failed with a raw
     error at the first epoch's end, rows="abc" with a raw ValueError, after the session
     had started writing. Refused when the callbacks are built, before anything is written."""
+    from trainer.callbacks import CSVLogger
     from trainer.errors import CorruptCheckpointError
     from trainer.state import TrainingState
-    from trainer.user_callbacks import ConfigCallbacks, CSVLogger
+    from trainer.training.user_callbacks import ConfigCallbacks
 
     if callback == "csv":
         callback = CSVLogger(str(tmp_path / "metrics.csv"))
@@ -170,7 +171,7 @@ def test_damaged_callback_state_is_refused_when_the_run_is_built(tmp_path, callb
 def test_csv_logger_without_append_keeps_the_rows_of_a_resumed_run(tmp_path):
     """append=False: Keras empties the file when training begins, so a resumed session lost
     every row its checkpoint had counted; it keeps them, and a fresh run starts empty."""
-    from trainer.user_callbacks import CSVLogger
+    from trainer.callbacks import CSVLogger
 
     (tmp_path / "metrics.csv").write_text("epoch,loss\r\n0,1.0\r\n1,0.5\r\n2,0.25\r\n")
     resumed = CSVLogger("metrics.csv", append=False)
@@ -226,8 +227,9 @@ def test_a_fresh_run_moves_rows_of_an_earlier_session_aside(compose_cfg, tmp_pat
 
 def test_a_csv_file_outside_the_run_directory_is_appended_to(tmp_path):
     """An absolute filename is the user's own file: a fresh run appends, moves nothing."""
+    from trainer.callbacks import CSVLogger
     from trainer.state import TrainingState
-    from trainer.user_callbacks import ConfigCallbacks, CSVLogger
+    from trainer.training.user_callbacks import ConfigCallbacks
 
     shared = tmp_path / "all_runs.csv"
     shared.write_text("epoch,loss\r\n0,9.0\r\n")

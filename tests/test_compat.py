@@ -31,7 +31,8 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import keras_bugs
 from trainer._compat import tensorflow as tf_compat
 from trainer._compat.initializers import DeferredInitializers
-from trainer.save_backends.savedmodel import object_graph, tracing
+from trainer.save_backends.savedmodel.features import keras_objects
+from trainer.save_backends.savedmodel.save import object_graph, tracing
 
 CHILD_TIMEOUT = 600  # hang guard for the two workers, never a speed check
 
@@ -220,7 +221,7 @@ def test_set_variable_storage_shares_the_tf_variable():
     storage = tf.Variable(np.full((2,), 3.0, "float32"))
     variable = keras.Variable(initializer="zeros", shape=(2,), dtype="float32")
     keras_compat.set_variable_storage(variable, storage)
-    assert variable.value is storage and tracing.tf_variable(variable) is storage
+    assert variable.value is storage and keras_objects.tf_variable(variable) is storage
     variable.assign([1.0, 2.0])
     np.testing.assert_array_equal(storage.numpy(), [1.0, 2.0])
     layer = keras.layers.Layer()
@@ -230,16 +231,16 @@ def test_set_variable_storage_shares_the_tf_variable():
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_public_value_is_the_storage_keras_holds(policy):
-    """``tracing.variable_storage`` reads the public ``variable.value``: the same object as
+    """``keras_objects.variable_storage`` reads the public ``variable.value``: the same object as
     Keras' private ``_value``, for layer and optimizer variables and any dtype policy."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, dtype=policy)])
     model.compile(optimizer="adam", loss="mse")
     model.optimizer.build(model.trainable_variables)
     for variable in [*model.variables, *model.optimizer.variables]:
-        assert tracing.variable_storage(variable) is variable._value
+        assert keras_objects.variable_storage(variable) is variable._value
         assert isinstance(variable._value, tf.Variable)
     plain = tf.Variable(1.0)
-    assert tracing.variable_storage(plain) is plain
+    assert keras_objects.variable_storage(plain) is plain
 
 
 def test_takes_training_matches_what_keras_derived():
@@ -256,9 +257,9 @@ def test_takes_training_matches_what_keras_derived():
     ]
     for layer in layers:
         expected = layer._call_has_context_arg["training"]
-        assert tracing.takes_training(layer) is expected, layer
+        assert keras_objects.takes_training(layer) is expected, layer
         with tracing.CallRecorder([layer]):  # call replaced on the instance meanwhile
-            assert tracing.takes_training(layer) is expected, layer
+            assert keras_objects.takes_training(layer) is expected, layer
 
 
 def test_trackable_resource_finds_what_capturable_resource_found():

@@ -260,7 +260,7 @@ def test_export_of_a_ragged_model_serves_and_refuses_warmup(tmp_path):
     """An export (trainer's SavedModel) of a ragged-input model serves through its
     component signature; warmup examples, which cannot be cut per example from ragged
     components, are refused before anything is written."""
-    from trainer.export import export_serving
+    from trainer.exports.exporter import export_serving
 
     model = ragged_model()
     x = _ragged()

@@ -12,10 +12,10 @@ from conftest import config_options, list_checkpoints
 from omegaconf import OmegaConf
 
 from trainer import train
-from trainer.building import build_model, build_optimizer
 from trainer.data import DataSplits, epoch_dataset, epoch_order
 from trainer.errors import ConfigError
 from trainer.save_backends import SaveBackend, load_checkpoint
+from trainer.training.building import build_model, build_optimizer
 
 
 @pytest.mark.parametrize("option", config_options("model"))
@@ -206,7 +206,7 @@ def test_training_is_repeatable(compose_cfg, tmp_path):
 
 def test_train_exports_and_links_tensorboard(compose_cfg, tmp_path):
     from trainer.save_backends import read_checkpoint_metadata
-    from trainer.tensorboard import LINK_KEY, resolve_link
+    from trainer.tensorboard.board import LINK_KEY, resolve_link
 
     cfg = compose_cfg("model=mlp", "save=h5", "export.enabled=true", "export.format=keras")
     train(cfg)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+from trainer.model_state.config_check import held_values
 from trainer.save_backends import load_checkpoint
-from trainer.save_backends.config_state import held_values
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])

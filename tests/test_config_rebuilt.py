@@ -188,7 +188,7 @@ def test_a_block_whose_keras_layers_ignore_training_gets_one_trace(tmp_path):
 
 
 def test_training_counts_unless_a_keras_call_never_reads_it():
-    from trainer.save_backends.savedmodel import tracing
+    from trainer.save_backends.savedmodel.save import tracing
 
     class UsersDense(layers.Dense):  # the user's class: taken at its signature
         pass

@@ -1,5 +1,5 @@
 """One value per default (issue 15 item 7): the config groups whose defaults live in code
-extend Hydra structured configs (trainer.config) and write no value of their own; composing
+extend Hydra structured configs (trainer.training.config) and write no value of their own; composing
 checks types and keys; a checkpoint name pattern that some save could not fill is refused
 before training starts."""
 
@@ -14,10 +14,11 @@ from conftest import CONF_DIR
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import trainer.config
-from trainer import export, export_sources, train
+import trainer.training.config
+from trainer import train
 from trainer.checkpointing import CheckpointPolicy
 from trainer.errors import ConfigError
+from trainer.exports import exporter, sources
 from trainer.save_backends import load_checkpoint
 from trainer.wrapping import pruning
 
@@ -43,7 +44,7 @@ def test_group_yaml_extends_its_schema_and_writes_no_value_of_its_own(option):
     group, name = option.split("/")
     schema = "schema" if group in ("checkpoint", "export", "trainer") else f"schema_{name}"
     assert yaml(f"{option}.yaml") == {"defaults": [schema, "_self_"]}
-    assert schema in trainer.config.SCHEMAS[group]
+    assert schema in trainer.training.config.SCHEMAS[group]
 
 
 def test_composed_defaults_are_the_code_ones(compose_cfg):
@@ -56,9 +57,9 @@ def test_composed_defaults_are_the_code_ones(compose_cfg):
     assert wrap == {k: list(v) if isinstance(v, tuple) else v for k, v in code.items()}
     schedule = inspect.signature(pruning.PruneLowMagnitude).parameters["frequency"].default
     assert schedule == wrap["frequency"] == pruning.PolynomialSparsity(0.5).frequency
-    assert cfg.export.keep == export.DEFAULT_KEEP
-    for function in (export.export_serving, export_sources.export_from_checkpoint):
-        assert inspect.signature(function).parameters["keep"].default == export.DEFAULT_KEEP
+    assert cfg.export.keep == exporter.DEFAULT_KEEP
+    for function in (exporter.export_serving, sources.export_from_checkpoint):
+        assert inspect.signature(function).parameters["keep"].default == exporter.DEFAULT_KEEP
 
 
 @pytest.mark.parametrize(
@@ -66,7 +67,7 @@ def test_composed_defaults_are_the_code_ones(compose_cfg):
     [
         ("trainer.epochs=abc", r"trainer.epochs"),
         ("checkpoint.policy.keep_lst=2", r"keep_lst"),
-        ("export.keep=1.5", r"export.keep"),
+        ("exporter.keep=1.5", r"exporter.keep"),
         ("wrap=prune wrap.power=fast", r"wrap.power"),
         ("strategy=mirrored strategy.logical_cpus=two", r"strategy.logical_cpus"),
     ],

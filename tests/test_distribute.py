@@ -28,13 +28,13 @@ from conftest import ROOT, TINY, subprocess_env
 from hydra.utils import instantiate
 
 from trainer import train
-from trainer.atomic import is_temporary
 from trainer.checkpointing import all_variables
-from trainer.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
 from trainer.errors import ConfigError
-from trainer.resume import find_latest
 from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
-from trainer.tensorboard import resolve_link
+from trainer.storage.atomic import is_temporary
+from trainer.tensorboard.board import resolve_link
+from trainer.training.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
+from trainer.training.resume import find_latest
 
 RTOL, ATOL = 1e-5, 1e-6
 # No dropout where runs under different strategies are compared: each replica draws its

@@ -14,17 +14,17 @@ import tensorflow as tf
 from tb_runs import assert_close, make_run
 from tensorflow_serving.apis import prediction_log_pb2
 
-from trainer.cli import main
-from trainer.export import (
+from trainer.cli.main import main
+from trainer.exports.exporter import (
     ExportError,
     export_serving,
     read_export_metadata,
     versions,
 )
-from trainer.export_sources import export_from_checkpoint
-from trainer.serving import saved_model_signatures
-from trainer.tensorboard import event_steps, resolve_link
-from trainer.warmup import EXTRA_DIR, WARMUP_FILE
+from trainer.exports.sources import export_from_checkpoint
+from trainer.exports.warmup import EXTRA_DIR, WARMUP_FILE
+from trainer.model_state.serving import saved_model_signatures
+from trainer.tensorboard.board import event_steps, resolve_link
 
 
 @pytest.fixture(scope="module")

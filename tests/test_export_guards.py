@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.cli import main
+from trainer.cli.main import main
 from trainer.errors import ExportError
-from trainer.export import export_serving, read_export_metadata, versions
-from trainer.export_sources import check_export_options, export_from_checkpoint
+from trainer.exports.exporter import export_serving, read_export_metadata, versions
+from trainer.exports.sources import check_export_options, export_from_checkpoint
 from trainer.save_backends import get_backend
 
 
@@ -228,7 +228,7 @@ def test_warmup_writes_every_request_asked_for_up_to_tf_servings_limit(
     """``--warmup 150`` wrote 100 requests (a silent cap); TF Serving loads up to 1000, and
     refuses a version with more, so more is refused before anything is loaded or written."""
     from trainer import train
-    from trainer.warmup import count_warmup
+    from trainer.exports.warmup import count_warmup
 
     train(compose_cfg("model=mlp", "save=h5", "data.num_examples=1000", "trainer.epochs=1"))
     latest = tmp_path / "run" / "checkpoints" / "latest"

@@ -21,19 +21,19 @@ import pytest
 from conftest import ROOT, subprocess_env
 from tb_runs import make_run
 
-from trainer.cli import main
+from trainer.cli.main import main
+from trainer.cli.verify import verify_checkpoint
 from trainer.errors import IntegrityError
-from trainer.export import (
+from trainer.exports.exporter import (
     EXPORT_FILE,
     export_serving,
     read_export_metadata,
     versions,
 )
-from trainer.export_sources import export_from_checkpoint
-from trainer.tensorboard import event_steps, resolve_link
-from trainer.training import train
-from trainer.verify import verify_checkpoint
-from trainer.warmup import EXTRA_DIR, WARMUP_FILE
+from trainer.exports.sources import export_from_checkpoint
+from trainer.exports.warmup import EXTRA_DIR, WARMUP_FILE
+from trainer.tensorboard.board import event_steps, resolve_link
+from trainer.training.loop import train
 
 ONE_TEMPORARY = re.compile(r"^\.[0-9]+\.tmp-[0-9]+-[0-9a-f]+$")
 
@@ -198,7 +198,7 @@ def test_stale_export_temporaries_are_cleaned_but_live_ones_kept(run, tmp_path):
 
 EXPORT_FOREVER = """
 import sys, keras
-from trainer.export import export_serving
+from trainer.exports.exporter import export_serving
 inputs = keras.Input((4,))
 model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
 model.compile("sgd", "mse")

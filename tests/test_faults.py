@@ -29,7 +29,6 @@ from fault_corpus import (
     truncate,
 )
 
-from trainer import limits
 from trainer.errors import (
     CorruptCheckpointError,
     IncompatibleFormatError,
@@ -39,6 +38,7 @@ from trainer.errors import (
     TrainerError,
 )
 from trainer.save_backends import backend_class, get_backend, load_checkpoint
+from trainer.storage import limits
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.callbacks import Checkpoint, RunProgress
+from trainer.callbacks import Checkpoint
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
+from trainer.training.progress import RunProgress
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(84, 8)).astype("float32")

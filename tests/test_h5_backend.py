@@ -16,9 +16,9 @@ from trainer.errors import (
     MissingClassError,
     NotACheckpointError,
 )
+from trainer.model_state.layer_protocol import stateful_layers
 from trainer.save_backends import detect_backend, load_checkpoint
 from trainer.save_backends.h5 import H5Backend
-from trainer.save_backends.layerstate import stateful_layers
 from trainer.state import TrainingState
 from trainer.testing import build_model, suite_data, train
 

@@ -38,8 +38,8 @@ from tensorboard.plugins.hparams import (
 from tensorboard.plugins.hparams import metadata as hp_metadata
 from test_sessions_and_sweeps import TINY, train_py
 
-from trainer.hparams_sessions import REPLACED_PREFIX, frame, replace_earlier_hparams
-from trainer.tensorboard import event_steps
+from trainer.tensorboard.board import event_steps
+from trainer.tensorboard.hparams import REPLACED_PREFIX, frame, replace_earlier_hparams
 
 STATUSES = [api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_RUNNING]
 
@@ -200,7 +200,7 @@ import os, socket, sys
 from pathlib import Path
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
-from trainer.hparams_sessions import frame
+from trainer.tensorboard.hparams import frame
 info = plugin_data_pb2.SessionStartInfo(start_time_secs=1_700_000_000)
 info.hparams["trainer.epochs"].number_value = 2
 value = summary_pb2.Summary.Value(
@@ -245,7 +245,7 @@ def test_the_file_of_a_live_writer_is_never_rewritten(tmp_path):
 # ------------------------------------------------------------------ killed midway
 REWRITER = """
 import resource, signal, sys
-from trainer.hparams_sessions import replace_earlier_hparams
+from trainer.tensorboard.hparams import replace_earlier_hparams
 limit = int(sys.argv[2])
 if limit:  # the kernel kills the process when the copy reaches `limit` bytes
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)

@@ -15,7 +15,8 @@ import tensorflow as tf
 from fault_corpus import reseal
 
 from trainer.errors import IncompatibleFormatError, LayerStateError, TrainerError
-from trainer.save_backends import get_backend, hdf5_arrays, modelstate
+from trainer.model_state import kit
+from trainer.save_backends import get_backend, hdf5_arrays
 
 CONFIG_BACKENDS = ("h5", "weights")  # the savedmodel backend: see SAVEDMODEL below
 SAVEDMODEL = "savedmodel"
@@ -148,7 +149,7 @@ def downgrade_to_version_1(backend: str, path, model) -> None:
     ``model.weights`` by position instead of per-layer state, weights without assets/."""
     if backend == "h5":
         with h5py.File(path, "r+") as handle:
-            hdf5_arrays.write_arrays(handle, "model_weights", modelstate.model_weight_arrays(model))
+            hdf5_arrays.write_arrays(handle, "model_weights", kit.model_weight_arrays(model))
             del handle["layers"]
             metadata = json.loads(handle["metadata"].asstr()[()])
             del handle["metadata"]

@@ -14,15 +14,21 @@ import numpy as np
 import pytest
 from conftest import ROOT, TINY, list_checkpoints, subprocess_env
 
-from trainer.atomic import clean_stale_temporaries, temporary_sibling
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import DirectoryInUseError
-from trainer.locks import LEASE_PREFIX, DirectoryLock, is_read, read_lease, remove_unless_read
 from trainer.save_backends import load_checkpoint
+from trainer.storage.atomic import clean_stale_temporaries, temporary_sibling
+from trainer.storage.locks import (
+    LEASE_PREFIX,
+    DirectoryLock,
+    is_read,
+    read_lease,
+    remove_unless_read,
+)
 
 HOLDER = """
 import sys
-from trainer.locks import DirectoryLock
+from trainer.storage.locks import DirectoryLock
 DirectoryLock(sys.argv[1]).acquire()
 print("held", flush=True)
 sys.stdin.read()  # until the parent closes stdin or kills us

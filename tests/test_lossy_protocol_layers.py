@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import IncompatibleFormatError
-from trainer.save_backends import get_backend, layerstate, load_checkpoint
+from trainer.model_state import layer_protocol
+from trainer.save_backends import get_backend, load_checkpoint
 
 BACKENDS = ("savedmodel", "h5", "weights")
 
@@ -94,9 +95,9 @@ def test_lora_adapters_survive_an_async_save(backend, tmp_path):
 
 def _as_older_trainer_saved(monkeypatch) -> None:
     """Save LoRA layers the way trainer did before: through Keras's merging methods."""
-    monkeypatch.setattr(layerstate, "merges_lora_when_saved", lambda layer: False)
-    monkeypatch.setattr(layerstate, "loads_own_variables_by_position", lambda layer: False)
-    monkeypatch.setattr(layerstate, "lora_variable_arrays", lambda model: [])
+    monkeypatch.setattr(layer_protocol, "merges_lora_when_saved", lambda layer: False)
+    monkeypatch.setattr(layer_protocol, "loads_own_variables_by_position", lambda layer: False)
+    monkeypatch.setattr(layer_protocol, "lora_variable_arrays", lambda model: [])
 
 
 @pytest.mark.parametrize("backend", ["h5", "weights"])

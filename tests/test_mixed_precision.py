@@ -83,15 +83,15 @@ def test_an_async_copy_keeps_the_loss_scale_optimizer_when_the_global_policy_cha
 def test_a_stored_policy_is_read_only_if_it_is_a_keras_policy():
     """The record is untrusted: anything but a known policy means 'the current global one',
     and no other class reaches Keras' deserializer."""
-    from trainer.save_backends import policies
+    from trainer.model_state import dtype_policy
 
     mixed = keras.dtype_policies.serialize(keras.DTypePolicy("mixed_bfloat16"))
-    assert policies.stored_policy(mixed).name == "mixed_bfloat16"
-    assert policies.stored_policy("mixed_float16").name == "mixed_float16"
+    assert dtype_policy.stored_policy(mixed).name == "mixed_bfloat16"
+    assert dtype_policy.stored_policy("mixed_float16").name == "mixed_float16"
     dense = {"module": "keras.layers", "class_name": "Dense", "config": {"units": 2}}
     unknown = {"class_name": "DTypePolicy", "config": {"name": "nonsense"}}
     for record in (None, "nonsense", 5, dense, unknown):
-        assert policies.stored_policy(record) is None
+        assert dtype_policy.stored_policy(record) is None
 
 
 def _binning_model(**discretization_kwargs) -> keras.Model:

@@ -14,7 +14,7 @@ import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import partial_load
+from trainer.save_backends.savedmodel.load import partial_load
 
 NAME = "trainer_test_pruned>NormBlock"
 

@@ -15,8 +15,8 @@ from conftest import ROOT, TINY, config_options, list_checkpoints, subprocess_en
 from trainer import train
 from trainer.checkpointing import AsyncWriter, CheckpointPolicy, all_variables, retained
 from trainer.errors import ConfigMismatchError, NotACheckpointError, SaveError
-from trainer.resume import find_latest
 from trainer.save_backends import load_checkpoint, read_checkpoint_metadata
+from trainer.training.resume import find_latest
 
 # A Dropout model, three epochs of three steps each, a checkpoint every step.
 EXACT = [
@@ -338,8 +338,9 @@ def test_restore_into_a_fresh_model_carries_frozen_layers_and_their_slots(tmp_pa
     optimizer) after a layer was frozen mid-run: the layer comes back frozen and the
     optimizer is built for the variables it was saved for, so training goes on alike."""
 
-    from trainer.resume import restore_into
-    from trainer.save_backends import get_backend, trainable
+    from trainer.model_state import trainable
+    from trainer.save_backends import get_backend
+    from trainer.training.resume import restore_into
 
     def build():
         keras.utils.set_random_seed(5)
@@ -370,8 +371,8 @@ def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_
     while every layer is trainable; with a frozen layer, the flags cannot be mapped and the
     restore is refused before any variable is assigned."""
 
-    from trainer.resume import restore_into
     from trainer.save_backends import get_backend
+    from trainer.training.resume import restore_into
 
     def build(extra: bool):
         keras.utils.set_random_seed(6)
@@ -399,8 +400,9 @@ def test_restore_into_a_model_with_other_layers_refuses_only_a_frozen_state(tmp_
 
 def test_restore_into_carries_weight_decay_exclusions_or_refuses_other_ones(tmp_path):
 
-    from trainer.resume import restore_into
-    from trainer.save_backends import get_backend, trainable
+    from trainer.model_state import trainable
+    from trainer.save_backends import get_backend
+    from trainer.training.resume import restore_into
 
     def build(excluded: list[str] | None):
         keras.utils.set_random_seed(7)

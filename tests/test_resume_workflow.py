@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 from conftest import ROOT, list_checkpoints, subprocess_env
 
-from trainer import entry, train
+from trainer import train
 from trainer.errors import ConfigError, ConfigMismatchError, NotACheckpointError, TrainerError
-from trainer.export import export_serving, is_export, read_export_metadata, versions
-from trainer.resume import resolve_resume, resume_hint
+from trainer.exports.exporter import export_serving, is_export, read_export_metadata, versions
 from trainer.save_backends import load_checkpoint
+from trainer.training import entry
+from trainer.training.resume import resolve_resume, resume_hint
 
 TINY = [
     "model=mlp",
@@ -199,7 +200,7 @@ def test_mid_epoch_exactness_keys_refused_unless_allowed(compose_cfg, tmp_path, 
     train(compose_cfg(*base, "trainer.epochs=2", "trainer.batch_size=8", f"resume={epoch_end}"))
     assert load_checkpoint(copy / "checkpoints" / "latest").state.epoch == 2
 
-    caplog.set_level("WARNING", logger="trainer.resume")
+    caplog.set_level("WARNING", logger="trainer.training.resume")
     train(compose_cfg(*base, *changed, "resume_allow_inexact=true"))
     assert "no longer matches an uninterrupted one" in caplog.text
     state = load_checkpoint(run / "checkpoints" / "latest").state
@@ -337,7 +338,7 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     # Moved with its run, a set-aside checkpoint still finds its run's log (its link was
     # written one folder up: it said "the event file is gone").
     from trainer.errors import TensorBoardLinkError
-    from trainer.tensorboard import resolve_link
+    from trainer.tensorboard.board import resolve_link
 
     moved = Path(first.run_dir).parent / "moved"
     shutil.move(first.run_dir, moved)
@@ -354,9 +355,9 @@ def _abandoned_links_do_not_resolve(aside: Path, kept: Path, branch_start: float
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
     from trainer.errors import TensorBoardLinkError
-    from trainer.runs import describe_artifact
+    from trainer.runs.index import describe_artifact
     from trainer.save_backends import load_checkpoint
-    from trainer.tensorboard import resolve_link
+    from trainer.tensorboard.board import resolve_link
 
     kept_meta = load_checkpoint(kept, compile=False).metadata
     log_dir = resolve_link(kept, kept_meta).log_dir
@@ -433,9 +434,9 @@ def test_a_finished_branch_does_not_take_the_abandoned_branchs_export_or_finals(
     import keras
     import tensorflow as tf
 
-    from trainer.callbacks import mark_session_start
-    from trainer.run_end import FINAL_PREFIX, export_of_step, has_final_metrics
     from trainer.state import TrainingState
+    from trainer.training.progress import mark_session_start
+    from trainer.training.run_end import FINAL_PREFIX, export_of_step, has_final_metrics
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     abandoned = TrainingState(epoch=2, global_step=6, history=[{"epoch": 1, "loss": 0.5}])

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.savedmodel_zoo import classes_hidden
-from trainer.export import export_serving
+from trainer.exports.exporter import export_serving
 from trainer.save_backends import get_backend, load_checkpoint
 
 PKG = "test_revived_lookup_tables"

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tests.savedmodel_zoo import classes_hidden
-from trainer.save_backends import get_backend, layerstate
+from trainer.model_state import layer_protocol
+from trainer.save_backends import get_backend
 
 PKG = "test_revived_rnn_states"
 X = np.random.default_rng(0).random((2, 3, 5)).astype("float32")
@@ -96,13 +97,15 @@ CASES = {
 
 
 def _rnns(model):
-    found = [layer for layer in layerstate.stateful_layers(model) if layerstate.rnn_states(layer)]
+    found = [
+        layer for layer in layer_protocol.stateful_layers(model) if layer_protocol.rnn_states(layer)
+    ]
     assert found, f"{model.name}: no stateful RNN with states"
     return found
 
 
 def _states(model):
-    return [v.numpy() for layer in _rnns(model) for v in layerstate.rnn_states(layer)]
+    return [v.numpy() for layer in _rnns(model) for v in layer_protocol.rnn_states(layer)]
 
 
 def _assert_alike(original, loaded, what):
@@ -137,7 +140,7 @@ def test_loaded_stateful_lstm_states_are_the_ones_its_model_uses(case, tmp_path)
         _assert_alike(model, loaded, "after reset_states()")
 
         for each in (model, loaded):
-            for variable in (v for layer in _rnns(each) for v in layerstate.rnn_states(layer)):
+            for variable in (v for layer in _rnns(each) for v in layer_protocol.rnn_states(layer)):
                 variable.assign(np.full(variable.shape, 0.3, "float32"))
         _assert_alike(model, loaded, "after assigning the states")
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.export_sources import export_from_checkpoint
+from trainer.exports.sources import export_from_checkpoint
 from trainer.save_backends import get_backend, load_checkpoint
 
 
@@ -92,7 +92,7 @@ def test_a_keras_format_export_of_a_revived_model_says_why_it_is_refused(tmp_pat
     """It said "has never called ... Build the model on a batch of data", which calling it
     does not change (found by a probe)."""
     from trainer.errors import ExportError
-    from trainer.export import export_serving
+    from trainer.exports.exporter import export_serving
 
     x = np.ones((2, 3), "float32")
     model = Plain()

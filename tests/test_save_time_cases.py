@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from tests.savedmodel_zoo import classes_hidden as zoo_classes_hidden
 from trainer.errors import MissingClassError, ModelNotReadyError
-from trainer.save_backends import get_backend, layerstate
+from trainer.model_state import layer_protocol
+from trainer.save_backends import get_backend
 
 PKG = "test_save_time_cases"
 BACKENDS = ("savedmodel", "h5", "weights")
@@ -251,17 +252,17 @@ def test_stateful_rnn_keeps_its_states(kind, backend, tmp_path):
     x = np.random.default_rng(0).random((2, *SHAPES[kind])).astype("float32")
     model(x)
     model(x)  # the states are now far from their zero start
-    saved_states = [v.numpy() for v in layerstate.rnn_states(layer)]
+    saved_states = [v.numpy() for v in layer_protocol.rnn_states(layer)]
     assert all(np.abs(s).max() > 0 for s in saved_states)
     path, checkpoint = _round_trip(backend, model, tmp_path)
     loaded_layer = checkpoint.model.layers[0]
-    for before, after in zip(saved_states, layerstate.rnn_states(loaded_layer), strict=True):
+    for before, after in zip(saved_states, layer_protocol.rnn_states(loaded_layer), strict=True):
         np.testing.assert_array_equal(after.numpy(), before)
     expected = model(x).numpy()
     np.testing.assert_array_equal(checkpoint.model(x).numpy(), expected)
     if backend == "savedmodel":  # the serving signature continues from the saved states
         np.testing.assert_allclose(_serve(path, x), expected, atol=1e-6)
-    for variable in layerstate.rnn_states(loaded_layer) + layerstate.rnn_states(layer):
+    for variable in layer_protocol.rnn_states(loaded_layer) + layer_protocol.rnn_states(layer):
         variable.assign(np.zeros(variable.shape, "float32"))  # Keras' reset_state, which
         # fails on stacked cells' nested states (Keras 3.15)
     np.testing.assert_array_equal(checkpoint.model(x).numpy(), model(x).numpy())
@@ -274,10 +275,10 @@ def test_stateful_rnn_states_reach_the_background_save_copy():
     x = np.ones((2, 4, 2), "float32")
     model(x)
     shadow = keras.models.clone_model(model)
-    layerstate.copy_own_state(model, shadow)
-    copied = layerstate.rnn_states(shadow.layers[0])
+    layer_protocol.copy_own_state(model, shadow)
+    copied = layer_protocol.rnn_states(shadow.layers[0])
     assert len(copied) == 1
-    for a, b in zip(layerstate.rnn_states(layer), copied, strict=True):
+    for a, b in zip(layer_protocol.rnn_states(layer), copied, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 

@@ -16,12 +16,12 @@ import pytest
 import tensorflow as tf
 
 from tests import savedmodel_zoo as zoo
-from trainer import integrity
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import IntegrityError, ModelNotReadyError, NotACheckpointError
 from trainer.save_backends import detect_backend, get_backend
-from trainer.save_backends.savedmodel import trace_cache
 from trainer.save_backends.savedmodel.layout import metadata_path
+from trainer.save_backends.savedmodel.save import trace_cache
+from trainer.storage import integrity
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from tests import savedmodel_zoo as zoo
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import saver_def
+from trainer.save_backends.savedmodel.bundle import saver_def
 
 
 def _saver(path):

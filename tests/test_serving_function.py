@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.export import export_serving
-from trainer.serving import model_signatures
+from trainer.exports.exporter import export_serving
+from trainer.model_state.serving import model_signatures
 
 
 def test_outputs_sharing_a_layer_name_are_all_served(tmp_path):

@@ -144,7 +144,7 @@ def test_each_session_keeps_its_hydra_config_in_the_run(resumed_run):
 @pytest.mark.slow
 def test_runs_lists_one_run_with_its_sessions(resumed_run):
     """Before, ``runs`` listed the resume session's directory as a second, empty run."""
-    from trainer.runs import format_runs, list_runs
+    from trainer.runs.index import format_runs, list_runs
 
     outputs, run, later = resumed_run
     listing = list_runs(outputs)
@@ -224,7 +224,7 @@ def test_the_run_log_is_never_appended_through_a_symbolic_link(tmp_path, caplog)
     elsewhere whose train.log is a link made it append to the file the link names."""
     import logging
 
-    from trainer.sessions import mirror_file_logs
+    from trainer.runs.sessions import mirror_file_logs
 
     output, run, target = tmp_path / "out", tmp_path / "run", tmp_path / "elsewhere"
     output.mkdir()

@@ -15,7 +15,7 @@ HEAVY = ("tensorflow", "keras", "hydra", "omegaconf", "tensorboard", "sklearn", 
 
 
 @pytest.mark.parametrize(
-    "statement", ["import trainer", "import trainer.errors", "import trainer.cli"]
+    "statement", ["import trainer", "import trainer.errors", "import trainer.cli.main"]
 )
 def test_light_modules_import_no_heavy_dependency(statement):
     code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
@@ -27,7 +27,7 @@ def test_light_modules_import_no_heavy_dependency(statement):
 def test_train_is_still_reachable_from_the_package_root():
     import trainer
 
-    assert callable(trainer.train) and trainer.train.__module__ == "trainer.training"
+    assert callable(trainer.train) and trainer.train.__module__ == "trainer.training.loop"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         trainer.nope  # noqa: B018
 

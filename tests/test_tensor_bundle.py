@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import direct_io
-from trainer.save_backends.savedmodel import tensor_bundle
+from trainer.save_backends.savedmodel.bundle import tensor_bundle
+from trainer.storage import direct_io
 
 
 def _tensors(extra_keys: int = 0) -> dict[str, tf.Tensor]:

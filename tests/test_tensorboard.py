@@ -17,9 +17,9 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 from trainer.errors import TensorBoardLinkError, TensorBoardWriteError
-from trainer.integrity import total_size
 from trainer.save_backends import backend_class, load_checkpoint
-from trainer.tensorboard import (
+from trainer.storage.integrity import total_size
+from trainer.tensorboard.board import (
     RunBoard,
     config_hash,
     event_steps,
@@ -238,7 +238,7 @@ def test_a_restart_within_the_second_of_the_old_events_still_purges_them(tmp_pat
         EventAccumulator as PluginAccumulator,
     )
 
-    from trainer.callbacks import mark_session_start
+    from trainer.training.progress import mark_session_start
 
     def session(first_step, last_step):
         mark_session_start(tmp_path, first_step - 1)
@@ -266,8 +266,8 @@ def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
     )
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from trainer.callbacks import mark_session_start
-    from trainer.tensorboard import LogView
+    from trainer.tensorboard.board import LogView
+    from trainer.training.progress import mark_session_start
 
     def session(first_step, last_step):
         mark_session_start(tmp_path, first_step - 1)

@@ -22,7 +22,8 @@ from keras import layers
 
 from tests.savedmodel_zoo import assert_trains_alike, classes_hidden
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import layout, trace_cache
+from trainer.save_backends.savedmodel import layout
+from trainer.save_backends.savedmodel.save import trace_cache
 
 PKG = "trace_work"
 
@@ -150,7 +151,7 @@ def test_serving_export_stores_inference_traces_and_its_revival_refuses_training
     ``training=True`` (it would otherwise train through its inference trace, silently
     another model); an export with the optimizer keeps the training traces."""
     from trainer.errors import RevivedCallError
-    from trainer.export import export_serving
+    from trainer.exports.exporter import export_serving
 
     model = _functional()
     _save(model, tmp_path)

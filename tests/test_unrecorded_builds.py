@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends import get_backend, layerstate
+from trainer.model_state import layer_protocol
+from trainer.save_backends import get_backend
 
 PKG = "test_unrecorded_builds"
 BACKENDS = ("savedmodel", "h5", "weights")
@@ -88,7 +89,7 @@ def test_stateful_model_with_its_own_build_round_trips(backend, tmp_path):
     backend_ = get_backend(backend)
     loaded = backend_.load(backend_.save(model, tmp_path / "ckpt")).model
     for before, after in zip(
-        layerstate.rnn_states(model.lstm), layerstate.rnn_states(loaded.lstm), strict=True
+        layer_protocol.rnn_states(model.lstm), layer_protocol.rnn_states(loaded.lstm), strict=True
     ):
         np.testing.assert_array_equal(after.numpy(), before.numpy())
     for before, after in zip(model.weights, loaded.weights, strict=True):

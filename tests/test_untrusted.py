@@ -68,8 +68,8 @@ def test_the_cli_refusal_of_a_lambda_names_a_call_the_user_can_run(tmp_path, cap
     the Python call doing what the command did, and that call works."""
     from conftest import subprocess_env
 
-    from trainer.cli import main
-    from trainer.export import versions
+    from trainer.cli.main import main
+    from trainer.exports.exporter import versions
 
     marker = tmp_path / "code-ran"
     path = get_backend(backend).save(lambda_model(marker), tmp_path / "lambda")
@@ -203,7 +203,7 @@ def test_export_warmup_never_calls_what_a_checkpoint_names(tmp_path, data):
     checkpoint's stored data config: a `_target_` there ran (numpy.savetxt wrote a file).
     Only trainer's own loaders, with plain arguments, are called now."""
     from trainer.errors import ExportError
-    from trainer.export_sources import export_from_checkpoint
+    from trainer.exports.sources import export_from_checkpoint
 
     marker = tmp_path / "code-ran"
     data = json.loads(json.dumps(data).replace("MARKER", str(marker)))
@@ -219,7 +219,7 @@ def test_export_warmup_never_calls_what_a_checkpoint_names(tmp_path, data):
         tmp_path / "ok",
         metadata={"config": {"data": plain}},
     )
-    from trainer.export import read_export_metadata
+    from trainer.exports.exporter import read_export_metadata
 
     exported = export_from_checkpoint(path, tmp_path / "out2", warmup=2)
     assert read_export_metadata(exported)["warmup_requests"] == 2

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tests import savedmodel_zoo as zoo
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import object_graph, variables_first
+from trainer.save_backends.savedmodel.save import object_graph, variables_first
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel import trace_cache, variables_writer
+from trainer.save_backends.savedmodel.bundle import variables_writer
+from trainer.save_backends.savedmodel.save import trace_cache
 
 
 @pytest.fixture(autouse=True, params=["SaveV2", "tensor_bundle"])

@@ -30,7 +30,7 @@ def test_directory_layout_and_plain_keras_can_read_the_weights(saved):
         "model.weights.h5",
         "optimizer.h5",
         "trainer.json",
-        "trainer_manifest.json",  # sizes and digests of the others (trainer.integrity)
+        "trainer_manifest.json",  # sizes and digests of the others (trainer.storage.integrity)
     ]
     index = json.loads((path / "trainer.json").read_text())
     assert index["format"] == "trainer-weights"

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from trainer import wrapping
 from trainer.errors import ConfigMismatchError, TrainerError
-from trainer.save_backends import modelstate
+from trainer.model_state import kit
 from trainer.wrapping import WrapHost, find_layers, unwrap_model, wrap_model
 from trainer.wrapping.pruning import (
     PolynomialSparsity,
@@ -384,11 +384,11 @@ def round_trip(model, custom_objects=None):
     clone = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
     for dst, src in zip(clone.weights, model.weights, strict=True):
         dst.assign(src)
-    modelstate.compile_model(
-        clone, modelstate.compile_config(model), custom_objects={}, safe_mode=True, where=Path("-")
+    kit.compile_model(
+        clone, kit.compile_config(model), custom_objects={}, safe_mode=True, where=Path("-")
     )
-    arrays = [value for _, value in modelstate.optimizer_arrays(model)]
-    modelstate.restore_optimizer_arrays(clone, arrays, "round trip")
+    arrays = [value for _, value in kit.optimizer_arrays(model)]
+    kit.restore_optimizer_arrays(clone, arrays, "round trip")
     return clone
 
 
@@ -566,9 +566,9 @@ def test_zoo_resnet_blocks_are_wrapped_inside_and_unwrap_to_the_same_outputs():
 def test_train_with_wrap_prune_leaves_target_sparsity_in_the_last_checkpoint(compose_cfg):
     if "wrap" not in compose_cfg():
         pytest.skip("conf/config.yaml has no `wrap` group in its defaults yet (lead integrates)")
-    from trainer import resume
     from trainer.save_backends import load_checkpoint
-    from trainer.training import train
+    from trainer.training import resume
+    from trainer.training.loop import train
 
     cfg = compose_cfg("wrap=prune", "wrap.frequency=1", "wrap.target_sparsity=0.6")
     train(cfg)

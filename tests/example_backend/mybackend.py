@@ -18,7 +18,8 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from trainer.save_backends import Checkpoint, SaveBackend, modelstate
+from trainer.model_state import kit
+from trainer.save_backends import Checkpoint, SaveBackend
 from trainer.state import TrainingState
 
 HEADER = "npz_backend_header"  # JSON string array; its presence marks our format
@@ -40,15 +41,15 @@ class NpzBackend(SaveBackend):
     def _write(self, model, tmp, state, metadata):
         header = {
             "config": keras.saving.serialize_keras_object(model),
-            "compile": modelstate.compile_config(model),
+            "compile": kit.compile_config(model),
             "state": state.to_dict(),
             "metadata": metadata,
         }
         arrays = {HEADER: np.array(json.dumps(header))}
         for prefix, pairs in (
-            ("w", modelstate.model_weight_arrays(model)),
-            ("r", modelstate.rng_state_arrays(model)),  # Dropout seeds: exact resume
-            ("o", modelstate.optimizer_arrays(model)),  # iteration count and every slot
+            ("w", kit.model_weight_arrays(model)),
+            ("r", kit.rng_state_arrays(model)),  # Dropout seeds: exact resume
+            ("o", kit.optimizer_arrays(model)),  # iteration count and every slot
         ):
             arrays.update({f"{prefix}{i:05d}": value for i, (_, value) in enumerate(pairs)})
         with open(tmp, "wb") as handle:  # a file object: np.savez would append ".npz"
@@ -60,12 +61,12 @@ class NpzBackend(SaveBackend):
             stored = {p: [data[k] for k in sorted(data.files) if k[0] == p] for p in "wro"}
         config = {k: v for k, v in header["config"].items() if k != "compile_config"}
         model = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
-        modelstate.restore_model_weight_arrays(model, stored["w"], str(path))
-        modelstate.restore_rng_state_arrays(model, stored["r"], str(path))
+        kit.restore_model_weight_arrays(model, stored["w"], str(path))
+        kit.restore_rng_state_arrays(model, stored["r"], str(path))
         if compile:
-            modelstate.compile_model(
+            kit.compile_model(
                 model, header["compile"], custom_objects=custom_objects, safe_mode=True, where=path
             )
-            modelstate.restore_optimizer_arrays(model, stored["o"], str(path))
+            kit.restore_optimizer_arrays(model, stored["o"], str(path))
         state = TrainingState.from_dict(header["state"])
         return Checkpoint(model=model, state=state, metadata=header["metadata"], path=path)

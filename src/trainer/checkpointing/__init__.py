@@ -6,7 +6,7 @@
   that decides when to save, and resumes a re-run script (``resume="auto"``).
 * ``CheckpointPolicy`` (``policy.py``): names, triggers, retention; validated when built.
 * Wrapping backends (``wrappers.py``): ``AsyncBackend(inner)`` writes in the background;
-  ``trainer.distribute.ScratchBackend`` (a non-chief worker's saves) is another.
+  ``trainer.training.distribute.ScratchBackend`` (a non-chief worker's saves) is another.
 * ``snapshot.py``: the shadow model an async write works from; ``rehearsal.py``: the
   start-of-training rehearsal write that pays a backend's first-save work outside the
   checkpoint directory; ``callback_state.py``: the state of Keras callbacks, saved with
@@ -22,7 +22,7 @@ from trainer.checkpointing.restoring import numpy_rng_record, restore_into
 from trainer.checkpointing.shadow import all_variables, clone_for_snapshot
 from trainer.checkpointing.snapshot import AsyncWriter, refresh_snapshot
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
-from trainer.locks import LATEST
+from trainer.storage.locks import LATEST
 
 __all__ = [
     "ABANDONED",

@@ -7,11 +7,11 @@ import logging
 import os
 from pathlib import Path
 
-from trainer.atomic import temporary_sibling
 from trainer.errors import CorruptCheckpointError, NotACheckpointError, TrainerError
-from trainer.locks import LATEST
 from trainer.save_backends import detect_backend
 from trainer.save_backends.base import SaveBackend
+from trainer.storage.atomic import temporary_sibling
+from trainer.storage.locks import LATEST
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
-from trainer.atomic import clean_stale_temporaries, first_unused
 from trainer.checkpointing.listing import complete, find_latest, point_latest
 from trainer.checkpointing.policy import (
     CheckpointPolicy,
@@ -37,7 +36,6 @@ from trainer.checkpointing.shadow import SnapshotUnavailable
 from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
-from trainer.locks import remove_dead_leases, remove_unless_read
 from trainer.save_backends import (
     Checkpoint,
     get_backend,
@@ -45,7 +43,9 @@ from trainer.save_backends import (
 )
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, check_record, copy_json_like
-from trainer.tensorboard import LINK_KEY, RunBoard, card_tag
+from trainer.storage.atomic import clean_stale_temporaries, first_unused
+from trainer.storage.locks import remove_dead_leases, remove_unless_read
+from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
 log = logging.getLogger(__name__)
 

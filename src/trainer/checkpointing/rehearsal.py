@@ -26,7 +26,7 @@ from typing import Any
 
 import keras
 
-from trainer.atomic import process_alive
+from trainer.storage.atomic import process_alive
 
 log = logging.getLogger(__name__)
 PREFIX = "trainer-rehearsal-"

@@ -10,7 +10,8 @@ import numpy as np
 
 from trainer.checkpointing.shadow import all_variables
 from trainer.errors import ConfigMismatchError
-from trainer.save_backends import Checkpoint, modelstate, trainable
+from trainer.model_state import kit, trainable
+from trainer.save_backends import Checkpoint
 from trainer.state import TrainingState
 
 
@@ -70,7 +71,7 @@ def _build_optimizer_like(model: keras.Model, checkpoint: Checkpoint) -> None:
             f"the checkpoint was trained with, or start a fresh run. Received: "
             f"{type(model).__name__} {model.name!r}"
         )
-    modelstate.build_optimizer(model, built_for, no_decay=no_decay)
+    kit.build_optimizer(model, built_for, no_decay=no_decay)
 
 
 def _built(model: keras.Model) -> bool:

@@ -13,7 +13,7 @@ import keras
 
 from trainer._compat.keras import get_input_signature, sublayers
 from trainer.errors import SaveError
-from trainer.save_backends import modelstate, policies, readiness
+from trainer.model_state import dtype_policy, kit, readiness
 
 
 def all_variables(model: keras.Model) -> list:
@@ -39,7 +39,7 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     class of the model at hand, registered or not. A model that still
     cannot be copied raises ``SnapshotUnavailable`` (its saves are then synchronous)."""
     try:
-        with policies.global_policy(getattr(model, "dtype_policy", None)):
+        with dtype_policy.global_policy(getattr(model, "dtype_policy", None)):
             clone = _rebuilt_and_compiled(model)
     except Exception as error:  # whatever the model's own code raises
         raise _copy_failed(model, error) from error
@@ -125,17 +125,17 @@ def _rebuilt_and_compiled(model: keras.Model) -> keras.Model:
         custom_objects=_classes_of(model),
         safe_mode=safe_mode,
     )
-    modelstate.mark_private_copy(clone)  # only trainer changes it, and only so
+    kit.mark_private_copy(clone)  # only trainer changes it, and only so
     _call_once_like(model, clone)
-    modelstate.build_optimizer(model)
-    compile_config = modelstate.compile_config(model)
-    if compile_config and any(k in compile_config for k in modelstate.RECORDED_KEYS):
+    kit.build_optimizer(model)
+    compile_config = kit.compile_config(model)
+    if compile_config and any(k in compile_config for k in kit.RECORDED_KEYS):
         # Keras compiled the clone from its config and built the optimizer for its
         # trainable variables, deciding weight decay and loss scaling by the config
         # alone: compile it again the way a load does, which builds a fresh optimizer
         # like the model's.
         where = f"the async copy of model {model.name!r}"
-        modelstate.compile_model(
+        kit.compile_model(
             clone, compile_config, custom_objects={}, safe_mode=safe_mode, where=where
         )
     return clone

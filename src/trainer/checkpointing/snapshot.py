@@ -32,14 +32,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer import atomic
 from trainer._compat.tensorflow import call_flat, variables_reader
 from trainer.checkpointing.shadow import all_variables
 from trainer.errors import SaveError
-from trainer.save_backends import config_state, layerstate, trainable
-from trainer.save_backends.savedmodel.tracing import tf_variable
-from trainer.save_backends.savedmodel.variables_writer import total_bytes
+from trainer.model_state import config_check, layer_protocol, trainable
+from trainer.save_backends.savedmodel.bundle.variables_writer import total_bytes
+from trainer.save_backends.savedmodel.features.keras_objects import tf_variable
 from trainer.state import TrainingState
+from trainer.storage import atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def refresh_snapshot(
     (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
     (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
     a write of the shadow holds what a synchronous save would. ``copier``: from
-    ``variable_copier`` for these two models; ``pairs``: ``layerstate.own_state_pairs`` of
+    ``variable_copier`` for these two models; ``pairs``: ``layer_protocol.own_state_pairs`` of
     the two, if known."""
     take_snapshot(model, shadow, copier, pairs)()
 
@@ -90,14 +90,14 @@ def take_snapshot(
             f"match the model's: {error}. Set checkpoint.async_save=false. Received: "
             f"{type(model).__name__}"
         ) from None
-    config_state.copy_held_values(model, shadow)  # a dropout rate changed since, ...
+    config_check.copy_held_values(model, shadow)  # a dropout rate changed since, ...
     finish = _nothing
     if copier is not None:
         finish = copier.take()
     else:
         for source, target in zip(all_variables(model), all_variables(shadow), strict=True):
             target.assign(source)
-    layerstate.copy_own_state(model, shadow, pairs)
+    layer_protocol.copy_own_state(model, shadow, pairs)
     return finish
 
 

@@ -3,7 +3,7 @@
 A ``WrappingBackend`` holds an ``inner`` backend and delegates everything it does not change
 (``name``, ``load``, ``checkpoint_path``, ``read_metadata``...), so the manager, listings and
 loads treat it as the backend it wraps. ``AsyncBackend`` writes in a background thread;
-``trainer.distribute.ScratchBackend`` (a non-chief worker's saves) writes and removes. They
+``trainer.training.distribute.ScratchBackend`` (a non-chief worker's saves) writes and removes. They
 nest: ``AsyncBackend(ScratchBackend(WeightsBackend()))``.
 """
 
@@ -25,7 +25,7 @@ from trainer.checkpointing.snapshot import (
     take_snapshot,
     variable_copier,
 )
-from trainer.save_backends import layerstate, modelstate
+from trainer.model_state import kit, layer_protocol
 from trainer.save_backends.base import SaveBackend
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class AsyncBackend(WrappingBackend):
         self._source: keras.Model | None = None
         self._copier: VariableCopier | None = None
         # With the copier: the layers whose state is copied through the layer-state
-        # protocol (``layerstate.own_state_pairs``), found once instead of every save.
+        # protocol (``layer_protocol.own_state_pairs``), found once instead of every save.
         self._own_state: list[tuple[Any, Any]] | None = None
         self._copied: tuple[int, ...] = ()  # ids of the variables the copier assigns
         self._checked: tuple[int, ...] = ()  # ids of the variables last found savable
@@ -183,7 +183,7 @@ class AsyncBackend(WrappingBackend):
             copier = variable_copier(model, shadow)
             if copier is not None:
                 copier()
-            own_state = layerstate.own_state_pairs(model, shadow)
+            own_state = layer_protocol.own_state_pairs(model, shadow)
         except Exception as error:  # the saves copy variable by variable instead
             log.info("No traced snapshot copy: %s", error)
             return
@@ -245,4 +245,4 @@ def _build_optimizer(model: keras.Model) -> None:
         return
     strategy = getattr(model, "distribute_strategy", None)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-        modelstate.build_optimizer(model)
+        kit.build_optimizer(model)

@@ -18,8 +18,6 @@ import keras
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from trainer import integrity, limits
-from trainer.atomic import atomic_write, is_temporary, write_error
 from trainer.errors import (
     CorruptCheckpointError,
     IncompatibleFormatError,
@@ -28,9 +26,11 @@ from trainer.errors import (
     SaveError,
     TrainerError,
 )
-from trainer.save_backends import config_state, readiness, targets, vocabularies
-from trainer.serializables import register_serializables
+from trainer.model_state import config_check, readiness, vocabularies
+from trainer.model_state.serializables import register_serializables
 from trainer.state import TrainingState
+from trainer.storage import integrity, limits, targets
+from trainer.storage.atomic import atomic_write, is_temporary, write_error
 from trainer.version import __version__
 
 
@@ -55,7 +55,7 @@ class SaveBackend(abc.ABC):
     format_version: ClassVar[int] = 1
     # Oldest format version ``load`` still reads (format versions are major versions).
     min_format_version: ClassVar[int] = 1
-    # Manifest location inside a directory checkpoint (``trainer.integrity``); None: none.
+    # Manifest location inside a directory checkpoint (``trainer.storage.integrity``); None: none.
     manifest_file: ClassVar[str | None] = integrity.MANIFEST_FILE
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
@@ -220,12 +220,12 @@ class SaveBackend(abc.ABC):
         it is: unbuilt, re-applied ``__call__`` overrides, layers revived from traces."""
         readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
-        config_state.check(model)  # state a rebuild from the config would lose
+        config_check.check(model)  # state a rebuild from the config would lose
         vocabularies.refuse_unstorable_vocabularies(model)  # tokens the asset file loses
         readiness.refuse_unrecorded_policies(model)  # a policy the layer's config loses
         if not self.keeps_traces:
             readiness.refuse_revived_layers(model, self.name)
-            config_state.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
+            config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
             readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
 
     @classmethod
@@ -418,21 +418,3 @@ def _is_default(value: Any, default: Any) -> bool:
 def class_path(cls: type) -> str:
     """``"module:Qualified.Name"``: how ``register_backend`` and entry points name a class."""
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-STATE_KEYS = ("epoch", "step_in_epoch", "global_step")
-
-
-def checkpoint_state(data: Any, where: Path | str) -> TrainingState:
-    """The stored training state, which must name its counters: a state that silently fell
-    back to zeros would restart a resumed run from the beginning."""
-    missing = [k for k in STATE_KEYS if k not in data] if isinstance(data, dict) else STATE_KEYS
-    try:
-        if missing:
-            raise ValueError(f"missing {list(missing)}")
-        return TrainingState.from_dict(data)
-    except (TypeError, ValueError) as error:
-        raise CorruptCheckpointError(
-            f"{where}: the stored training state is invalid; the checkpoint is damaged or "
-            f"was written by a newer trainer. Load an older checkpoint. Received error: {error}"
-        ) from error

@@ -18,7 +18,7 @@ drops the RNG seed states, so we store Keras 3 configs instead::
     /metadata         JSON, written last: the completeness mark can_load looks for
 
 The first 512 bytes are an HDF5 user block (skipped by every HDF5 reader) holding the
-manifest: the file size and the SHA-256 of the bytes after the block (trainer.integrity).
+manifest: the file size and the SHA-256 of the bytes after the block (trainer.storage.integrity).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
-from trainer import integrity
 from trainer.errors import TrainerError
-from trainer.save_backends import hdf5_arrays, layerstate, modelstate
+from trainer.model_state import kit, layer_protocol
+from trainer.save_backends import hdf5_arrays
 from trainer.save_backends.base import Checkpoint, SaveBackend
 from trainer.state import TrainingState
+from trainer.storage import integrity
 
 FORMAT = "trainer-h5"
 
@@ -80,16 +81,14 @@ class H5Backend(SaveBackend):
         """The stored metadata; the whole file's digest is checked first (see ``can_load``)."""
         integrity.verify_hdf5(path, digests=True)
         with h5py.File(path, "r") as handle:
-            return modelstate.from_json(
-                hdf5_arrays.read_text(handle, "metadata", path), "metadata", path
-            )
+            return kit.from_json(hdf5_arrays.read_text(handle, "metadata", path), "metadata", path)
 
     def _write(
         self, model: keras.Model, tmp: Path, state: TrainingState, metadata: dict[str, Any]
     ) -> None:
-        config = modelstate.to_json(modelstate.model_config(model), "model config")
-        compile_config = modelstate.to_json(modelstate.compile_config(model), "compile config")
-        metadata_text = modelstate.to_json(metadata, "metadata")
+        config = kit.to_json(kit.model_config(model), "model config")
+        compile_config = kit.to_json(kit.compile_config(model), "compile config")
+        metadata_text = kit.to_json(metadata, "metadata")
         # Built in memory and written with Python I/O: see hdf5_arrays.write_file (h5py segfaults
         # on a full disk). The user block in front holds the manifest (size + SHA-256).
         buffer = stdio.BytesIO()
@@ -102,10 +101,10 @@ class H5Backend(SaveBackend):
             write = functools.partial(
                 hdf5_arrays.write_arrays, handle, compression=self.compression
             )
-            states = layerstate.collect(model)
+            states = layer_protocol.collect(model)
             hdf5_arrays.write_layer_states(handle, "layers", states, self.compression)
-            write("rng_state", modelstate.rng_state_arrays(model))
-            write("optimizer", modelstate.optimizer_arrays(model))
+            write("rng_state", kit.rng_state_arrays(model))
+            write("optimizer", kit.optimizer_arrays(model))
             hdf5_arrays.write_text(handle, "metadata", metadata_text)
         data = buffer.getbuffer()
         hdf5_arrays.write_file(tmp, integrity.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
@@ -129,19 +128,17 @@ class H5Backend(SaveBackend):
     ) -> Checkpoint:
         """Rebuild from the stored config; ``safe_mode=False`` allows stored lambdas."""
         with h5py.File(path, "r") as handle:
-            metadata = modelstate.from_json(
+            metadata = kit.from_json(
                 hdf5_arrays.read_text(handle, "metadata", path), "metadata", path
             )
             self.check_format_version(metadata, path)
-            config = modelstate.from_json(
+            config = kit.from_json(
                 hdf5_arrays.read_text(handle, "model_config", path), "config", path
             )
-            compile_config = modelstate.from_json(
+            compile_config = kit.from_json(
                 hdf5_arrays.read_text(handle, "compile_config", path), "compile config", path
             )
-            state = modelstate.parse_state(
-                hdf5_arrays.read_text(handle, "training_state", path), path
-            )
+            state = kit.parse_state(hdf5_arrays.read_text(handle, "training_state", path), path)
             version = metadata.get("format_version")
             if version == 1:  # positional model.weights
                 weights = hdf5_arrays.read_arrays(handle, "model_weights", path)
@@ -149,7 +146,7 @@ class H5Backend(SaveBackend):
                 layers = hdf5_arrays.read_layer_states(handle, "layers", path)
             rng = hdf5_arrays.read_arrays(handle, "rng_state", path)
             optimizer = hdf5_arrays.read_arrays(handle, "optimizer", path) if compile else []
-        model = modelstate.rebuild_model(
+        model = kit.rebuild_model(
             config,
             compile_config,
             custom_objects=custom_objects,
@@ -158,11 +155,11 @@ class H5Backend(SaveBackend):
             where=path,
         )
         if version == 1:
-            layerstate.refuse_older_format(model, path, assets_only=False)
-            modelstate.restore_model_weight_arrays(model, weights, str(path))
+            layer_protocol.refuse_older_format(model, path, assets_only=False)
+            kit.restore_model_weight_arrays(model, weights, str(path))
         else:
-            layerstate.restore(model, layers, str(path))
-        modelstate.restore_rng_state_arrays(model, rng, str(path))
+            layer_protocol.restore(model, layers, str(path))
+        kit.restore_rng_state_arrays(model, rng, str(path))
         if compile:
-            modelstate.restore_optimizer_arrays(model, optimizer, str(path))
+            kit.restore_optimizer_arrays(model, optimizer, str(path))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)

@@ -2,7 +2,7 @@
 
 Arrays are stored by position (``00000``, ``00001``...) with the variable path only as a
 label, because Keras names variables differently in the process that loads them (see
-``trainer.save_backends.modelstate``).
+``trainer.model_state.kit``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from trainer._compat.saving import keras_weights_file_bytes
 from trainer.errors import CorruptCheckpointError
-from trainer.save_backends.layerstate import LayerState
+from trainer.model_state.layer_protocol import LayerState
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 

@@ -19,17 +19,17 @@ import types
 from pathlib import Path
 from typing import Any
 
-from trainer import integrity
 from trainer.errors import (
     BackendUnavailableError,
     NotACheckpointError,
     TrainerError,
     UnknownBackendError,
 )
-from trainer.locks import read_lease
 from trainer.save_backends import hints
 from trainer.save_backends.base import Checkpoint, SaveBackend, class_path
-from trainer.save_backends.targets import check_exists, set_format_detector
+from trainer.storage import integrity
+from trainer.storage.locks import read_lease
+from trainer.storage.targets import check_exists, set_format_detector
 
 _BUILTIN = {
     "savedmodel": "trainer.save_backends.savedmodel:SavedModelBackend",
@@ -220,7 +220,7 @@ def load_checkpoint(
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
     resolved once and the checkpoint it names is leased for the read, so retention leaves
-    it alone (``trainer.locks``); if it was replaced, or removed before the lease was
+    it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
     taken, the read starts over from where the link points now. The returned
     ``Checkpoint.path`` is the checkpoint actually read.
     """
@@ -228,7 +228,7 @@ def load_checkpoint(
     for attempt in range(_ATTEMPTS):
         target = _resolve(path)
         # The lease keeps retention from deleting it; taken before the identity check, so
-        # a deletion that started first shows as "moved" (see trainer.locks).
+        # a deletion that started first shows as "moved" (see trainer.storage.locks).
         with read_lease(target):
             before = _identity(target)
             try:

@@ -8,7 +8,7 @@
                        and its sublayers), e.g. an adapted StringLookup's vocabulary
     trainer.json       format marker, architecture config, compile config, training state
                        and metadata; written last, so it marks the directory complete
-    trainer_manifest.json  size and SHA-256 of every file above (trainer.integrity)
+    trainer_manifest.json  size and SHA-256 of every file above (trainer.storage.integrity)
 
 Keras 3.15's ``.weights.h5`` also carries the optimizer variables, but restores them only
 into an optimizer that is already built and skips them with a mere warning when the count
@@ -34,12 +34,13 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
-from trainer import integrity
 from trainer.errors import ConfigMismatchError, LayerStateError
-from trainer.save_backends import hdf5_arrays, layerstate, modelstate
+from trainer.model_state import kit, layer_protocol
+from trainer.model_state.readiness import check_model_ready
+from trainer.save_backends import hdf5_arrays
 from trainer.save_backends.base import Checkpoint, SaveBackend
-from trainer.save_backends.readiness import check_model_ready
 from trainer.state import TrainingState
+from trainer.storage import integrity
 
 FORMAT = "trainer-weights"
 WEIGHTS_FILE = "model.weights.h5"
@@ -83,24 +84,24 @@ class WeightsBackend(SaveBackend):
         index = {
             "format": FORMAT,
             "format_version": self.format_version,
-            "model_config": modelstate.model_config(model),
-            "compile_config": modelstate.compile_config(model),
+            "model_config": kit.model_config(model),
+            "compile_config": kit.compile_config(model),
             "training_state": state.to_dict(),
             "metadata": metadata,
         }
-        index_text = modelstate.to_json(index, "index (config, state and metadata)")
+        index_text = kit.to_json(index, "index (config, state and metadata)")
         # HDF5 built in memory, written with Python I/O: h5py segfaults on a full disk.
         hdf5_arrays.write_file(tmp / WEIGHTS_FILE, _keras_weights(model))
         buffer = stdio.BytesIO()
         with h5py.File(buffer, "w") as handle:
-            hdf5_arrays.write_arrays(handle, "optimizer", modelstate.optimizer_arrays(model))
-            hdf5_arrays.write_arrays(handle, "rng_state", modelstate.rng_state_arrays(model))
-            hdf5_arrays.write_arrays(handle, RNN_STATES, layerstate.rnn_state_arrays(model))
-            lora = layerstate.lora_variable_arrays(model)  # Keras's file merges them away
+            hdf5_arrays.write_arrays(handle, "optimizer", kit.optimizer_arrays(model))
+            hdf5_arrays.write_arrays(handle, "rng_state", kit.rng_state_arrays(model))
+            hdf5_arrays.write_arrays(handle, RNN_STATES, layer_protocol.rnn_state_arrays(model))
+            lora = layer_protocol.lora_variable_arrays(model)  # Keras's file merges them away
             if lora:
                 hdf5_arrays.write_arrays(handle, LORA_VARIABLES, lora)
         hdf5_arrays.write_file(tmp / EXTRA_FILE, buffer.getbuffer())
-        layerstate.write_assets(model, tmp / ASSETS_DIR)  # e.g. adapted lookup vocabularies
+        layer_protocol.write_assets(model, tmp / ASSETS_DIR)  # e.g. adapted lookup vocabularies
         (tmp / INDEX_FILE).write_text(index_text)
 
     def _read(
@@ -113,14 +114,14 @@ class WeightsBackend(SaveBackend):
         model: keras.Model | None = None,
     ) -> Checkpoint:
         """Rebuild (or fill ``model``); ``safe_mode=False`` allows stored lambdas."""
-        index = modelstate.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
+        index = kit.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
         metadata = index.get("metadata")
         self.check_format_version(index, path)
-        state = modelstate.parse_state(json.dumps(index.get("training_state")), path)
+        state = kit.parse_state(json.dumps(index.get("training_state")), path)
         compile_config = index.get("compile_config")
         given = model is not None
         if model is None:
-            model = modelstate.rebuild_model(
+            model = kit.rebuild_model(
                 index.get("model_config") or {},
                 compile_config,
                 custom_objects=custom_objects,
@@ -131,7 +132,7 @@ class WeightsBackend(SaveBackend):
         else:
             _prepare_existing(model, index.get("model_config") or {}, path)
             if compile and compile_config:
-                modelstate.compile_model(
+                kit.compile_model(
                     model,
                     compile_config,
                     custom_objects=custom_objects,
@@ -141,9 +142,9 @@ class WeightsBackend(SaveBackend):
         integrity.await_digests()  # the weights' digests, checked while the model was built
         _load_weights(model, path, given=given)
         if index["format_version"] >= 2:
-            layerstate.read_assets(model, path / ASSETS_DIR, str(path))
+            layer_protocol.read_assets(model, path / ASSETS_DIR, str(path))
         else:
-            layerstate.refuse_older_format(model, path, assets_only=True)
+            layer_protocol.refuse_older_format(model, path, assets_only=True)
         with h5py.File(path / EXTRA_FILE, "r") as handle:
             rng = hdf5_arrays.read_arrays(handle, "rng_state", path / EXTRA_FILE)
             optimizer = (
@@ -155,12 +156,12 @@ class WeightsBackend(SaveBackend):
             lora = None  # absent: no LoRA layer, or written before trainer kept them
             if LORA_VARIABLES in handle:
                 lora = hdf5_arrays.read_arrays(handle, LORA_VARIABLES, path / EXTRA_FILE)
-        modelstate.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
+        kit.restore_rng_state_arrays(model, rng, str(path / EXTRA_FILE))
         if states is not None:
-            layerstate.restore_rnn_state_arrays(model, states, str(path / EXTRA_FILE))
-        layerstate.restore_lora_variable_arrays(model, lora, str(path / EXTRA_FILE))
+            layer_protocol.restore_rnn_state_arrays(model, states, str(path / EXTRA_FILE))
+        layer_protocol.restore_lora_variable_arrays(model, lora, str(path / EXTRA_FILE))
         if compile and compile_config:
-            modelstate.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
+            kit.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
 
 
@@ -183,7 +184,7 @@ def _keras_weights(model: keras.Model) -> memoryview:
     try:
         return hdf5_arrays.keras_weights_bytes(model)
     except Exception as error:
-        culprit = layerstate.failing_layer(error)
+        culprit = layer_protocol.failing_layer(error)
         if culprit is None:
             raise
         layer, method = culprit

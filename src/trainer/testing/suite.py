@@ -17,16 +17,16 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.atomic import clean_stale_temporaries, is_temporary, temporary_sibling
 from trainer.errors import ModelNotReadyError, NotACheckpointError, TrainerError
+from trainer.model_state.trainable import optimizer_built_for
 from trainer.save_backends import (
     SaveBackend,
     available_backends,
     detect_backend,
     load_checkpoint,
 )
-from trainer.save_backends.trainable import optimizer_built_for
 from trainer.state import TrainingState
+from trainer.storage.atomic import clean_stale_temporaries, is_temporary, temporary_sibling
 from trainer.testing.models import (
     BATCH,
     MODEL_KINDS,

@@ -31,7 +31,7 @@ KERNEL_ATTRS = ("_kernel", "kernel", "depthwise_kernel", "pointwise_kernel")
 DEFAULT_LAYER_TYPES = ("Dense", "Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D")
 DEFAULT_FREQUENCY = 10  # steps between mask updates
 # What ``wrap=prune`` does for a key its config leaves out; also the defaults of conf/wrap/prune
-# (trainer.config.PruneConfig takes them from here).
+# (trainer.training.config.PruneConfig takes them from here).
 CONFIG_DEFAULTS = {
     "target_sparsity": 0.5,
     "initial_sparsity": 0.0,

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from trainer import limits
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.save_backends.legacy.metadata_proto import SavedMetadata
+from trainer.storage import limits
 
 METADATA_FILE = "keras_metadata.pb"
 SAVED_MODEL_FILE = "saved_model.pb"

@@ -20,25 +20,22 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from trainer import integrity, limits
 from trainer._compat import keras as keras_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
-from trainer.integrity import MANIFEST_FILE
-from trainer.save_backends import layerstate, legacy, modelstate, policies, trainable
-from trainer.save_backends.base import Checkpoint, SaveBackend, checkpoint_state
-from trainer.save_backends.savedmodel import (
-    endpoints,
-    layer_state,
-    layout,
-    partial_load,
-    stored_variables,
-    trace_cache,
-    training_logic,
-)
+from trainer.model_state import dtype_policy, kit, layer_protocol, trainable
+from trainer.model_state.kit import checkpoint_state
+from trainer.save_backends import legacy
+from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.savedmodel import layout
+from trainer.save_backends.savedmodel.features import layer_state, training_logic
+from trainer.save_backends.savedmodel.load import partial_load, stored_variables
+from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
 from trainer.save_backends.savedmodel.records import check_json
-from trainer.save_backends.savedmodel.revival import NeedsTracedFunctions, Reviver
+from trainer.save_backends.savedmodel.save import endpoints, trace_cache
 from trainer.state import TrainingState
+from trainer.storage import integrity, limits
+from trainer.storage.integrity import MANIFEST_FILE
 
 log = logging.getLogger(__name__)
 # Selective imports tried (each adding the layers found to need functions) before the
@@ -100,7 +97,7 @@ class SavedModelBackend(SaveBackend):
         self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
     ) -> dict[str, Any]:
         meta = super().build_metadata(model, state, extra)
-        meta["compile_config"] = modelstate.compile_config(model)
+        meta["compile_config"] = kit.compile_config(model)
         check_json(meta["compile_config"], f"compile config of model {model.name!r}")
         check_json(extra, "caller metadata")
         return meta
@@ -188,7 +185,9 @@ class SavedModelBackend(SaveBackend):
         metadata = dict(meta)
         # Revive and compile under the model's own policy (``policies``): a mixed_float16
         # model is compiled with a LossScaleOptimizer only if it is built under it.
-        with policies.global_policy(policies.stored_policy(_root_policy(saved["layers"][0]))):
+        with dtype_policy.global_policy(
+            dtype_policy.stored_policy(_root_policy(saved["layers"][0]))
+        ):
             model, reviver, optimizer_arrays = _revive(path, saved, options)
             endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
@@ -197,7 +196,7 @@ class SavedModelBackend(SaveBackend):
             if meta["format_version"] >= 2:
                 layer_state.restore(model, reviver.layers, saved["layers"], path)
             else:
-                layerstate.refuse_older_format(model, path, assets_only=False)
+                layer_protocol.refuse_older_format(model, path, assets_only=False)
             root = saved["layers"][0]
             name = root.get("name")
             missing = reviver.how.get(name) == "traced" or name in reviver.plain_graphs
@@ -208,7 +207,7 @@ class SavedModelBackend(SaveBackend):
                 )
                 if dropped:
                     metadata["dropped_metrics"] = dropped
-                modelstate.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
+                kit.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
         state = checkpoint_state(meta.get("state"), path)
         return Checkpoint(model=model, state=state, metadata=metadata, path=path)
 
@@ -315,7 +314,7 @@ def _revive_root(
 
 
 def _root_policy(record: Any) -> Any:
-    """The root layer record's stored policy (untrusted: ``policies.stored_policy``)."""
+    """The root layer record's stored policy (untrusted: ``dtype_policy.stored_policy``)."""
     return record.get("dtype_policy") if isinstance(record, dict) else None
 
 
@@ -332,14 +331,14 @@ def _compile(
     or optimizer class is an error."""
     options = {"custom_objects": custom_objects, "safe_mode": safe_mode, "where": where}
     try:
-        modelstate.compile_model(model, config, **options)
+        kit.compile_model(model, config, **options)
         return []
     except MissingClassError as first:
         config = dict(config)
         dropped: list[Any] = []
 
         def missing(entry: Any) -> bool:
-            return modelstate.names_a_missing_class(entry, custom_objects, safe_mode)
+            return kit.names_a_missing_class(entry, custom_objects, safe_mode)
 
         for key in ("metrics", "weighted_metrics"):
             if config.get(key):
@@ -347,7 +346,7 @@ def _compile(
         if not dropped:
             raise
         try:
-            modelstate.compile_model(model, config, **options)
+            kit.compile_model(model, config, **options)
         except MissingClassError:
             raise first from None
         log.warning(

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer import integrity
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
+from trainer.storage import integrity
 
 METADATA_DIR = "assets.extra"
 METADATA_FILE = "trainer_metadata.json"

@@ -18,7 +18,7 @@ import keras
 
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError
-from trainer.save_backends.savedmodel import constraints, training_logic
+from trainer.save_backends.savedmodel.features import constraints, training_logic
 
 log = logging.getLogger(__name__)
 CODE_MARKERS = ('"__lambda__"', '"function_type": "lambda"', '"marshal"')
@@ -265,7 +265,7 @@ def layer_record(
 ) -> dict[str, Any]:
     """The JSON record of one layer (see the README's on-disk layout); ``serialized`` is
     ``keras_config(layer)`` if the caller already has it."""
-    from trainer.save_backends.savedmodel.tracing import takes_training, tf_variable
+    from trainer.save_backends.savedmodel.features.keras_objects import takes_training, tf_variable
 
     config, config_error = serialized if serialized is not None else keras_config(layer)
     original = original_identity(layer) or {}

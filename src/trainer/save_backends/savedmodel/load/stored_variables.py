@@ -1,0 +1,120 @@
+"""The variables of a trainer SavedModel, read straight from its ``variables/`` checkpoint.
+
+A load whose every layer is rebuilt from its class calls none of the traced functions, yet
+``tf.saved_model.load`` imports all of them (for a deep model most of the load time). Such
+a load reads the values here instead: the checkpoint's own object graph says under which
+key each entry of the root's ``model_variables`` and ``optimizer_variables`` lists is
+stored, so nothing is guessed from names, and the shapes and dtypes are checked against
+the rebuilt variables before any value is assigned. ``saved_model.pb`` is still parsed
+(milliseconds; the graph is not imported), so a directory that is no SavedModel any more
+is refused as damaged rather than loaded from its other files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import saved_model_pb2
+
+from trainer._compat import tensorflow as tf_compat
+from trainer.errors import CorruptCheckpointError
+from trainer.storage import integrity
+
+
+def root_list(nodes: Any, name: str) -> list[int]:
+    """The node ids of the entries of the root's tracked list ``name``, in list order, in an
+    object graph (a SavedModel's or a checkpoint's: both name children the same way). An
+    empty list is not tracked at all: ``[]``. Raises ``KeyError`` for a missing entry."""
+    children = {c.local_name: c.node_id for c in nodes[0].children}
+    if name not in children:
+        return []
+    entries = {c.local_name: c.node_id for c in nodes[children[name]].children}
+    return [entries[str(position)] for position in range(len(entries))]
+
+
+def check_saved_model(directory: Path, layers: int) -> Any:
+    """The parsed ``saved_model.pb``; refuse one that does not parse or whose object graph
+    does not hold the ``layers`` layer nodes the metadata lists (the error
+    ``tf.saved_model.load`` of the same directory would lead to)."""
+    source = Path(directory) / "saved_model.pb"
+    proto = saved_model_pb2.SavedModel()
+    problem = None
+    try:
+        proto.ParseFromString(source.read_bytes())
+        found = len(root_list(proto.meta_graphs[0].object_graph_def.nodes, "layer_nodes"))
+        if found != layers:
+            problem = f"{found} layer nodes, the metadata lists {layers}"
+    except (OSError, DecodeError, IndexError, KeyError) as err:
+        problem = f"{type(err).__name__}: {str(err)[:200]}"
+    if problem is not None:
+        raise CorruptCheckpointError(
+            f"{directory} cannot be loaded as a SavedModel ({problem}). The directory is "
+            f"damaged; load an older checkpoint. Received: {str(source)!r}"
+        )
+    return proto
+
+
+class Stored:
+    """Shape and dtype of one stored variable (what revival checks before binding)."""
+
+    __slots__ = ("dtype", "key", "shape")
+
+    def __init__(self, key: str, shape: list[int], dtype: tf.DType):
+        self.key = key
+        self.shape = tf.TensorShape(shape)
+        self.dtype = dtype
+
+
+class StoredVariables:
+    """The ``model_variables`` and ``optimizer_variables`` of a checkpoint, by position."""
+
+    def __init__(self, directory: Path):
+        prefix = str(Path(directory) / "variables" / "variables")
+        try:
+            self._reader, graph = tf_compat.read_checkpoint(prefix)
+        except Exception as err:  # missing or damaged index/data files, foreign checkpoint
+            raise CorruptCheckpointError(
+                f"{directory}: the variables checkpoint cannot be read ({type(err).__name__}: "
+                f"{str(err)[:300]}). The directory is damaged; load an older checkpoint. "
+                f"Received: {prefix!r}"
+            ) from err
+        shapes = self._reader.get_variable_to_shape_map()
+        dtypes = self._reader.get_variable_to_dtype_map()
+        self.where = str(directory)
+        self.model = self._list(graph, "model_variables", shapes, dtypes)
+        self.optimizer = self._list(graph, "optimizer_variables", shapes, dtypes)
+
+    def _list(self, graph: Any, name: str, shapes: dict, dtypes: dict) -> list[Stored]:
+        """The entries of the root's list attribute ``name``, in list order."""
+        nodes = graph.nodes
+        try:
+            node_ids = root_list(nodes, name)
+        except KeyError as missing:
+            raise self._damaged(f"entry {missing} of {name!r} is missing", None) from None
+        found = []
+        for position, node_id in enumerate(node_ids):
+            attributes = nodes[node_id].attributes
+            key = next(
+                (a.checkpoint_key for a in attributes if a.name == tf_compat.VARIABLE_VALUE), None
+            )
+            if key is None or key not in shapes:
+                raise self._damaged(f"entry {position} of {name!r} has no value", key)
+            found.append(Stored(key, shapes[key], dtypes[key]))
+        return found
+
+    def _damaged(self, what: str, received: Any) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{self.where}: {what} in the variables checkpoint. The directory is damaged; "
+            f"load an older checkpoint. Received: {received!r}"
+        )
+
+    def value(self, stored: Stored) -> np.ndarray:
+        integrity.await_digests()  # the data file's digest, checked while layers were built
+        return self._reader.get_tensor(stored.key)
+
+    def optimizer_arrays(self) -> list[np.ndarray]:
+        return [self.value(s) for s in self.optimizer]

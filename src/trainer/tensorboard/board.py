@@ -1,0 +1,491 @@
+"""A run's TensorBoard log: hparams, serving graph, checkpoint cards, and links back to it.
+
+Every checkpoint and export records a *link* in its metadata (log dir, run name, step,
+event file) so that a tool holding only the artifact can open the curves that produced
+it; ``resolve_link`` follows it and checks the event file really holds that step, and
+that no later session's restart hides it from TensorBoard.
+
+``RunBoard`` owns one event file (a unique filename suffix makes it findable), written next
+to whatever else logs into the same directory: TensorBoard merges the files of one
+directory into one run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+from tensorboard.plugins.text import summary_v2 as text_summary
+from tensorflow.core.protobuf import saved_model_pb2
+
+from trainer.errors import TensorBoardLinkError
+from trainer.model_state.serving import serving_function
+from trainer.storage.integrity import total_size
+from trainer.tensorboard.hparams import replace_earlier_hparams
+from trainer.tensorboard.summary_writes import SummaryWrites, open_writer
+
+LINK_KEY = "tensorboard"  # where the link lives in checkpoint / export metadata
+HPARAM_TYPES = (bool, int, float, str)
+_START = event_pb2.SessionLog.START
+
+
+def to_container(cfg: Any) -> Any:
+    """Plain dicts/lists from an OmegaConf config (resolved), or ``cfg`` as it is."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return cfg
+    if isinstance(cfg, DictConfig | ListConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def flatten_config(cfg: Any, *, sep: str = ".") -> dict[str, bool | int | float | str]:
+    """``{"optimizer.learning_rate": 0.001, ...}``: HParams accept only scalars, so lists
+    become JSON text and ``None`` becomes ``"null"``."""
+    flat: dict[str, bool | int | float | str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, child in value.items():
+                walk(f"{prefix}{sep}{key}" if prefix else str(key), child)
+        elif isinstance(value, HPARAM_TYPES):
+            flat[prefix] = value
+        elif value is None:
+            flat[prefix] = "null"
+        else:
+            flat[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+    walk("", to_container(cfg))
+    return flat
+
+
+def config_hash(cfg: Any, *, ignore: tuple[str, ...] = ("run_dir",)) -> str:
+    """Short SHA-256 of the resolved config; top-level keys in ``ignore`` (where the run
+    writes, not what it computes) are left out so two identical runs hash alike."""
+    data = to_container(cfg)
+    if isinstance(data, Mapping):
+        data = {k: v for k, v in data.items() if k not in ignore}
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def saved_model_graph_def(directory: str | os.PathLike) -> Any:
+    """The GraphDef of a SavedModel's (first) MetaGraph, with its function library."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((Path(directory) / "saved_model.pb").read_bytes())
+    return proto.meta_graphs[0].graph_def
+
+
+def card_tag(kind: str, name: str) -> str:
+    """Text tag of an artifact's card: ``checkpoints/epoch-001``, ``exports/3``."""
+    return f"{kind}s/{name}"
+
+
+class RunBoard:
+    """The TensorBoard side of one run: its own event file in ``log_dir``.
+
+    ``run_dir`` is the Hydra run directory (default: the log dir's parent); ``run_name``
+    is what TensorBoard shows when started on the run directory's parent (for a Hydra
+    multirun: ``<job>/tb``). ``on_write_error`` is the run's
+    ``checkpoint.policy.on_save_error``: a failed write raises ``TensorBoardWriteError``
+    (``raise``) or is logged once per kind and skipped (``continue``; see
+    ``trainer.tensorboard.summary_writes``).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike,
+        *,
+        run_dir: str | os.PathLike | None = None,
+        run_name: str | None = None,
+        config_hash: str | None = None,
+        on_write_error: str = "raise",
+    ):
+        self.log_dir = Path(log_dir).absolute()
+        self.run_dir = Path(run_dir).absolute() if run_dir else self.log_dir.parent
+        self.run_name = run_name or os.path.relpath(self.log_dir, self.run_dir.parent)
+        self.config_hash = config_hash
+        self.writes = SummaryWrites(self.log_dir, on_write_error)
+        with self.writes.writing("creating the log directory"):
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        suffix = f".{uuid.uuid4().hex[:12]}.v2"
+        writer = open_writer(self.writes, self.log_dir, filename_suffix=suffix)
+        self.writer = writer or tf.summary.create_noop_writer()
+        self.flush()
+        files = sorted(self.log_dir.glob(f"*{suffix}"))
+        self.event_file: Path | None = files[0] if len(files) == 1 else None
+        if self.event_file is None and self.writes.on_error == "raise":
+            raise TensorBoardLinkError(
+                f"Could not find the event file just created in {self.log_dir} (suffix "
+                f"{suffix!r}); is the directory writable? Received files: {files}"
+            )
+
+    # ------------------------------------------------------------------ writing
+    def write_hparams(
+        self,
+        flat_config: Mapping[str, Any],
+        final_metrics: Mapping[str, float],
+        *,
+        step: int = 0,
+    ) -> None:
+        """``write_session_hparams`` plus ``write_final_metrics`` at ``step``."""
+        self.write_session_hparams(flat_config)
+        self.write_final_metrics(final_metrics, step=step)
+
+    def write_session_hparams(self, flat_config: Mapping[str, Any]) -> None:
+        """This session's config for the HParams tab; earlier sessions' hparams in the
+        directory become text (``trainer.tensorboard.hparams``), so the tab shows this one.
+
+        No experiment summary is written: with one per run, TensorBoard would pick one
+        arbitrarily; without, it infers hparams and metrics from every run's session.
+        """
+        values = flatten_config(dict(flat_config))
+        with self.writes.writing("writing hparams"), self.writer.as_default(step=0):
+            hp.hparams(values, start_time_secs=int(time.time()))
+            self.writer.flush()
+        self.replace_earlier_hparams()
+
+    def replace_earlier_hparams(self) -> int:
+        """Keep only the newest hparams session in the log directory (also repairs a crash
+        between writing one and replacing the older); returns how many it held."""
+        with self.writes.writing("replacing earlier sessions' hparams"):
+            return replace_earlier_hparams(self.log_dir)
+        return 0
+
+    def write_final_metrics(self, final_metrics: Mapping[str, float], *, step: int) -> None:
+        """``final/<metric>`` scalars at ``step``: the HParams tab's metric columns."""
+        with self.writes.writing("writing final metrics"), self.writer.as_default(step=step):
+            for name, value in final_metrics.items():
+                tf.summary.scalar(f"final/{name}", float(value))
+            self.writer.flush()
+
+    def write_graph(self, source: Any, *, step: int = 0) -> None:
+        """Put a serving graph in the Graphs tab. ``source`` is a Keras model (its serving
+        function, as ``export_serving`` exports it with ``format="keras"``), a traced
+        ``tf.function`` or concrete function, or a SavedModel directory (its own graph,
+        read from ``saved_model.pb``: exactly what a model server loads)."""
+        if isinstance(source, str | os.PathLike):
+            graph_def = saved_model_graph_def(source)
+        else:
+            fn = source
+            if not hasattr(fn, "graph"):
+                if not hasattr(fn, "get_concrete_function"):
+                    fn = serving_function(fn)
+                fn = fn.get_concrete_function()
+            graph_def = fn.graph.as_graph_def()
+        with self.writes.writing("writing the graph"), self.writer.as_default(step=step):
+            tf.summary.graph(graph_def)
+            self.writer.flush()
+
+    def checkpoint_card(
+        self,
+        step: int,
+        path: str | os.PathLike,
+        run_dir: str | os.PathLike | None = None,
+        backend: str | None = None,
+        format_version: int | None = None,
+        size_bytes: int | None = None,
+        save_seconds: float | None = None,
+        metrics: Mapping[str, float] | None = None,
+        config_hash: str | None = None,
+        *,
+        blocking_seconds: float | None = None,
+        kind: str = "checkpoint",
+        tag: str | None = None,
+    ) -> str:
+        """Markdown card at ``step`` plus ``<kind>/save_seconds`` and ``<kind>/size_bytes``
+        scalars (and ``<kind>/blocking_seconds``: how long the save held the training loop,
+        which for an async save is far less than the write); returns the card's tag
+        (default ``card_tag(kind, path.name)``). Flushed, so a link to ``step`` resolves now."""
+        path = Path(path)
+        base = Path(run_dir).absolute() if run_dir else self.run_dir
+        size_bytes = total_size(path) if size_bytes is None and path.exists() else size_bytes
+        tag = tag or card_tag(kind, path.name)
+        text = card_markdown(
+            kind=kind,
+            path=_relative(path, base),
+            step=step,
+            backend=backend,
+            format_version=format_version,
+            size_bytes=size_bytes,
+            save_seconds=save_seconds,
+            metrics=metrics or {},
+            config_hash=config_hash or self.config_hash,
+        )
+        # One event holding the card and its scalars, written by one op: the same values
+        # four summary ops would write, a third of their CPU in the async writer thread.
+        summary = summary_pb2.Summary()
+        summary.value.extend(text_summary.text_pb(tag, text).value)
+        for name, value in (
+            ("save_seconds", save_seconds),
+            ("blocking_seconds", blocking_seconds),
+            ("size_bytes", size_bytes),
+        ):
+            if value is not None:
+                summary.value.extend(scalar_summary.scalar_pb(f"{kind}/{name}", value).value)
+        with self.writes.writing(f"{kind} cards"), self.writer.as_default(step=step):
+            tf.summary.experimental.write_raw_pb(summary.SerializeToString())
+            self.writer.flush()
+        return tag
+
+    def link(
+        self, step: int, artifact: str | os.PathLike | None = None, *, tag: str | None = None
+    ) -> dict[str, Any]:
+        """What goes under ``metadata["tensorboard"]``. ``artifact`` is the final path of the
+        checkpoint/export; the run dir is then stored relative to its parent directory too,
+        so the link survives moving the whole run directory."""
+        link = {
+            "log_dir": _relative(self.log_dir, self.run_dir),
+            "run_name": self.run_name,
+            "step": int(step),
+            "run_dir_absolute": str(self.run_dir),
+        }
+        if self.event_file is not None:  # None: it could not be created (on_error=continue)
+            link["event_file"] = self.event_file.name
+        if artifact is not None:
+            link["run_dir"] = os.path.relpath(self.run_dir, Path(artifact).absolute().parent)
+        if tag is not None:
+            link["tag"] = tag
+        if self.config_hash:
+            link["config_hash"] = self.config_hash
+        return link
+
+    def save_checkpoint(
+        self,
+        backend: Any,
+        model: Any,
+        path: str | os.PathLike,
+        *,
+        state: Any,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Save through ``backend`` with the link in the metadata, then write the card."""
+        final = backend.checkpoint_path(path)
+        step = int(state.global_step)
+        meta = dict(metadata or {})
+        meta[LINK_KEY] = self.link(step, final, tag=card_tag("checkpoint", final.name))
+        start = time.perf_counter()
+        saved = backend.save(model, final, state=state, metadata=meta)
+        seconds = time.perf_counter() - start
+        self.checkpoint_card(
+            step,
+            saved,
+            backend=backend.name,
+            format_version=backend.format_version,
+            size_bytes=total_size(saved),
+            save_seconds=seconds,
+            metrics=state.metrics,
+        )
+        return saved
+
+    def flush(self) -> None:
+        with self.writes.writing("flushing the event file"):
+            self.writer.flush()
+
+    def close(self) -> None:
+        with self.writes.writing("closing the event file"):
+            self.writer.close()
+        self.writes.report()
+
+    def __enter__(self) -> RunBoard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def card_markdown(
+    *,
+    kind: str,
+    path: str,
+    step: int,
+    backend: str | None,
+    format_version: int | None,
+    size_bytes: int | None,
+    save_seconds: float | None,
+    metrics: Mapping[str, float],
+    config_hash: str | None,
+) -> str:
+    """The text card: a two-column markdown table (TensorBoard renders tables)."""
+    rows = [
+        ("path", f"`{path}`"),
+        ("step", str(step)),
+        ("backend", f"{backend} (format version {format_version})" if backend else "?"),
+        ("size", _human_bytes(size_bytes) if size_bytes is not None else "?"),
+        ("save time", f"{save_seconds:.3f} s" if save_seconds is not None else "?"),
+        ("config hash", f"`{config_hash}`" if config_hash else "?"),
+    ]
+    rows += [(f"metric `{k}`", f"{float(v):.6g}") for k, v in sorted(metrics.items())]
+    lines = [f"**{kind}** `{Path(path).name}`", "", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size:,} B" if unit == "B" else f"{value:.1f} {unit} ({size:,} B)"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def _relative(path: Path, base: Path) -> str:
+    return os.path.relpath(Path(path).absolute(), base)
+
+
+# ---------------------------------------------------------------------- reading back
+@dataclasses.dataclass
+class ResolvedLink:
+    event_file: Path
+    log_dir: Path
+    run_dir: Path
+    run_name: str
+    step: int
+    tags: list[str]  # every tag the event file holds at that step
+
+
+def event_steps(event_file: str | os.PathLike) -> dict[int, set[str]]:
+    """``{step: {tags}}`` of one event file, streamed without building any index."""
+    return _read_events(Path(event_file))[0]
+
+
+def _read_events(path: Path) -> tuple[dict[int, set[str]], list[int]]:
+    """One event file's ``{step: {tags}}`` and the steps of its ``SessionLog.START``s."""
+    steps: dict[int, set[str]] = {}
+    starts: list[int] = []
+    for event in LegacyEventFileLoader(str(path)).Load():
+        if event.HasField("summary"):
+            tags = steps.setdefault(event.step, set())
+            tags.update(value.tag for value in event.summary.value)
+        elif event.HasField("graph_def"):
+            steps.setdefault(event.step, set()).add("__graph__")
+        elif event.HasField("session_log") and event.session_log.status == _START:
+            starts.append(event.step)
+    return steps, starts
+
+
+@dataclasses.dataclass
+class LogView:
+    """What TensorBoard shows of one log directory, each event file read once: the steps
+    and tags of every file, and the restarts, each ``SessionLog.START``
+    (``callbacks.mark_session_start`` writes one per training session) but the first
+    TensorBoard reads, which starts the run and purges nothing. A file that cannot be
+    parsed holds nothing here (TensorBoard shows nothing of it either)."""
+
+    steps: dict[str, dict[int, set[str]]]  # event file name -> {step: {tags}}
+    restarts: list[tuple[str, int]]  # (event file name, step), in reading order
+
+    @classmethod
+    def read(cls, log_dir: str | os.PathLike) -> LogView:
+        steps: dict[str, dict[int, set[str]]] = {}
+        starts: list[tuple[str, int]] = []
+        for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+            try:
+                steps[path.name], found = _read_events(path)
+            except Exception:  # a damaged file (a killed writer's): it shows nothing
+                steps[path.name], found = {}, []
+            starts += [(path.name, step) for step in found]
+        return cls(steps, starts[1:])
+
+    def tags(self, event_file: Path, step: int) -> set[str]:
+        return self.steps.get(event_file.name, {}).get(step, set())
+
+    def hiding_restart(self, event_file: Path, step: int) -> tuple[str, int] | None:
+        """The restart that hides ``step`` of ``event_file`` from TensorBoard, or None.
+        TensorBoard reads a directory's files in name order and, at each restart, drops
+        what it has read at or after the restart's step: an event is hidden by a restart
+        in a later file at a step not above its own (the branch a resume abandoned)."""
+        for name, restart_step in self.restarts:
+            if name > event_file.name and restart_step <= step:
+                return name, restart_step
+        return None
+
+    def shows(self, event_file: Path, step: int, tag: str | None = None) -> bool:
+        """Whether TensorBoard shows ``tag`` (any event, if None) at ``step`` of the file."""
+        tags = self.tags(event_file, step)
+        hidden = self.hiding_restart(event_file, step) is not None
+        return bool(tags) and (tag is None or tag in tags) and not hidden
+
+
+def link_run_dirs(artifact: Path, link: Mapping[str, Any]) -> list[Path]:
+    """Where a link's run directory may be, in order: relative to the artifact's folder (the
+    whole run moved), relative to the folder above it (the artifact was set aside one level
+    down, into ``checkpoints/abandoned-<n>/``, after its link was written), then the
+    absolute path it was written at."""
+    candidates = []
+    if link.get("run_dir") is not None:
+        candidates.append(artifact.parent / link["run_dir"])
+        candidates.append(artifact.parent.parent / link["run_dir"])
+    if link.get("run_dir_absolute"):
+        candidates.append(Path(link["run_dir_absolute"]))
+    return candidates
+
+
+def resolve_link(artifact_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ResolvedLink:
+    """Follow the link of the checkpoint/export at ``artifact_path`` to its event file and
+    check the file holds the link's step (and its card tag, if it names one).
+
+    ``metadata`` is the artifact's metadata (with a ``"tensorboard"`` entry) or the link.
+    """
+    link = metadata.get(LINK_KEY, metadata)
+    artifact = Path(artifact_path).absolute()
+    if not isinstance(link, Mapping) or "event_file" not in link or "step" not in link:
+        raise TensorBoardLinkError(
+            f"{artifact} carries no TensorBoard link (metadata key {LINK_KEY!r} with "
+            f"'event_file' and 'step'); it was saved without a RunBoard. "
+            f"Received keys: {sorted(metadata)[:12]}"
+        )
+    tried = []
+    for run_dir in link_run_dirs(artifact, link):
+        log_dir = Path(os.path.normpath(run_dir / link.get("log_dir", ".")))
+        event_file = log_dir / link["event_file"]
+        tried.append(str(event_file))
+        if event_file.is_file():
+            break
+    else:
+        raise TensorBoardLinkError(
+            f"The TensorBoard event file of {artifact} is gone: none of {tried} exists. The "
+            f"run directory was moved without the artifact, or its log was deleted. "
+            f"Received link: {dict(link)}"
+        )
+    step = int(link["step"])
+    view = LogView.read(log_dir)
+    tags = sorted(view.tags(event_file, step))
+    wanted = link.get("tag")
+    if not tags or (wanted and wanted not in tags):
+        raise TensorBoardLinkError(
+            f"{event_file} holds no {'card ' + repr(wanted) if wanted else 'event'} at step "
+            f"{step}: the artifact was saved but its card was never written (the run stopped "
+            f"in between?). Received tags at that step: {tags}"
+        )
+    restart = view.hiding_restart(event_file, step)
+    if restart is not None:
+        raise TensorBoardLinkError(
+            f"TensorBoard no longer shows step {step} of {event_file}: a later session of the "
+            f"run restarted at step {restart[1]} ({restart[0]}), and TensorBoard drops every "
+            f"earlier event at or after a restart's step. {artifact} belongs to the branch "
+            f"that a resume from an earlier checkpoint abandoned; its card and curves are "
+            f"still in the event file, but TensorBoard hides them. Received link: {dict(link)}"
+        )
+    return ResolvedLink(
+        event_file=event_file,
+        log_dir=log_dir,
+        run_dir=Path(os.path.normpath(run_dir)),
+        run_name=str(link.get("run_name", "")),
+        step=step,
+        tags=tags,
+    )

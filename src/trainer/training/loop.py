@@ -1,0 +1,406 @@
+"""``train(cfg)``: build everything from the Hydra config, fit, checkpoint, return metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import keras
+import tensorflow as tf
+from omegaconf import DictConfig, OmegaConf
+
+import trainer.training.config  # registers the schemas conf/ extends, before Hydra composes
+from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
+from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
+from trainer.errors import ConfigError, DirectoryInUseError
+from trainer.exports import sources
+from trainer.runs import sessions
+from trainer.save_backends import SaveBackend, load_checkpoint
+from trainer.state import TrainingState
+from trainer.storage.atomic import temporary_sibling
+from trainer.tensorboard.board import RunBoard, config_hash, flatten_config
+from trainer.training import distribute, resume, run_end, user_callbacks
+from trainer.training.building import build_metric_variables, build_model
+from trainer.training.instantiation import instantiate
+from trainer.training.progress import RunProgbar, RunProgress, ScalarLogger
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train the configured model and return the final validation (or training) metrics;
+    after an interrupt, the last completed epoch's (empty in the first epoch)."""
+    dist = distribute.setup(cfg.get("strategy"))  # before any other TensorFlow op
+    try:
+        return run(cfg, dist)
+    finally:
+        dist.cleanup()  # a non-chief worker's scratch outputs
+
+
+@dataclasses.dataclass
+class RunParts:
+    """Everything ``build_run`` sets up for one session of a run."""
+
+    run_dir: Path
+    out_dir: Path
+    data: DataSplits
+    val: tf.data.Dataset | None
+    steps: int
+    model: keras.Model
+    state: TrainingState
+    progress: RunProgress
+    scalars: ScalarLogger
+    board: RunBoard
+    manager: CheckpointManager
+    callbacks: list[keras.callbacks.Callback]
+    config_record: dict[str, Any]
+    finished_before: bool  # the resumed checkpoint had every epoch trained already
+
+
+def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
+    """``train`` under ``dist``: only the chief writes into the run directory, the other
+    workers write the same things into their scratch directory (``dist.output_dir``).
+    SIGTERM/SIGINT end it cleanly at any point: during ``fit`` after the current batch
+    (with an interrupt checkpoint), before or after it at once."""
+    trainer.training.config.check_values(cfg)  # before anything is built or written
+    with run_end.signals_raise():
+        try:
+            run_dir, resume_from = locate_run(cfg)
+            try:
+                out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
+            except DirectoryInUseError:
+                sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before the lock
+                raise
+            # This session's log and Hydra config go to the run it continues (sessions.py).
+            with sessions.session(out_dir, resume_from):
+                return run_session(cfg, dist, run_dir, resume_from)
+        except run_end.RunInterrupted as interrupt:
+            log.warning(
+                "Received %s before training started; nothing was trained in this session. "
+                "Re-run the same command to start (with resume=auto: to continue) the run.",
+                interrupt.signal_name,
+            )
+            return {}
+
+
+def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str, float]:
+    """Build, fit and finish one session (under ``run``'s ``signals_raise``): a signal
+    after the build ends it cleanly."""
+    parts = build_run(cfg, dist, run_dir, resume_from)
+    try:
+        fit_session(cfg, dist, parts)
+        report(cfg, parts.run_dir, parts.manager, parts.progress)
+        if parts.progress.interrupted:
+            parts.board.close()
+            return dict(parts.state.metrics)
+        if parts.progress.requested_signal is not None:  # after the last step's save
+            raise run_end.RunInterrupted(parts.progress.requested_signal)
+        try:
+            return run_end.finish_run(
+                cfg,
+                parts.model,
+                parts.val,
+                parts.data,
+                parts.state,
+                parts.out_dir,
+                parts.board,
+                parts.config_record,
+                resumed_finished=parts.finished_before,
+            )
+        finally:
+            parts.board.close()
+    except run_end.RunInterrupted as interrupt:
+        parts.scalars.close()  # both close again harmlessly if already closed
+        parts.board.close()
+        report_end_interrupted(cfg, parts, interrupt)
+        return dict(parts.state.metrics)
+
+
+def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
+    """The run directory of this session and the checkpoint it resumes from (or None)."""
+    run_dir = resolve_run_dir(cfg)
+    checkpoint_dirname = cfg.checkpoint.directory
+    resume_from = resume.resolve_resume(
+        cfg.get("resume"),
+        cfg.get("resume_dir"),
+        run_dir,
+        checkpoint_dirname,
+        configured_backend(cfg) if cfg.get("resume") else None,
+    )
+    if resume_from is not None:
+        # Continue in the run that wrote the checkpoint, so its checkpoints, retention and
+        # TensorBoard curves carry on in one place.
+        run_dir = resume.run_dir_of(resume_from, checkpoint_dirname) or run_dir
+    else:
+        try:
+            resume.refuse_fresh_over(run_dir, checkpoint_dirname, configured_backend(cfg))
+        except ConfigError:
+            sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before this check
+            raise
+    return run_dir, resume_from
+
+
+def build_run(
+    cfg: DictConfig, dist: distribute.Distribution, run_dir: Path, resume_from: Path | None
+) -> RunParts:
+    """Build the data, model, state, TensorBoard writers, checkpoint manager and callbacks
+    of this session of the run in ``run_dir``, resumed from ``resume_from`` if set."""
+    keras.utils.set_random_seed(int(cfg.seed))
+    if cfg.trainer.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+    data: DataSplits = instantiate(cfg.data, "data")
+    steps = steps_per_epoch(len(data.x_train), cfg.trainer.batch_size, cfg.trainer.steps_per_epoch)
+    with dist.scope():  # model, optimizer and metrics variables are distributed
+        model, wrap_callbacks = build_model(
+            cfg, data, total_steps=steps * cfg.trainer.epochs, lr_factor=dist.lr_factor
+        )
+        build_metric_variables(model, data)
+    dist.prepare_model(model, (data.x_train[:1], data.y_train[:1]))
+    policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
+    policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
+    sources.check_export_options(  # not only once trained
+        cfg.get("export"), checkpoint_directory=cfg.checkpoint.directory
+    )
+    state = TrainingState(seed=int(cfg.seed))
+    if resume_from is not None:
+        state = restore(cfg, dist, model, resume_from)
+
+    out_dir = dist.output_dir(run_dir)
+    # The user's callbacks before anything of the session is written (TensorBoard's session
+    # mark and graph included): a run they refuse leaves nothing that looks like a run.
+    configured = user_callbacks.ConfigCallbacks(
+        user_callbacks.build(cfg.get("callbacks"), out_dir), state, saved=state.callbacks
+    )
+    user_callbacks.check_rate_setters(configured.named, model)
+    config_record = OmegaConf.to_container(cfg, resolve=True)
+    progress = RunProgress(state, steps)
+    scalars = ScalarLogger(
+        out_dir / cfg.trainer.tensorboard_dir, state, on_write_error=policy.on_save_error
+    )
+    # Created after ScalarLogger: its session-start mark must sort before the board's file.
+    board = RunBoard(
+        out_dir / cfg.trainer.tensorboard_dir,
+        run_dir=out_dir,
+        config_hash=config_hash(config_record),
+        on_write_error=policy.on_save_error,
+    )
+    if state.global_step == 0:
+        board.write_graph(model)
+    finished = state.epoch >= cfg.trainer.epochs or state.stopped_early
+    manager, callbacks = wire_callbacks(
+        cfg, dist, out_dir, state, policy, progress, board, configured, [*wrap_callbacks, scalars]
+    )
+    if not finished:  # this session trains (nothing refused it): its config is the run's
+        board.write_session_hparams(flatten_config(config_record))
+    val = eval_dataset(data.x_val, data.y_val, cfg.trainer.batch_size) if len(data.x_val) else None
+    return RunParts(
+        run_dir, out_dir, data, val, steps, model, state, progress, scalars, board, manager,
+        callbacks, config_record, finished_before=resume_from is not None and finished,
+    )  # fmt: skip
+
+
+def fit_session(cfg: DictConfig, dist: distribute.Distribution, parts: RunParts) -> None:
+    """This session's ``fit`` (nothing when every epoch is trained already), under the
+    loop's signal handling, then every checkpoint write on disk."""
+    model, manager = parts.model, parts.manager
+    log.info(
+        "Training %s (%d parameters) on %d examples, %d steps/epoch, %d epochs; backend %s; %s",
+        model.name,
+        model.count_params(),
+        len(parts.data.x_train),
+        parts.steps,
+        cfg.trainer.epochs,
+        manager.backend,
+        dist.describe(cfg.trainer.batch_size),
+    )
+    try:
+        with parts.progress.stop_on_signals():
+            fit_run(model, parts.data, parts.val, cfg, parts.state, parts.steps, parts.callbacks)
+            manager.wait()
+    except BaseException:
+        parts.scalars.close()
+        parts.board.close()
+        try:
+            manager.wait()
+        except Exception:  # logged in full; the error already propagating must win
+            log.exception("The last checkpoint write failed")
+        raise
+    parts.scalars.close()
+
+
+def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configured, middle):
+    """The checkpoint manager and the run's callbacks, in the order they must run: stop
+    agreement (multi-worker), step counting, the configured ones (``configured``, built and
+    checked by ``build_run``), ``middle`` (wrappers' callbacks: masks baked in before
+    epoch-end saves; TensorBoard scalars), checkpointing, the epoch cutter; the progress
+    bar right after the configured ones."""
+    manager = CheckpointManager(
+        out_dir / cfg.checkpoint.directory,
+        dist.backend(build_backend(cfg)),
+        policy,
+        metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
+        board=board,
+    )
+    manager.adopt(state)  # retention continues from the resumed checkpoint's records
+    if state.global_step:  # resumed: what came after its checkpoint is another branch
+        manager.set_aside_after(state.global_step)
+    checkpoint = Checkpoint(
+        manager=manager, state=state, progress=progress, callback_state=configured.state_dict
+    )
+    callbacks = [
+        *dist.callbacks(progress),  # multi-worker: agree on stop signals first
+        progress,
+        configured,
+        # The bar ends each epoch's line before anything after it logs (saves included).
+        *([RunProgbar(state)] if cfg.trainer.verbose else []),
+        *middle,
+        checkpoint,
+        progress.epoch_cutter(),  # after every other callback
+    ]
+    return manager, callbacks
+
+
+def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
+    """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
+    loaded = load_checkpoint(path, configured=configured_backend(cfg))
+    resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
+    with dist.scope():  # may build the optimizer: its variables are distributed too
+        state = resume.restore_into(model, loaded)
+    log.info(
+        "Resuming from %s at epoch %d, step %d (+%d in epoch)",
+        path,
+        state.epoch,
+        state.global_step,
+        state.step_in_epoch,
+    )
+    return state
+
+
+def configured_backend(cfg: DictConfig) -> type:
+    """The class of the run's configured save backend: resuming reads the run's own
+    checkpoints with it when it is not registered (``save._target_``)."""
+    return type(build_backend(cfg))
+
+
+def build_backend(cfg: DictConfig) -> SaveBackend:
+    """The save backend ``save`` configures; anything else is a ``ConfigError``."""
+    backend = instantiate(cfg.save, "save")
+    if not isinstance(backend, SaveBackend):
+        raise ConfigError(
+            f"save._target_ must build a save backend (a subclass of "
+            f"trainer.save_backends.SaveBackend), such as save=savedmodel, save=h5 or "
+            f"save=weights. Received: {cfg.save.get('_target_')!r}, which built a "
+            f"{type(backend).__name__}"
+        )
+    return backend
+
+
+def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
+    """Where everything went; after an interrupt, the command that resumes."""
+    state = progress.state
+    log.info("Run directory: %s", run_dir)
+    kept = [p.name for p in manager.all()]  # on disk now: retention removed the rest
+    if kept:
+        log.info("Checkpoints:   %s: %s (latest)", manager.directory, ", ".join(kept))
+    else:
+        log.info("Checkpoints:   none")
+    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    if progress.interrupted:
+        where = manager.saved[-1] if manager.saved else None
+        # Epochs as the progress bar numbers them (from 1): "Epoch 1/2" was reported as
+        # "Interrupted at epoch 0" (the count of completed epochs).
+        log.warning(
+            "Interrupted %s, step %d. %s",
+            f"in epoch {state.epoch + 1}, after {state.step_in_epoch} of its batches"
+            if state.step_in_epoch
+            else f"after epoch {state.epoch}",
+            state.global_step,
+            f"Saved {where}; resume with: {hint(cfg, run_dir, where)}"
+            if where
+            else "No checkpoint was saved (checkpoint.policy.on_interrupt=false).",
+        )
+
+
+def report_end_interrupted(cfg: DictConfig, parts: RunParts, interrupt: BaseException) -> None:
+    """A signal outside ``fit``'s batches (between the last step and the end of the serving
+    export): what is done, and the command that finishes the rest."""
+    latest = parts.manager.latest()
+    state = parts.state
+    log.warning(
+        "Received %s at epoch %d, step %d, outside the training loop; stopped before the "
+        "end-of-run steps (final metrics, hparams, serving export) completed. %s",
+        getattr(interrupt, "signal_name", interrupt),
+        state.epoch,
+        state.global_step,
+        f"The newest checkpoint is {latest}; re-run with: {hint(cfg, parts.run_dir, latest)}"
+        if latest is not None
+        else "No checkpoint was saved in this run.",
+    )
+
+
+def hint(cfg: DictConfig, run_dir: Path, checkpoint: Path) -> str:
+    """The command that resumes from ``checkpoint`` with this session's own overrides."""
+    return resume.resume_hint(checkpoint, cfg.checkpoint.directory, resume.run_overrides(run_dir))
+
+
+def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
+    """One ``fit`` from where ``state`` stands to the last epoch, over every epoch's seeded
+    order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
+    if state.epoch >= cfg.trainer.epochs:
+        log.info(
+            "Already trained %d of %d epochs: nothing left to train; finishing the run's "
+            "end-of-run steps (raise trainer.epochs to train further)",
+            state.epoch,
+            cfg.trainer.epochs,
+        )
+        return
+    if state.stopped_early:
+        log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
+        return
+    batches = run_dataset(
+        data.x_train,
+        data.y_train,
+        batch_size=cfg.trainer.batch_size,
+        seed=int(cfg.seed),
+        epochs=cfg.trainer.epochs,
+        first_epoch=state.epoch,
+        skip_batches=state.step_in_epoch,
+        max_batches=steps,
+    )
+    model.fit(
+        batches,
+        epochs=cfg.trainer.epochs,
+        initial_epoch=state.epoch,
+        steps_per_epoch=steps,
+        validation_data=val,
+        callbacks=callbacks,
+        verbose=cfg.trainer.verbose,
+        shuffle=False,  # the order is already the seeded per-epoch permutation
+    )
+
+
+def resolve_run_dir(cfg: DictConfig) -> Path:
+    """Hydra's output directory when run under Hydra, else ``cfg.run_dir`` or the cwd."""
+    explicit = cfg.get("run_dir")
+    if explicit:
+        path = Path(explicit)
+    elif hydra.core.hydra_config.HydraConfig.initialized():
+        path = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
+    else:
+        path = Path(os.getcwd())
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = temporary_sibling(path / "write-check")
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"The run directory {path} cannot be written: {error.strerror or error}. Pass a "
+            f"writable run_dir=... (or hydra.run.dir=...). Received: {os.fspath(path)!r}"
+        ) from None
+    return path
