@@ -175,7 +175,7 @@ def test_checkpoint_track_must_name_its_callbacks(tmp_path):
 def test_a_json_command_that_fails_still_prints_json(tmp_path, capsys):
     import json
 
-    from trainer.cli.main import main
+    from trainer.cli.app import main
 
     damaged = tmp_path / "ckpt.h5"
     damaged.write_bytes(b"not a checkpoint")

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT, TINY, config_options, list_checkpoints, subprocess_env
 
-from trainer.cli.main import main as cli_main
+from trainer.cli.app import main as cli_main
 from trainer.save_backends import load_checkpoint
 
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tb_runs import assert_close, make_run
 from tensorflow_serving.apis import prediction_log_pb2
 
-from trainer.cli.main import main
+from trainer.cli.app import main
 from trainer.exports.exporter import (
     ExportError,
     export_serving,

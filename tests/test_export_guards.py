@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.cli.main import main
+from trainer.cli.app import main
 from trainer.errors import ExportError
 from trainer.exports.exporter import export_serving, read_export_metadata, versions
 from trainer.exports.sources import check_export_options, export_from_checkpoint

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import testing, train
-from trainer.cli.main import main as cli_main
+from trainer.cli.app import main as cli_main
 from trainer.errors import ExportError
 from trainer.exports.exporter import export_serving, read_export_metadata
 from trainer.save_backends import get_backend, load_checkpoint

@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, subprocess_env
 from tb_runs import make_run
 
-from trainer.cli.main import main
+from trainer.cli.app import main
 from trainer.cli.verify import verify_checkpoint
 from trainer.errors import IntegrityError
 from trainer.exports.exporter import (

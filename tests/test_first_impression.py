@@ -19,8 +19,8 @@ from conftest import ROOT, subprocess_env
 
 from tests import savedmodel_zoo as zoo
 from trainer import train
-from trainer.cli.main import build_parser
-from trainer.cli.main import main as cli_main
+from trainer.cli.app import build_parser
+from trainer.cli.app import main as cli_main
 from trainer.console import StartupFilter
 from trainer.models import build_resnet
 from trainer.save_backends import get_backend

@@ -14,7 +14,7 @@ import tensorflow as tf
 from conftest import ROOT, subprocess_env
 from fault_corpus import BACKENDS, build_model, copy_checkpoint, data_file, flip_bytes, save_all
 
-from trainer.cli.main import main as cli_main
+from trainer.cli.app import main as cli_main
 from trainer.errors import CorruptCheckpointError, IntegrityError
 from trainer.save_backends import backend_class, load_checkpoint
 from trainer.storage import integrity

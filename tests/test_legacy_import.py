@@ -378,11 +378,11 @@ def test_revived_layers_save_and_load(zoo, tmp_path, case):
 def test_cli_import_legacy_refuses_config_backend_for_revived(zoo, tmp_path, capsys):
     """``import-legacy --backend h5`` of a class-missing model: exit 2, the refusal, and
     nothing at DST."""
-    from trainer.cli import main
+    from trainer.cli import app
 
     dst = tmp_path / "imported"
     src = str(zoo / "custom" / "model")
-    assert main.main(["import-legacy", src, str(dst), "--backend", "h5"]) == 2
+    assert app.main(["import-legacy", src, str(dst), "--backend", "h5"]) == 2
     err = capsys.readouterr().err
     assert "'block' (Block)" in err and "savedmodel backend" in err and "Received:" in err
     assert list(tmp_path.iterdir()) == []
@@ -521,19 +521,19 @@ def test_rnn_cells_and_hard_sigmoid_are_keras3s():
 
 
 def test_cli_import_legacy_round_trip(zoo, tmp_path, capsys):
-    """In-process (``main.main``): a subprocess would import TensorFlow again (~10 s)."""
-    from trainer.cli import main
+    """In-process (``app.main``): a subprocess would import TensorFlow again (~10 s)."""
+    from trainer.cli import app
 
     dst = tmp_path / "imported"
-    assert main.main(["import-legacy", str(zoo / "mlp" / "model"), str(dst)]) == 0
+    assert app.main(["import-legacy", str(zoo / "mlp" / "model"), str(dst)]) == 0
     checkpoint = load_checkpoint(dst)
     want = _arrays(zoo / "mlp", "pred")[0]
     np.testing.assert_array_equal(_outputs(checkpoint.model, _arrays(zoo / "mlp", "x"))[0], want)
     assert checkpoint.model.compiled
     capsys.readouterr()
-    assert main.main(["import-legacy", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert app.main(["import-legacy", str(tmp_path), str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.startswith("error:")
-    assert main.main(["inspect", str(zoo / "lambda" / "model")]) == 0
+    assert app.main(["inspect", str(zoo / "lambda" / "model")]) == 0
     shown = capsys.readouterr().out
     assert "affine (Lambda): from traces" in shown and "dense_7 (Dense): from config" in shown
 

@@ -15,7 +15,7 @@ HEAVY = ("tensorflow", "keras", "hydra", "omegaconf", "tensorboard", "sklearn", 
 
 
 @pytest.mark.parametrize(
-    "statement", ["import trainer", "import trainer.errors", "import trainer.cli.main"]
+    "statement", ["import trainer", "import trainer.errors", "import trainer.cli.app"]
 )
 def test_light_modules_import_no_heavy_dependency(statement):
     code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"

@@ -68,7 +68,7 @@ def test_the_cli_refusal_of_a_lambda_names_a_call_the_user_can_run(tmp_path, cap
     the Python call doing what the command did, and that call works."""
     from conftest import subprocess_env
 
-    from trainer.cli.main import main
+    from trainer.cli.app import main
     from trainer.exports.exporter import versions
 
     marker = tmp_path / "code-ran"

@@ -2,6 +2,6 @@
 
 import sys
 
-from trainer.cli.main import main
+from trainer.cli import main
 
 sys.exit(main(prog="python -m trainer"))

@@ -5,6 +5,10 @@ back where the layout took them out. Each old path loads as a module holding the
 module's names (the same objects, so classes and functions compare equal) and warns with a
 ``DeprecationWarning`` naming the new path. A Hydra ``_target_`` or a pickled reference that
 names an old path therefore keeps resolving. Remove after 0.2.
+
+Four old modules became packages of the same name (``trainer.training``, ``trainer.cli``,
+``trainer.tensorboard``, ``trainer.runs``): the package stands at that path, so they have no
+entry; ``trainer.training.train`` and ``trainer.cli.main`` still resolve.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import warnings
 _TABLE = """
 atomic                                     storage.atomic
 building                                   training.building
+checkpointing.callback                     checkpointing.keras_callback
 cli_extra                                  cli.commands
 config                                     training.config
 direct_io                                  storage.direct_io
@@ -34,18 +39,19 @@ limits                                     storage.limits
 locks                                      storage.locks
 resume                                     training.resume
 run_end                                    training.run_end
-runs                                       runs.index
 save_backends.compile_objects              model_state.compile_objects
 save_backends.config_state                 model_state.config_check
 save_backends.json_tuples                  model_state.json_tuples
 save_backends.layerstate                   model_state.layer_protocol
+save_backends.legacy.standin               save_backends.legacy.traced_layers
+save_backends.legacy.weights               save_backends.legacy.variable_values
 save_backends.modelstate                   model_state.kit
 save_backends.policies                     model_state.dtype_policy
 save_backends.readiness                    model_state.readiness
 save_backends.rebuild                      model_state.rebuild
-save_backends.savedmodel.call_matching     save_backends.savedmodel.load.call_matching
+save_backends.savedmodel.call_matching     save_backends.savedmodel.features.call_matching
 save_backends.savedmodel.composites        save_backends.savedmodel.save.composites
-save_backends.savedmodel.config_rebuilt    save_backends.savedmodel.load.config_rebuilt
+save_backends.savedmodel.config_rebuilt    save_backends.savedmodel.save.config_rebuilt
 save_backends.savedmodel.constraints       save_backends.savedmodel.features.constraints
 save_backends.savedmodel.endpoints         save_backends.savedmodel.save.endpoints
 save_backends.savedmodel.frozen_flags      save_backends.savedmodel.features.frozen_flags
@@ -59,7 +65,7 @@ save_backends.savedmodel.python_gradients  save_backends.savedmodel.features.pyt
 save_backends.savedmodel.revival           save_backends.savedmodel.load.revival
 save_backends.savedmodel.rnn_states        save_backends.savedmodel.features.rnn_states
 save_backends.savedmodel.saver_def         save_backends.savedmodel.bundle.saver_def
-save_backends.savedmodel.standins          save_backends.savedmodel.load.standins
+save_backends.savedmodel.standins          save_backends.savedmodel.features.standins
 save_backends.savedmodel.state_variables   save_backends.savedmodel.save.state_variables
 save_backends.savedmodel.stored_variables  save_backends.savedmodel.load.stored_variables
 save_backends.savedmodel.structure         save_backends.savedmodel.save.structure
@@ -77,6 +83,7 @@ serving                                    model_state.serving
 sessions                                   runs.sessions
 summary_writes                             tensorboard.summary_writes
 sweeps                                     training.sweeps
+testing.models                             testing.suite_models
 user_callbacks                             training.user_callbacks,callbacks
 verify                                     cli.verify
 warmup                                     exports.warmup

@@ -14,7 +14,7 @@ from typing import Any
 
 import keras
 
-from trainer.checkpointing.callback import Checkpoint
+from trainer.checkpointing.keras_callback import Checkpoint
 from trainer.errors import CorruptCheckpointError
 from trainer.state import is_count
 from trainer.storage.atomic import first_unused

@@ -14,7 +14,7 @@
   ``latest`` link; ``restoring.py``: a loaded checkpoint into an existing model.
 """
 
-from trainer.checkpointing.callback import Checkpoint
+from trainer.checkpointing.keras_callback import Checkpoint
 from trainer.checkpointing.listing import complete_checkpoints, find_latest, point_latest
 from trainer.checkpointing.manager import ABANDONED, CheckpointManager
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, name_fields, retained

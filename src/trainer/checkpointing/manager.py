@@ -4,7 +4,7 @@ It owns everything about checkpoints that does not depend on *when* they are tak
 (``policy.name``), retention (last N, best K by a monitored value, every M-th epoch), the
 ``latest`` pointer, async writes (an ``AsyncBackend`` around the backend), cleanup of
 temporaries a crash left behind, listing and restoring. The Keras callback
-(``trainer.checkpointing.callback.Checkpoint``) decides when; ``train(cfg)`` wires both.
+(``trainer.checkpointing.keras_callback.Checkpoint``) decides when; ``train(cfg)`` wires both.
 
     with CheckpointManager("ckpt", backend="weights", policy=CheckpointPolicy(keep_last=2)) as m:
         m.save(model)                    # step = the optimizer's iteration count

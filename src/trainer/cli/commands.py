@@ -1,6 +1,6 @@
 """The ``export`` and ``runs`` commands, and what ``inspect`` shows about links and signatures.
 
-Kept apart from ``trainer.cli.main`` so that ``inspect`` of a plain checkpoint does not import
+Kept apart from ``trainer.cli.app`` so that ``inspect`` of a plain checkpoint does not import
 the export and TensorBoard machinery until it needs it.
 """
 

@@ -26,7 +26,16 @@ TensorFlow and registers the suite's model classes with Keras.
 
 from __future__ import annotations
 
-from trainer.testing.models import (
+from trainer.testing.suite import (
+    SAFETY_CHECKS,
+    BackendSuite,
+    check_atomic_replace,
+    check_backend,
+    check_crash_leftovers_not_loadable,
+    check_round_trip,
+    check_unbuilt_model_rejected,
+)
+from trainer.testing.suite_models import (
     BATCH,
     CLASSES,
     FEATURES,
@@ -41,15 +50,6 @@ from trainer.testing.models import (
     outputs,
     suite_data,
     train,
-)
-from trainer.testing.suite import (
-    SAFETY_CHECKS,
-    BackendSuite,
-    check_atomic_replace,
-    check_backend,
-    check_crash_leftovers_not_loadable,
-    check_round_trip,
-    check_unbuilt_model_rejected,
 )
 
 __all__ = [

@@ -27,7 +27,7 @@ from trainer.save_backends import (
 )
 from trainer.state import TrainingState
 from trainer.storage.atomic import clean_stale_temporaries, is_temporary, temporary_sibling
-from trainer.testing.models import (
+from trainer.testing.suite_models import (
     BATCH,
     MODEL_KINDS,
     SEED,

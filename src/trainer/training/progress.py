@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorboard.compat.proto import event_pb2
 
 from trainer.checkpointing import Checkpoint
-from trainer.checkpointing.callback import BatchCounter
+from trainer.checkpointing.keras_callback import BatchCounter
 from trainer.checkpointing.policy import scalar_metrics
 from trainer.errors import CorruptCheckpointError
 from trainer.state import TrainingState

@@ -17,7 +17,13 @@ import keras
 import tensorflow as tf
 
 from trainer.errors import CorruptCheckpointError, TrainerError, UnsupportedLegacyError
-from trainer.save_backends.legacy import builtin, compiling, standin, translate, weights
+from trainer.save_backends.legacy import (
+    builtin,
+    compiling,
+    traced_layers,
+    translate,
+    variable_values,
+)
 from trainer.save_backends.legacy.reader import (
     GRAPH_CLASSES,
     LegacyDir,
@@ -54,13 +60,13 @@ def import_model(
     objects = dict(custom_objects)
     if revived:
         loaded = _load_saved_model(path)
-        objects[standin.CLASS_NAME] = standin.factory(legacy, loaded, revived)
+        objects[traced_layers.CLASS_NAME] = traced_layers.factory(legacy, loaded, revived)
         _substitute(config["config"]["layers"], revived, "")
     model = _build(config, objects, where)
     _warn_impostors(revived, custom_objects, where)
     if loaded is not None:
         object.__setattr__(model, "_trainer_loaded", loaded)  # its functions are in use
-    weights.assign_model(legacy, model, legacy.root, where)
+    variable_values.assign_model(legacy, model, legacy.root, where)
     info: dict[str, Any] = {"imported_from": "tf_keras", "legacy_layers": how}
     training_config = legacy.root.metadata.get("training_config")
     if compile and training_config:
@@ -98,7 +104,7 @@ def _substitute(entries: list[dict[str, Any]], revived: dict[str, Node], prefix:
         config = entry.get("config") or {}
         key = f"{prefix}{config.get('name')}"
         if key in revived:
-            entry["class_name"] = standin.CLASS_NAME
+            entry["class_name"] = traced_layers.CLASS_NAME
             entry["config"] = {"name": config.get("name"), "trainer_key": key}
         elif entry.get("class_name") in GRAPH_CLASSES and "layers" in config:
             _substitute(config["layers"], revived, f"{key}/")

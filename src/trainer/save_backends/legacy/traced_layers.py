@@ -19,7 +19,7 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError, UnsupportedLegacyError
 from trainer.save_backends.legacy import builtin, translate
 from trainer.save_backends.legacy.reader import LegacyDir, Node
-from trainer.save_backends.legacy.weights import layer_children, own_legacy_variables
+from trainer.save_backends.legacy.variable_values import layer_children, own_legacy_variables
 
 CLASS_NAME = "TrainerLegacyRevived"
 
