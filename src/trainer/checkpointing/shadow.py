@@ -11,6 +11,7 @@ from typing import Any
 
 import keras
 
+from trainer._compat import live_objects
 from trainer._compat.keras import get_input_signature, sublayers
 from trainer.errors import SaveError
 from trainer.model_state import dtype_policy, kit, readiness
@@ -87,7 +88,8 @@ def _copy_failed(model: keras.Model, error: Exception) -> SnapshotUnavailable:
     revived = readiness.revived_layers(model)
     if revived:
         first = revived[0]
-        original = getattr(first, "_trainer_original", None) or {}
+        original = live_objects.get_marker(first, live_objects.ORIGINAL_IDENTITY) or {}
+        source = live_objects.get_marker(first, live_objects.REVIVED_FROM)
         cls = original.get("registered_name") or original.get("class_name") or "its class"
         if type(first).__name__ == "LegacyLambda" or original.get("carries_code"):
             why = "its stored Python code was not run (a Lambda), and the copy runs none either"
@@ -101,7 +103,7 @@ def _copy_failed(model: keras.Model, error: Exception) -> SnapshotUnavailable:
         return SnapshotUnavailable(
             f"Async saving keeps a copy of model {model.name!r} rebuilt from its config, but "
             f"layer {first.name!r} was revived from the traced functions of "
-            f"{first._trainer_revived_from} ({why}): it cannot be rebuilt from its config. Its "
+            f"{source} ({why}): it cannot be rebuilt from its config. Its "
             f"checkpoints are written synchronously (training waits for each write) and "
             f"still hold the traced functions. To save asynchronously, {remedy}; or set "
             f"checkpoint.policy.async_save=false to silence this. {received}"

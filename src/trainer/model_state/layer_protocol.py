@@ -28,6 +28,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from trainer._compat import live_objects
 from trainer._compat.keras import (
     loads_own_variables_by_position,
     merges_lora_when_saved,
@@ -181,7 +182,9 @@ def rnn_states(layer: keras.layers.Layer) -> list[keras.Variable]:
     ``save_own_variables`` (its ``.keras`` files reload them as zeros), so a checkpoint
     would silently restart every sequence; trainer stores them with the layer's state.
     A stand-in revived from a stateful RNN's traces (its class missing) has them too."""
-    revived = getattr(layer, "_trainer_revived_from", None) and hasattr(layer, "reset_state")
+    revived = live_objects.get_marker(layer, live_objects.REVIVED_FROM) and hasattr(
+        layer, "reset_state"
+    )
     if not (isinstance(layer, keras.layers.RNN) or revived) or not getattr(layer, "stateful", 0):
         return []
     return [v for v in keras.tree.flatten(layer.states or []) if isinstance(v, keras.Variable)]

@@ -45,6 +45,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer.errors import ModelNotReadyError
 from trainer.model_state import layer_protocol
 
@@ -124,7 +125,7 @@ def changes_inputs(layer: keras.layers.Layer) -> bool:
         reached["inputs"] = args[0] if args else None
         raise _Reached
 
-    object.__setattr__(layer, "symbolic_call", stop)
+    restore = live_objects.patch_method(layer, "symbolic_call", stop)
     try:
         layer(given)
     except _Reached:
@@ -132,7 +133,7 @@ def changes_inputs(layer: keras.layers.Layer) -> bool:
     except Exception:  # the layer takes more than its first input: cannot tell
         return False
     finally:
-        object.__delattr__(layer, "symbolic_call")
+        restore()
     flat_given = keras.tree.flatten(given)
     flat_reached = keras.tree.flatten(reached.get("inputs"))
     if len(flat_given) != len(flat_reached):
@@ -152,9 +153,9 @@ def _cast_by_keras(layer: keras.layers.Layer, given: Any, reached: Any) -> bool:
 
 def revived_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """The model and its sublayers (every depth) that stand in for a class from traced
-    functions: they say where they were revived from (``_trainer_revived_from``)."""
+    functions: they say where they were revived from (``live_objects.REVIVED_FROM``)."""
     every = keras_compat.sublayers(model, include_self=True, recursive=True)
-    return [layer for layer in every if getattr(layer, "_trainer_revived_from", None)]
+    return [layer for layer in every if live_objects.get_marker(layer, live_objects.REVIVED_FROM)]
 
 
 def refuse_revived_layers(model: keras.Model, backend: str) -> None:
@@ -165,7 +166,7 @@ def refuse_revived_layers(model: keras.Model, backend: str) -> None:
         return
     first = revived[0]
     name = type(first).__name__
-    original = getattr(first, "_trainer_original", None) or {}
+    original = live_objects.get_marker(first, live_objects.ORIGINAL_IDENTITY) or {}
     if name == "LegacyLambda" or original.get("carries_code"):
         why = "its stored Python code was not run (a Lambda)"
         remedy = "Only the savedmodel backend can store it: save with backend 'savedmodel'."
@@ -176,9 +177,10 @@ def refuse_revived_layers(model: keras.Model, backend: str) -> None:
             f"the model again with the class available (custom_objects={{{name!r}: cls}}) "
             f"and save that model with {backend!r}."
         )
+    source = live_objects.get_marker(first, live_objects.REVIVED_FROM)
     raise ModelNotReadyError(
         f"Layer {first.name!r} ({name}) of model {model.name!r} was revived from the "
-        f"traced functions of {first._trainer_revived_from} ({why}). The {backend!r} "
+        f"traced functions of {source} ({why}). The {backend!r} "
         f"backend stores configs and weights only: its checkpoint would name a stand-in "
         f"instead of the class and could not be loaded back faithfully. {remedy} "
         f"Received: layers revived from traces {[layer.name for layer in revived]}"

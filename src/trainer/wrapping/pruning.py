@@ -17,6 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainer._compat import live_objects
 from trainer.errors import ConfigError, ConfigMismatchError
 from trainer.wrapping.core import (
     PACKAGE,
@@ -150,11 +151,11 @@ class PruneLowMagnitude(TrainingWrapper):
         originals = {attr: self._kernel(attr) for attr in self._kernel_attrs}
         try:
             for attr, mask in zip(self._kernel_attrs, self.masks, strict=True):
-                object.__setattr__(self.layer, attr, originals[attr] * mask)
+                live_objects.set_untracked(self.layer, attr, originals[attr] * mask)
             return self.layer(inputs, *args, **kwargs)
         finally:
             for attr, variable in originals.items():
-                object.__setattr__(self.layer, attr, variable)
+                live_objects.set_untracked(self.layer, attr, variable)
 
     # ------------------------------------------------------------------ pruning state
     def apply_schedule(self, step: int) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import live_objects
 from trainer.errors import CorruptCheckpointError, TrainerError, UnsupportedLegacyError
 from trainer.save_backends.legacy import (
     builtin,
@@ -65,7 +66,8 @@ def import_model(
     model = _build(config, objects, where)
     _warn_impostors(revived, custom_objects, where)
     if loaded is not None:
-        object.__setattr__(model, "_trainer_loaded", loaded)  # its functions are in use
+        # its functions are in use
+        live_objects.set_marker(model, live_objects.LOADED_SAVEDMODEL, loaded)
     variable_values.assign_model(legacy, model, legacy.root, where)
     info: dict[str, Any] = {"imported_from": "tf_keras", "legacy_layers": how}
     training_config = legacy.root.metadata.get("training_config")
@@ -129,7 +131,7 @@ def _build(config: dict[str, Any], objects: dict[str, Any], where: str) -> keras
     except TrainerError:
         raise
     except Exception as error:  # Keras raises TypeError/ValueError/KeyError on a bad config
-        cause = _trainer_cause(error)
+        cause = _own_error_in_chain(error)
         if cause is not None:  # ours, wrapped by Keras' deserialization
             raise cause from error
         raise UnsupportedLegacyError(
@@ -140,7 +142,8 @@ def _build(config: dict[str, Any], objects: dict[str, Any], where: str) -> keras
         ) from error
 
 
-def _trainer_cause(error: BaseException) -> TrainerError | None:
+def _own_error_in_chain(error: BaseException) -> TrainerError | None:
+    """The first of trainer's errors in ``error``'s chain of causes, if any."""
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, TrainerError):

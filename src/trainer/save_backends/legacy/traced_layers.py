@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError, UnsupportedLegacyError
 from trainer.save_backends.legacy import builtin, translate
@@ -122,10 +123,9 @@ def _rebuilt_sublayer(legacy: LegacyDir, node: Node, obj: Any) -> keras.layers.L
 
 class LegacyRevivedLayer(keras.layers.Layer):
     """One legacy layer whose Python class is not available (or a ``Lambda``); a subclass
-    named after the original class is made per class (``standin_class``)."""
-
-    # Where it was revived from; backends that store configs only refuse such layers.
-    _trainer_revived_from = "a legacy tf.keras SavedModel"
+    named after the original class is made per class (``standin_class``). Its class
+    carries ``live_objects.REVIVED_FROM`` (set below): backends that store configs only
+    refuse such layers."""
 
     def __init__(self, *, legacy, node, loaded, **kwargs):
         metadata = node.metadata
@@ -137,19 +137,20 @@ class LegacyRevivedLayer(keras.layers.Layer):
         function = getattr(api, "call_and_return_conditional_losses", None)
         if function is None:
             raise _untraced(self.name, metadata, legacy)
-        object.__setattr__(self, "_trainer_function", function)
-        object.__setattr__(self, "_trainer_extra", _extra_arguments(function))
+        live_objects.set_marker(self, live_objects.LEGACY_TRACED_CALL, function)
+        extra = _extra_arguments(function)
+        live_objects.set_marker(self, live_objects.LEGACY_EXTRA_ARGUMENTS, extra)
         entry = {"class_name": metadata.get("class_name"), "config": metadata.get("config")}
         config = translate.layer_config(translate.plain(entry), str(legacy.path))["config"]
-        object.__setattr__(self, "_trainer_config", config)
-        object.__setattr__(self, "_trainer_legacy_revived", True)
+        live_objects.set_marker(self, live_objects.LEGACY_CONFIG, config)
+        live_objects.set_marker(self, live_objects.LEGACY_REVIVED, True)
         computed = _attach(legacy, self, node, obj)
         # Argument-free traced weight regularizers (its sublayers' included, except those
         # of rebuilt sublayers: Keras 3 adds theirs), re-added on every call as Keras 2
         # added them to the loss of every step.
         regularizers = list(getattr(obj, "regularization_losses", None) or [])
         regularizers = [f for f in regularizers if id(f) not in computed]
-        object.__setattr__(self, "_trainer_regularizers", regularizers)
+        live_objects.set_marker(self, live_objects.LEGACY_REGULARIZERS, regularizers)
         self.built = True
 
     def call(self, inputs, training=None):
@@ -161,10 +162,12 @@ class LegacyRevivedLayer(keras.layers.Layer):
             )
         # After the inputs, as traced: the training flag where a bool was, else the value
         # the trace fixed (a mask traced as None).
-        extra = [bool(training) if isinstance(v, bool) else v for v in self._trainer_extra]
+        traced = live_objects.get_marker(self, live_objects.LEGACY_EXTRA_ARGUMENTS)
+        extra = [bool(training) if isinstance(v, bool) else v for v in traced]
         arguments = (inputs, *extra)
+        function = live_objects.get_marker(self, live_objects.LEGACY_TRACED_CALL)
         try:
-            outputs, losses = self._trainer_function(*arguments)
+            outputs, losses = function(*arguments)
         except (TypeError, ValueError) as error:  # no traced function takes these inputs
             raise RevivedCallError(
                 f"Layer {self.name!r} was revived from the traced functions of a legacy "
@@ -172,13 +175,20 @@ class LegacyRevivedLayer(keras.layers.Layer):
                 f"inputs of the shapes and dtypes it was saved with, or pass its class in "
                 f"custom_objects. Received: {inputs!r}"
             ) from error
-        for loss in list(losses or []) + [f() for f in self._trainer_regularizers]:
+        regularizers = live_objects.get_marker(self, live_objects.LEGACY_REGULARIZERS)
+        for loss in list(losses or []) + [f() for f in regularizers]:
             self.add_loss(loss)
         return outputs
 
     def get_config(self):
         """The original layer's config: a process that has its class rebuilds it."""
-        return {**self._trainer_config, "name": self.name, "trainable": self.trainable}
+        config = live_objects.get_marker(self, live_objects.LEGACY_CONFIG)
+        return {**config, "name": self.name, "trainable": self.trainable}
+
+
+live_objects.set_marker(
+    LegacyRevivedLayer, live_objects.REVIVED_FROM, "a legacy tf.keras SavedModel"
+)
 
 
 def _untraced(name: str, metadata: dict[str, Any], legacy: LegacyDir) -> UnsupportedLegacyError:

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer.errors import UnsupportedLegacyError
 from trainer.save_backends.legacy.reader import LegacyDir, Node, top_level_layers
 
@@ -103,7 +104,7 @@ def _layers_by_name(legacy: LegacyDir, node: Node) -> dict[str, Node]:
 
 def assign_layer(legacy: LegacyDir, layer: keras.layers.Layer, node: Node, where: str) -> None:
     """Assign ``layer``'s own variables from ``node`` and recurse into its sublayers."""
-    if getattr(layer, "_trainer_legacy_revived", False):
+    if live_objects.get_marker(layer, live_objects.LEGACY_REVIVED, False):
         return  # a stand-in shares the loaded variables themselves
     if node.identifier in _MODEL_IDS and isinstance(layer, keras.Model):
         assign_model(legacy, layer, node, where)

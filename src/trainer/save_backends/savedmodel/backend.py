@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat.initializers import DeferredInitializers
 from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
 from trainer.model_state import dtype_policy, kit, layer_protocol, trainable
@@ -270,7 +271,8 @@ def _revive_partially(
             log.info("%s: selective import failed (%s: %s)", path, type(err).__name__, err)
             return None
         reviver.functions_imported = loaded.functions_imported
-        object.__setattr__(model, "_trainer_loaded", loaded.keep_alive)  # functions in use
+        # functions in use
+        live_objects.set_marker(model, live_objects.LOADED_SAVEDMODEL, loaded.keep_alive)
         return model, reviver, stored.optimizer_arrays
     return None
 
@@ -293,7 +295,7 @@ def _revive_fully(
     model = _revive_root(reviver, path)
     reviver.functions_imported = library
     # Keep the loaded object alive as long as the model: its functions are in use.
-    object.__setattr__(model, "_trainer_loaded", loaded)
+    live_objects.set_marker(model, live_objects.LOADED_SAVEDMODEL, loaded)
     return model, reviver, lambda: [v.numpy() for v in loaded.optimizer_variables]
 
 

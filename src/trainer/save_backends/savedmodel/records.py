@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends.savedmodel.features import constraints, training_logic
 
@@ -33,7 +34,7 @@ def registered_name(cls: type) -> str:
 
 def original_identity(layer: keras.layers.Layer) -> dict[str, Any] | None:
     """A revived layer reports the class it stands for, so a re-save stays revivable."""
-    return getattr(layer, "_trainer_original", None)
+    return live_objects.get_marker(layer, live_objects.ORIGINAL_IDENTITY)
 
 
 def keras_config(layer: keras.layers.Layer) -> tuple[dict[str, Any] | None, str | None]:
@@ -80,26 +81,34 @@ def _placeholders(layers: list[keras.layers.Layer], *, configs: bool) -> Iterato
     a ``get_config`` still failing then returns a placeholder naming the layer and why
     its config is missing; yields the names of the layers given a placeholder.
 
-    Instance attributes set with ``object.__setattr__`` (Keras must not track them) and
-    removed afterwards, so the classes and every other instance are untouched."""
-    patched: list[tuple[keras.layers.Layer, str]] = []
+    Methods of these instances alone (``live_objects.patch_method``), put back afterwards,
+    so the classes and every other instance are untouched."""
+    restorers: list[Callable[[], None]] = []
+    given_placeholder: list[str] = []
     try:
         for layer in layers:
-            object.__setattr__(layer, "get_build_config", _no_build_config)
-            patched.append((layer, "get_build_config"))
+            restorers.append(live_objects.patch_method(layer, "get_build_config", _no_build_config))
             config, reason = _serialized(layer) if configs else ({}, None)
             if config is None:
                 stub = {"name": layer.name, PLACEHOLDER: reason}
-                object.__setattr__(layer, "get_config", lambda stub=stub: dict(stub))
-                patched.append((layer, "get_config"))
-        yield [layer.name for layer, attribute in patched if attribute == "get_config"]
+                placeholder = _placeholder_config(stub)
+                restorers.append(live_objects.patch_method(layer, "get_config", placeholder))
+                given_placeholder.append(layer.name)
+        yield given_placeholder
     finally:
-        for layer, attribute in patched:
-            object.__delattr__(layer, attribute)
+        for restore in reversed(restorers):
+            restore()
 
 
 def _no_build_config() -> None:
     return None
+
+
+def _placeholder_config(stub: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    def get_config() -> dict[str, Any]:
+        return dict(stub)  # a fresh copy at each call
+
+    return get_config
 
 
 def _unserializable_graph_layers(model: keras.layers.Layer) -> list[keras.layers.Layer]:

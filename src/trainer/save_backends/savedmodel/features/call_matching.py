@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
 from trainer.save_backends.savedmodel.features import masks
@@ -138,7 +139,8 @@ def arrange(
     Python values as traced; ``[(args, kwargs)]`` as given if the layer's signature is not
     known to bind the traces (records written without one); RevivedCallError if none
     matches."""
-    signature, opaque = layer._trainer_signature, layer._trainer_opaque_defaults
+    signature = live_objects.get_marker(layer, live_objects.CALL_SIGNATURE)
+    opaque = live_objects.get_marker(layer, live_objects.OPAQUE_DEFAULTS)
     recorded = traces(function, signature, opaque)
     given = _slots(signature, tuple(args), kwargs, opaque)
     if given is None or not recorded:

@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer.errors import CorruptCheckpointError
 from trainer.model_state import layer_protocol
 from trainer.save_backends.savedmodel.features import standins
@@ -95,7 +96,7 @@ def expose(layer: keras.layers.Layer, saved: dict[str, Any], node: Any, where: s
     states = [
         standins.wrap_variable(loaded[p], name="rnn_state", trainable=False) for p in positions
     ]
-    object.__setattr__(layer, "states", states)  # untracked, as Keras keeps an RNN's states
+    live_objects.set_untracked(layer, "states", states)  # as Keras keeps an RNN's states
 
 
 def _fits(variable: keras.Variable, storage: Any) -> bool:

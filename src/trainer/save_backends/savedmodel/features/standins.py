@@ -10,6 +10,7 @@ current ``training`` value. Losses the traced call produced are re-added with ``
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import keyword
 import re
@@ -19,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
 from trainer.save_backends.savedmodel.features import (
@@ -71,12 +73,12 @@ def _set_child(owner: keras.layers.Layer, attribute: str, child: keras.layers.La
 
 class _RevivedMixin:
     """Behaviour shared by revived layers and models (kept out of ``__init__`` so both
-    base classes' constructors stay untouched)."""
+    base classes' constructors stay untouched). The class carries
+    ``live_objects.REVIVED_FROM`` (set below): backends that store configs only refuse
+    such layers. What a stand-in calls and reports lives in markers on the instance
+    (``live_objects``), which Keras must not track as layer state."""
 
-    # Where it was revived from; backends that store configs only refuse such layers.
-    _trainer_revived_from = "a trainer SavedModel"
-
-    def _trainer_setup(self, record, node, children, own_variables) -> None:
+    def _setup_from_saved(self, record, node, children, own_variables) -> None:
         original = {
             "class_name": record["class_name"],
             "module": record["module"],
@@ -87,22 +89,22 @@ class _RevivedMixin:
             "model_kind": record["model_kind"],
         }
         infer = getattr(node, "call_infer", None)
-        # object.__setattr__: Keras must not track these as layer state.
-        object.__setattr__(self, "_trainer_original", original)
-        object.__setattr__(self, "_trainer_call_infer", infer)
-        object.__setattr__(self, "_trainer_call_train", getattr(node, "call_train", None))
-        object.__setattr__(self, "_trainer_training_traced", record.get("training_traced", True))
+        mark = live_objects.set_marker
+        mark(self, live_objects.ORIGINAL_IDENTITY, original)
+        mark(self, live_objects.TRACED_INFERENCE_CALL, infer)
+        mark(self, live_objects.TRACED_TRAINING_CALL, getattr(node, "call_train", None))
+        mark(self, live_objects.TRAINING_WAS_TRACED, record.get("training_traced", True))
         gradient = bool(record.get(python_gradients.RECORD_KEY))
-        object.__setattr__(self, "_trainer_python_gradient", gradient)
+        mark(self, live_objects.PYTHON_GRADIENT, gradient)
         signature = inspect.signature(type(self).call)
         parameters = list(signature.parameters.values())[1:]  # without self
-        object.__setattr__(self, "_trainer_signature", signature.replace(parameters=parameters))
+        mark(self, live_objects.CALL_SIGNATURE, signature.replace(parameters=parameters))
         saved = record.get("call_signature")
         saved = [p for p in saved if isinstance(p, dict)] if isinstance(saved, list) else []
         opaque = {p.get("name") for p in saved if p.get("opaque") is True}
-        object.__setattr__(self, "_trainer_opaque_defaults", opaque)
-        object.__setattr__(self, "_trainer_compute_mask", getattr(node, "compute_mask", None))
-        object.__setattr__(self, "_trainer_takes_masks", masks.accepts_masks(infer))
+        mark(self, live_objects.OPAQUE_DEFAULTS, opaque)
+        mark(self, live_objects.TRACED_COMPUTE_MASK, getattr(node, "compute_mask", None))
+        mark(self, live_objects.TAKES_INPUT_MASKS, masks.accepts_masks(infer))
         # Records written before masks were recorded: Keras' default for a layer with
         # its own compute_mask, which every revived layer has.
         self.supports_masking = record.get("supports_masking", True)
@@ -116,24 +118,26 @@ class _RevivedMixin:
             keras_compat.track_variable(self, variable)
         structure = _first_args(infer)
         if structure is not None:
-            object.__setattr__(self, "_trainer_input_structure", structure)
-        object.__setattr__(self, "_trainer_frozen_flags", frozen_flags.snapshot(self))
+            mark(self, live_objects.INPUT_STRUCTURE, structure)
+        mark(self, live_objects.FROZEN_FLAGS, frozen_flags.snapshot(self))
         self.built = True
 
-    def _trainer_call(self, args, training, kwargs):
+    def _call_traced(self, args, training, kwargs):
         """The traced call for this ``training`` value, on the arguments as received (and
         the masks their tensors carry, if it was traced with masks)."""
-        function = self._trainer_call_infer
-        if training and self._trainer_python_gradient:
+        marker = functools.partial(live_objects.get_marker, self)
+        function = marker(live_objects.TRACED_INFERENCE_CALL)
+        if training and marker(live_objects.PYTHON_GRADIENT):
             raise python_gradients.refuse_training(self)
-        if training and self._trainer_call_train is not None:
-            frozen_flags.check(self, self._trainer_frozen_flags)
-            function = self._trainer_call_train
-        elif training and not self._trainer_training_traced:
+        if training and marker(live_objects.TRACED_TRAINING_CALL) is not None:
+            frozen_flags.check(self, marker(live_objects.FROZEN_FLAGS))
+            function = marker(live_objects.TRACED_TRAINING_CALL)
+        elif training and not marker(live_objects.TRAINING_WAS_TRACED):
             raise _no_training_trace(self)
+        takes_masks = marker(live_objects.TAKES_INPUT_MASKS)
         error = None
         for each_args, each_kwargs in call_matching.arrange(self, function, args, kwargs):
-            if self._trainer_takes_masks:
+            if takes_masks:
                 each_kwargs = masks.with_masks(each_args, each_kwargs)
             try:
                 result = function(each_args, each_kwargs)
@@ -156,11 +160,12 @@ class _RevivedMixin:
         flat = [x for x in tf.nest.flatten(args) if isinstance(x, keras.KerasTensor)]
         if not any(x.ragged for x in flat):
             return super().compute_output_spec(*args, **kwargs)
-        return _traced_output_spec(self._trainer_call_infer, flat)
+        function = live_objects.get_marker(self, live_objects.TRACED_INFERENCE_CALL)
+        return _traced_output_spec(function, flat)
 
     def compute_mask(self, inputs, previous_mask=None):
         """The original layer's traced ``compute_mask``; without one, Keras' default."""
-        function = self._trainer_compute_mask
+        function = live_objects.get_marker(self, live_objects.TRACED_COMPUTE_MASK)
         if function is None:
             return previous_mask
         if any(map(keras.utils.is_keras_tensor, tf.nest.flatten(inputs))):  # graph building
@@ -168,8 +173,12 @@ class _RevivedMixin:
         return function(inputs, previous_mask)
 
     def get_config(self) -> dict[str, Any]:
-        config = (self._trainer_original.get("keras_config") or {}).get("config") or {}
+        original = live_objects.get_marker(self, live_objects.ORIGINAL_IDENTITY)
+        config = (original.get("keras_config") or {}).get("config") or {}
         return {**config, "name": self.name, "trainable": self.trainable}
+
+
+live_objects.set_marker(_RevivedMixin, live_objects.REVIVED_FROM, "a trainer SavedModel")
 
 
 def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exception) -> Exception:
@@ -221,7 +230,7 @@ def _kind(value: Any) -> str:
 
 def _traced_output_spec(function: Any, inputs: list[keras.KerasTensor]) -> Any:
     """The outputs (as ``KerasTensor``s) of the trace whose tensor inputs are of the
-    kinds of ``inputs``; without one, the call is refused as ``_trainer_call`` would."""
+    kinds of ``inputs``; without one, the call is refused as ``_call_traced`` would."""
     wanted = [_kind(x) for x in inputs]
     for concrete in _concretes(function):
         traced = [x for x in tf.nest.flatten(concrete.structured_input_signature[0][0])]
@@ -340,7 +349,7 @@ def _call(self, *args, **kwargs):
     without it, and reads the value Keras hands down through its call context, as the
     original's sublayers would)."""
     training = kwargs.pop("training") if "training" in kwargs else keras_compat.outer_training()
-    return self._trainer_call(args, training, kwargs)
+    return self._call_traced(args, training, kwargs)
 
 
 def _parameter(saved: dict[str, Any]) -> inspect.Parameter:
@@ -413,5 +422,5 @@ def make_revived(
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
     layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
-    layer._trainer_setup(record, node, children, own_variables)
+    layer._setup_from_saved(record, node, children, own_variables)
     return layer

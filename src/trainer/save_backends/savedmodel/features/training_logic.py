@@ -16,6 +16,7 @@ from typing import Any
 
 import keras
 
+from trainer._compat import live_objects
 from trainer.errors import MissingClassError
 
 METHODS = ("train_step", "test_step", "predict_step", "compute_loss", "compute_metrics")
@@ -67,7 +68,7 @@ def guard(
     if compile:
         raise MissingClassError(message)
     for method in methods:
-        object.__setattr__(model, method, _refusing(message))
+        live_objects.patch_method(model, method, _refusing(message))  # for good: no restore
 
 
 def _refusing(message: str):

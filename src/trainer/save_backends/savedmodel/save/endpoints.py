@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
 from trainer.model_state import readiness
@@ -36,9 +37,6 @@ from trainer.save_backends.savedmodel.save import composites, input_signature
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _NOT_INPUTS = ("training", "mask")
-# Attribute of a loaded model: the input names of the signature it was loaded from.
-INPUT_NAMES = "_trainer_input_names"
-INPUT_DTYPES = "_trainer_input_dtypes"  # of the signature a revived model was loaded with
 
 
 def _safe_name(name: str | None, fallback: str) -> str:
@@ -94,7 +92,7 @@ def revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
     """A model revived from traced functions is called as its traced ``call_infer`` was,
     with the trace of the dtypes its saved signature served, and its inputs keep the names
     that signature gave them (``keep_input_names``)."""
-    function = getattr(model, "_trainer_call_infer", None)
+    function = live_objects.get_marker(model, live_objects.TRACED_INFERENCE_CALL)
     if function is None:
         return None
     candidates = []
@@ -106,14 +104,14 @@ def revived_call_args(model: keras.Model) -> tuple[Any, ...] | None:
         return None
     # The trace the saved signature served (int32 ids, not the float32 trace also made
     # for them): a re-save or export serves what the checkpoint did.
-    served = getattr(model, INPUT_DTYPES, None)
+    served = live_objects.get_marker(model, live_objects.SERVING_INPUT_DTYPES)
     for args in candidates:
         if served and [s.dtype.name for s in tf.nest.flatten(args)] == served:
             break
     else:
         args = candidates[0]
     flat = tf.nest.flatten(args)
-    names = getattr(model, INPUT_NAMES, None)
+    names = live_objects.get_marker(model, live_objects.SERVING_INPUT_NAMES)
     specs_only = all(isinstance(s, tf.TensorSpec) for s in flat)
     if names is not None and len(names) == len(flat) and specs_only:
         flat = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
@@ -130,9 +128,9 @@ def keep_input_names(model: keras.Model, signature: Any) -> None:
     except (TypeError, KeyError, IndexError, AttributeError):
         return
     if names and all(isinstance(n, str) for n in names):
-        object.__setattr__(model, INPUT_NAMES, names)  # not layer state for Keras
+        live_objects.set_marker(model, live_objects.SERVING_INPUT_NAMES, names)
     if dtypes and all(isinstance(d, str) for d in dtypes):
-        object.__setattr__(model, INPUT_DTYPES, dtypes)
+        live_objects.set_marker(model, live_objects.SERVING_INPUT_DTYPES, dtypes)
 
 
 def _call_parameters(model: keras.Model) -> list[inspect.Parameter]:

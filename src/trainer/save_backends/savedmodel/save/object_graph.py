@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
 from trainer.model_state import kit, readiness
@@ -350,7 +351,7 @@ def variable_record_for(variable: Any, index: int, owner: int | None) -> dict[st
 def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:
     """Specs for a layer the serving trace never called: children of a revived parent
     (whose traced function calls them inside), or layers used only in training."""
-    revived_fn = getattr(layer, "_trainer_call_infer", None)
+    revived_fn = live_objects.get_marker(layer, live_objects.TRACED_INFERENCE_CALL)
     found: dict[str, Any] = {}
     if revived_fn is not None:
         for concrete in tf_compat.concrete_functions(revived_fn):

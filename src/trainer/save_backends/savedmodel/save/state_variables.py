@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel.features.keras_objects import variable_storage
 
@@ -36,8 +37,8 @@ def state_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
                 candidates.extend(item.variables)
             elif isinstance(item, keras.Variable | tf.Variable):
                 candidates.append(item)
-    for attribute in ("_trainer_call_infer", "_trainer_call_train"):
-        function = getattr(layer, attribute, None)
+    for marker in (live_objects.TRACED_INFERENCE_CALL, live_objects.TRACED_TRAINING_CALL):
+        function = live_objects.get_marker(layer, marker)
         for concrete in tf_compat.concrete_functions(function) if function is not None else []:
             candidates.extend(concrete.variables)
     if not candidates:

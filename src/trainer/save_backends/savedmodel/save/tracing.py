@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.model_state import readiness
 from trainer.save_backends.savedmodel.features import masks
@@ -114,24 +115,22 @@ class CallRecorder:
         # (first input, mask Keras hands to compute_mask) for layers with their own
         # compute_mask: what a revived layer's traced compute_mask is called with.
         self.mask_specs: dict[int, dict[str, tuple[Any, Any]]] = {id(x): {} for x in layers}
-        self.classes: dict[int, type] = {}
+        self.restorers: list[Callable[[], None]] = []
         self.class_only: set[int] = set()  # layers that get no traced call functions
 
     def __enter__(self) -> CallRecorder:
         for layer in self.layers:
             if readiness.overrides_call(layer):
-                self.classes[id(layer)] = type(layer)
-                object.__setattr__(layer, "__class__", self._recording_class(layer))
+                # On a subclass made for this instance (``live_objects.patch_method``).
+                patched = live_objects.patch_method(layer, "__call__", self._recording(layer))
             else:
-                object.__setattr__(layer, "call", self._wrap(layer, layer.call))
+                patched = live_objects.patch_method(layer, "call", self._wrap(layer, layer.call))
+            self.restorers.append(patched)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer in self.layers:
-            if "call" in layer.__dict__:
-                object.__delattr__(layer, "call")
-            if id(layer) in self.classes:
-                object.__setattr__(layer, "__class__", self.classes.pop(id(layer)))
+        while self.restorers:
+            self.restorers.pop()()
 
     def _record(self, layer: keras.layers.Layer, args: Any, kwargs: Any) -> None:
         clean = {k: v for k, v in kwargs.items() if k != "training"}
@@ -155,9 +154,9 @@ class CallRecorder:
 
         return recording_call
 
-    def _recording_class(self, layer: keras.layers.Layer) -> type:
-        """A subclass of the layer's own class (set on this instance only, while
-        recording) whose ``__call__`` records its arguments, then runs the original."""
+    def _recording(self, layer: keras.layers.Layer) -> Callable[..., Any]:
+        """A ``__call__`` for the layer (set on this instance only, while recording) that
+        records its arguments, then runs its class's own."""
         original = type(layer)
         recorder = self
 
@@ -165,7 +164,7 @@ class CallRecorder:
             recorder._record(layer, args, kwargs)
             return original.__call__(instance, *args, **kwargs)
 
-        return type(original.__name__, (original,), {"__call__": __call__})
+        return __call__
 
 
 # ----------------------------------------------------------------------- function makers
@@ -191,6 +190,7 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.entries: dict[int, tuple[keras.layers.Layer, Any, Any, Any]] = {}
+        self.restorers: dict[int, Callable[[], None]] = {}  # of the installed calls
 
     def __enter__(self) -> Dispatcher:
         return self
@@ -220,12 +220,14 @@ class Dispatcher:
             keras_compat.add_losses(layer, list(losses))
             return outputs
 
-        object.__setattr__(layer, "call", dispatch)
+        self._uninstall(layer)  # installed once at most: its restorer gives the class's back
+        self.restorers[id(layer)] = live_objects.patch_method(layer, "call", dispatch)
         layer.activity_regularizer = None
 
     def _uninstall(self, layer: keras.layers.Layer) -> None:
-        if "call" in layer.__dict__:
-            object.__delattr__(layer, "call")
+        restore = self.restorers.pop(id(layer), None)
+        if restore is not None:
+            restore()
 
     def own_call(self, layer: keras.layers.Layer) -> Any:
         """Context in which ``layer`` itself runs its Python code (for its own traces)."""
@@ -322,7 +324,7 @@ def trackable_resources(layer: keras.layers.Layer) -> list[Any]:
         for item in candidates:
             if isinstance(item, _RESOURCE_TYPES):
                 found.append(item)
-            elif getattr(layer, "_trainer_revived_from", None) and _is_function(item):
+            elif live_objects.get_marker(layer, live_objects.REVIVED_FROM) and _is_function(item):
                 found.extend(tf_compat.captured_resources(item))
     unique = {id(item): item for item in found}  # a table two functions capture: once
     return list(unique.values())
