@@ -221,8 +221,18 @@ def own_variables(layer: keras.layers.Layer) -> list[Any]:
     for a frozen layer. Checked: Keras 3.15.1.
     """
     own = list(layer._trainable_variables) + list(layer._non_trainable_variables)
-    own += [generator.state for generator in getattr(layer, "_seed_generators", [])]
-    return own
+    return own + seed_generator_states(layer)
+
+
+def seed_generator_states(layer: keras.layers.Layer) -> list[Any]:
+    """The state variables of the ``keras.random.SeedGenerator`` objects ``layer`` itself
+    holds: in ``layer.variables`` but not in ``layer.weights``, so a load must give them
+    back as seed generators, not as weights.
+
+    Uses ``Layer._seed_generators`` (no public API lists a layer's generators). Checked:
+    Keras 3.15.1.
+    """
+    return [generator.state for generator in getattr(layer, "_seed_generators", [])]
 
 
 def own_trainable_variables(layer: keras.layers.Layer) -> list[Any]:

@@ -173,7 +173,8 @@ class Reviver:
                 cfg = copy.deepcopy(cfg)
                 cfg.pop("build_config", None)
                 layer = self.deserialize(cfg, extra)
-                self._build(layer, record)
+                with standins.name_scopes(self._saved_scopes(record)):
+                    self._build(layer, record)
                 if self.bind(layer, record, strict=False):
                     self._bind_states(layer, record)
                     self._load_vocabulary(layer, record)
@@ -195,6 +196,17 @@ class Reviver:
             # methods). A warning, since the user expected their class.
             log.warning("%s Revived from its traced functions instead.", fault)
         return None
+
+    def _saved_scopes(self, record: dict[str, Any]) -> list[str]:
+        """The name scopes the saved layer's variables were created under, above the layer
+        itself (``["outer"]`` for ``outer/head/kernel`` of layer ``head``): a layer held by a
+        subclassed model was built inside its parent's scope, and rebuilt here it must be
+        too, or every ``variable.path`` loses its parent's prefix."""
+        for index in record["variables"]:
+            parts = str(self.var_records[index].get("path") or "").split("/")
+            if record["name"] in parts[:-1]:
+                return parts[: parts.index(record["name"])]
+        return []
 
     def _build(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         """Build like Keras would from the build config; if that leaves weights missing
@@ -293,9 +305,13 @@ class Reviver:
         for child in record["sublayers"]:
             child_vars.update(self.records[child["id"]]["variables"])
         own_ids = [i for i in record["variables"] if i not in child_vars]
+        seed_ids = [i for i in own_ids if self.var_records[i].get("seed_state")]
+        own_ids = [i for i in own_ids if i not in seed_ids]
         own = [self._keras_variable(i) for i in own_ids]
         dtype = _policy(record["dtype_policy"])
         layer = standins.make_revived(record, node, children, own, dtype)
+        seeds = [(self.var_records[i], self.storage[i]) for i in seed_ids]
+        standins.attach_seed_generators(layer, seeds)
         rnn_states.expose(layer, record, node, self.where)
         for index, variable in zip(own_ids, own, strict=True):
             # Created as their kind (so that a frozen layer's weights are trainable again
@@ -321,6 +337,7 @@ class Reviver:
                 self.storage[index],
                 name=rec.get("name") or f"variable_{index}",
                 trainable=_trainable_kind(rec),
+                path=rec.get("path"),
             )
         return self.keras_vars[index]
 

@@ -199,11 +199,13 @@ def _variable_table(
     var_index: dict[int, int] = {}
     owners: dict[int, int] = {}
     trainable_kind: set[int] = set()  # created trainable, whatever the flag is now
+    seed_kind: set[int] = set()  # a SeedGenerator's state: a variable, not a weight
     for li, layer in enumerate(layers):
         for v in keras_compat.own_variables(layer):
             owners.setdefault(id(tf_variable(v)), li)
         created_trainable = keras_compat.own_trainable_variables(layer)
         trainable_kind.update(id(tf_variable(v)) for v in created_trainable)
+        seed_kind.update(id(tf_variable(v)) for v in keras_compat.seed_generator_states(layer))
     for layer in layers:
         for v in layer.variables:
             storage = tf_variable(v)
@@ -212,6 +214,7 @@ def _variable_table(
             var_index[id(storage)] = len(tf_vars)
             record = variable_record_for(v, len(tf_vars), owners.get(id(storage)))
             record["trainable_kind"] = id(storage) in trainable_kind
+            record["seed_state"] = id(storage) in seed_kind
             var_records.append(record)
             tf_vars.append(storage)
     return tf_vars, var_records, var_index
