@@ -11,6 +11,7 @@ import dataclasses
 import datetime as _dt
 import inspect
 import os
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -142,6 +143,7 @@ class SaveBackend(abc.ABC):
         *,
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
+        safe_mode: bool = True,
         verify: bool = True,
         **options: Any,
     ) -> Checkpoint:
@@ -149,9 +151,12 @@ class SaveBackend(abc.ABC):
 
         Every file is checked against the checkpoint's manifest (size and SHA-256) before
         its bytes reach the model; ``verify=False`` checks sizes only, for a caller who
-        accepts the risk. ``options`` are backend-specific (for example ``safe_mode`` or
-        ``model``) and are passed on to ``_read``; a backend that takes none rejects them
-        with a TypeError.
+        accepts the risk. ``safe_mode=False`` lets the backend run Python code the
+        checkpoint stores (a ``Lambda``'s bytecode) for a caller who trusts its source: an
+        argument of each load, never a state of the backend, so that concurrent loads of
+        one instance cannot see each other's choice. ``options`` are backend-specific (for
+        example ``model``) and are passed on to ``_read``; a backend that takes none
+        rejects them with a TypeError.
 
         Raises:
             IntegrityError: a file is missing, has another size or another digest.
@@ -167,6 +172,7 @@ class SaveBackend(abc.ABC):
             raise self._not_ours(path)
         register_serializables()  # the classes it may name, before anything is rebuilt
         custom_objects = custom_objects or {}
+        options = self._read_options(safe_mode, options)
         inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
         )
@@ -180,6 +186,24 @@ class SaveBackend(abc.ABC):
             late.wait()  # before the model is handed out
         self._refuse_unsealed(path, manifest is not None, checkpoint.metadata)
         return checkpoint
+
+    def _read_options(self, safe_mode: bool, options: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments ``_read`` gets besides ``custom_objects`` and ``compile``.
+
+        ``safe_mode`` is part of the ``_read`` contract. A ``_read`` written before it was
+        (no ``safe_mode`` parameter) is called without it for one more release, with a
+        DeprecationWarning: such a backend has no way to run stored code to allow."""
+        parameters = inspect.signature(self._read).parameters
+        if "safe_mode" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return {"safe_mode": safe_mode, **options}
+        warnings.warn(
+            f"{type(self).__qualname__}._read takes no safe_mode argument; declare "
+            f"`safe_mode: bool` (True: never run code a checkpoint stores). Trainer will pass "
+            f"it to every backend's _read from the next release on.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return dict(options)
 
     def _read_checked(
         self, path: Path, custom_objects: dict[str, Any], compile: bool, options: dict
@@ -378,8 +402,11 @@ class SaveBackend(abc.ABC):
         those files back."""
 
     @abc.abstractmethod
-    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
-        """Rebuild the model and state from a complete checkpoint at ``path``."""
+    def _read(
+        self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool
+    ) -> Checkpoint:
+        """Rebuild the model and state from a complete checkpoint at ``path``; code the
+        checkpoint stores may run only when ``safe_mode`` is False."""
 
 
 # What reading damaged or inconsistent stored data raises inside Keras, TensorFlow, h5py,

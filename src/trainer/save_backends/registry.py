@@ -213,10 +213,19 @@ set_format_detector(detect_backend)
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, configured: type[SaveBackend] | None = None, **kwargs: Any
+    path: str | os.PathLike,
+    *,
+    custom_objects: dict[str, Any] | None = None,
+    compile: bool = True,
+    safe_mode: bool = True,
+    verify: bool = True,
+    configured: type[SaveBackend] | None = None,
+    **options: Any,
 ) -> Checkpoint:
     """Detect the format of ``path`` and load it with the matching backend (``configured``:
-    see ``detect_backend``).
+    see ``detect_backend``). The arguments are ``SaveBackend.load``'s: ``safe_mode=False``
+    runs code the checkpoint stores, for a caller who trusts its source; ``options`` are
+    backend-specific.
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
     resolved once and the checkpoint it names is leased for the read, so retention leaves
@@ -225,6 +234,9 @@ def load_checkpoint(
     ``Checkpoint.path`` is the checkpoint actually read.
     """
     path = Path(path)
+    kwargs = dict(
+        custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
+    )
     for attempt in range(_ATTEMPTS):
         target = _resolve(path)
         # The lease keeps retention from deleting it; taken before the identity check, so
@@ -235,7 +247,7 @@ def load_checkpoint(
                 if before is None:
                     check_exists(target)  # removed between the link and the lease
                 backend = detect_backend(target, configured=configured)
-                checkpoint = backend().load(target, **kwargs)
+                checkpoint = backend().load(target, **kwargs, **options)
             except (TrainerError, OSError):
                 if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
                     log.info("%s changed while it was read; reading it again", path)

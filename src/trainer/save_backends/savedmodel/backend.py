@@ -158,13 +158,13 @@ class SavedModelBackend(SaveBackend):
             return legacy.load_legacy(path, custom_objects=custom_objects, compile=compile)
         if layout.is_saved_model(path) and not layout.has_metadata(path):
             layout.read_metadata(path)  # raises the "plain SavedModel" error
-        self._safe_mode = safe_mode
-        try:
-            return super().load(path, custom_objects=custom_objects, compile=compile, verify=verify)
-        finally:
-            self._safe_mode = True
+        return super().load(
+            path, custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
+        )
 
-    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
+    def _read(
+        self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool = True
+    ) -> Checkpoint:
         limits.check_text_size(layout.metadata_path(path).stat().st_size, "metadata", path)
         meta = layout.read_metadata(path)
         self.check_format_version(meta, path)
@@ -178,7 +178,7 @@ class SavedModelBackend(SaveBackend):
                 config.pop("compile_config", None)
         options = {
             "custom_objects": custom_objects,
-            "safe_mode": getattr(self, "_safe_mode", True),
+            "safe_mode": safe_mode,
             "where": str(path),
             "directory": path,
         }
