@@ -50,6 +50,19 @@ def test_registry_name_matches_class(name):
     assert type(backend).name == name
 
 
+def test_loads_return_a_loaded_checkpoint_still_importable_by_its_former_name(tmp_path):
+    """The loaded result is ``LoadedCheckpoint``, apart from the Keras callback
+    ``trainer.callbacks.Checkpoint``; ``trainer.save_backends.Checkpoint`` stays an alias."""
+    from trainer import save_backends
+    from trainer.callbacks import Checkpoint as CheckpointCallback
+    from trainer.save_backends import LoadedCheckpoint, load_checkpoint
+
+    assert save_backends.Checkpoint is LoadedCheckpoint is save_backends.base.Checkpoint
+    assert LoadedCheckpoint is not CheckpointCallback
+    path = get_backend("h5").save(build_model("sequential"), tmp_path / "ckpt")
+    assert type(load_checkpoint(path, compile=False)) is LoadedCheckpoint
+
+
 GHOST = {"ghost": "trainer.save_backends.ghost:GhostBackend"}  # a backend not landed yet
 
 

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 
 from trainer.model_state import kit
-from trainer.save_backends import Checkpoint, SaveBackend
+from trainer.save_backends import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
 
 HEADER = "npz_backend_header"  # JSON string array; its presence marks our format
@@ -76,4 +76,4 @@ class NpzBackend(SaveBackend):
             )
             kit.restore_optimizer_arrays(model, stored["o"], str(path))
         state = TrainingState.from_dict(header["state"])
-        return Checkpoint(model=model, state=state, metadata=header["metadata"], path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=header["metadata"], path=path)

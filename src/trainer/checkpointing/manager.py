@@ -14,6 +14,7 @@ temporaries a crash left behind, listing and restoring. The Keras callback
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ from trainer.checkpointing.snapshot import copy_state
 from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
 from trainer.save_backends import (
-    Checkpoint,
+    LoadedCheckpoint,
     get_backend,
     load_checkpoint,
 )
@@ -276,7 +277,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ restore
     def restore(
         self, model: keras.Model | None = None, path: str | os.PathLike | None = None
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Load ``path`` (default: the newest complete checkpoint): into ``model`` (every
         variable, the optimizer's included, and NumPy's global RNG), or as a new model.
         Retention continues from the checkpoint's records."""
@@ -292,7 +293,7 @@ class CheckpointManager:
         checkpoint = load_checkpoint(path, configured=self._configured())
         if model is not None:
             restore_into(model, checkpoint)
-            checkpoint = Checkpoint(model, checkpoint.state, checkpoint.metadata, checkpoint.path)
+            checkpoint = dataclasses.replace(checkpoint, model=model)
         self.adopt(checkpoint.state)
         return checkpoint
 

@@ -36,13 +36,19 @@ from trainer.version import __version__
 
 
 @dataclasses.dataclass
-class Checkpoint:
-    """What a backend returns from ``load``."""
+class LoadedCheckpoint:
+    """What a backend returns from ``load``. Named apart from the Keras callback
+    ``trainer.callbacks.Checkpoint``: both were ``Checkpoint``, and code using the two
+    had to rename one on import."""
 
     model: keras.Model
     state: TrainingState
     metadata: dict[str, Any]
     path: Path
+
+
+# Its former name, kept as an alias: code importing ``trainer.save_backends.Checkpoint`` runs.
+Checkpoint = LoadedCheckpoint
 
 
 class SaveBackend(abc.ABC):
@@ -146,7 +152,7 @@ class SaveBackend(abc.ABC):
         safe_mode: bool = True,
         verify: bool = True,
         **options: Any,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Read a checkpoint written by this backend; the model comes back compiled as saved.
 
         Every file is checked against the checkpoint's manifest (size and SHA-256) before
@@ -207,7 +213,7 @@ class SaveBackend(abc.ABC):
 
     def _read_checked(
         self, path: Path, custom_objects: dict[str, Any], compile: bool, options: dict
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """``_read`` within the size budget of the checkpoint, its raw errors made clear."""
         try:
             with limits.dimension_budget(integrity.total_size(path)):
@@ -404,7 +410,7 @@ class SaveBackend(abc.ABC):
     @abc.abstractmethod
     def _read(
         self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Rebuild the model and state from a complete checkpoint at ``path``; code the
         checkpoint stores may run only when ``safe_mode`` is False."""
 

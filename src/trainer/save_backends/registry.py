@@ -26,7 +26,7 @@ from trainer.errors import (
     UnknownBackendError,
 )
 from trainer.save_backends import hints
-from trainer.save_backends.base import Checkpoint, SaveBackend, class_path
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
 from trainer.storage.locks import read_lease
 from trainer.storage.targets import check_exists, set_format_detector
@@ -221,7 +221,7 @@ def load_checkpoint(
     verify: bool = True,
     configured: type[SaveBackend] | None = None,
     **options: Any,
-) -> Checkpoint:
+) -> LoadedCheckpoint:
     """Detect the format of ``path`` and load it with the matching backend (``configured``:
     see ``detect_backend``). The arguments are ``SaveBackend.load``'s: ``safe_mode=False``
     runs code the checkpoint stores, for a caller who trusts its source; ``options`` are
@@ -231,7 +231,7 @@ def load_checkpoint(
     resolved once and the checkpoint it names is leased for the read, so retention leaves
     it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
     taken, the read starts over from where the link points now. The returned
-    ``Checkpoint.path`` is the checkpoint actually read.
+    ``LoadedCheckpoint.path`` is the checkpoint actually read.
     """
     path = Path(path)
     kwargs = dict(

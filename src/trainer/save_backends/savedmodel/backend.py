@@ -26,7 +26,7 @@ from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotRe
 from trainer.model_state import dtype_policy, kit, layer_protocol, trainable
 from trainer.model_state.kit import checkpoint_state
 from trainer.save_backends import legacy
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.features import layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
@@ -150,7 +150,7 @@ class SavedModelBackend(SaveBackend):
         compile: bool = True,
         safe_mode: bool = True,
         verify: bool = True,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
         path = Path(path)
@@ -164,7 +164,7 @@ class SavedModelBackend(SaveBackend):
 
     def _read(
         self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool = True
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         limits.check_text_size(layout.metadata_path(path).stat().st_size, "metadata", path)
         meta = layout.read_metadata(path)
         self.check_format_version(meta, path)
@@ -209,7 +209,7 @@ class SavedModelBackend(SaveBackend):
                     metadata["dropped_metrics"] = dropped
                 kit.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
         state = checkpoint_state(meta.get("state"), path)
-        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=metadata, path=path)
 
 
 def _revive(
