@@ -12,6 +12,7 @@ import datetime as _dt
 import inspect
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -75,6 +76,9 @@ class SaveBackend(abc.ABC):
     # only after calling ``integrity.await_digests()``: their digests are checked in a
     # thread while it rebuilds the model from the rest. Any other file is checked first.
     read_late: ClassVar[tuple[str, ...]] = ()
+    # Whether ``save`` may return before the checkpoint is written (``wait`` finishes it):
+    # the async wrapper (``trainer.checkpointing.AsyncBackend``); a backend never does.
+    writes_in_background: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         """``H5Backend()``, ``H5Backend(compression='gzip')``: the class and the constructor
@@ -277,6 +281,29 @@ class SaveBackend(abc.ABC):
         if self.suffix and not path.name.endswith(self.suffix):
             path = path.with_name(path.name + self.suffix)
         return path
+
+    # ------------------------------------------------------------- write lifecycle
+    # What a caller of many saves (``CheckpointManager``) asks of any backend, wrappers
+    # included, so that it needs to know none of them: here, for a backend that writes in
+    # the caller's thread, there is nothing to prepare and nothing to wait for.
+    def prepare(self, model: keras.Model) -> None:  # noqa: B027  (a no-op by design)
+        """Training of ``model`` starts: a backend may pay its one-time work of the first
+        saves now (the async wrapper builds its copy of the model). Nothing here."""
+
+    def submit(self, model: keras.Model, job: Callable[[SaveBackend, keras.Model], Any]) -> None:
+        """Run ``job(writer, model)``: one save, written by ``writer`` (a backend's
+        ``save``) from the model it is given. Here ``job(self, model)``, at once, in the
+        caller's thread; the async wrapper runs it later in its writer thread, with the
+        backend it wraps and a copy of ``model`` taken now."""
+        job(self, model)
+
+    def wait(self) -> None:  # noqa: B027  (a no-op by design)
+        """Return once every write handed to this backend is on disk; raise a failed one.
+        A backend that writes in the caller's thread has none pending."""
+
+    def close(self) -> None:
+        """No more saves: finish the pending writes (``wait``)."""
+        self.wait()
 
     # -------------------------------------------------------------- metadata hooks
     def build_metadata(
