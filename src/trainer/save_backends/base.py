@@ -69,9 +69,6 @@ class SaveBackend(abc.ABC):
     suffix: ClassVar[str] = ""
     # Whether the checkpoint callback writes in a background thread unless told otherwise.
     async_by_default: ClassVar[bool] = False
-    # Whether the backend stores layers revived from traced functions with their traces
-    # (savedmodel). Backends storing configs and weights only refuse them at save time.
-    keeps_traces: ClassVar[bool] = False
     # Files (``fnmatch`` patterns, relative to a directory checkpoint) that ``_read`` reads
     # only after calling ``integrity.await_digests()``: their digests are checked in a
     # thread while it rebuilds the model from the rest. Any other file is checked first.
@@ -251,16 +248,23 @@ class SaveBackend(abc.ABC):
 
     def check_savable(self, model: keras.Model) -> None:
         """Refuse, before anything is written, a model this backend could not load back as
-        it is: unbuilt, re-applied ``__call__`` overrides, layers revived from traces."""
+        it is: unbuilt, re-applied ``__call__`` overrides, what ``check_rebuildable``
+        refuses."""
         readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         config_check.check(model)  # state a rebuild from the config would lose
         vocabularies.refuse_unstorable_vocabularies(model)  # tokens the asset file loses
         readiness.refuse_unrecorded_policies(model)  # a policy the layer's config loses
-        if not self.keeps_traces:
-            readiness.refuse_revived_layers(model, self.name)
-            config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
-            readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
+        self.check_rebuildable(model)
+
+    def check_rebuildable(self, model: keras.Model) -> None:
+        """A backend that stores configs and weights rebuilds every layer from its config
+        at load: refuse layers revived from traced functions (no class to rebuild), Keras
+        layers whose own config fails to rebuild, and rebuilds that would lack weights or
+        states. A backend that stores more (savedmodel: the traces) overrides this."""
+        readiness.refuse_revived_layers(model, self.name)
+        config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
+        readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
 
     @classmethod
     @abc.abstractmethod

@@ -53,8 +53,6 @@ class SavedModelBackend(SaveBackend):
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     async_by_default: ClassVar[bool] = True
-    # Layers revived from traced functions are saved with their traces again.
-    keeps_traces: ClassVar[bool] = True
     # The variables' values are read after the layers are rebuilt (StoredVariables.value).
     read_late: ClassVar[tuple[str, ...]] = ("variables/variables.data-*",)
     # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
@@ -92,6 +90,11 @@ class SavedModelBackend(SaveBackend):
                 f"SavedModel (trainer's export uses this backend too). Received: "
                 f"{len(float8)} float8 layers"
             )
+
+    def check_rebuildable(self, model: keras.Model) -> None:
+        """Nothing to refuse: layers revived from traced functions are saved with their
+        traces again, and a layer that cannot rebuild from its config is revived from its
+        traces at load."""
 
     def build_metadata(
         self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
