@@ -45,9 +45,12 @@ class NpzDirBackend(NpzBackend):
     def _write(self, model, tmp, state, metadata):
         super()._write(model, Path(tmp) / "model.npz", state, metadata)
 
-    def _read(self, path, *, custom_objects, compile):
+    def _read(self, path, *, custom_objects, compile, safe_mode):
         checkpoint = super()._read(
-            Path(path) / "model.npz", custom_objects=custom_objects, compile=compile
+            Path(path) / "model.npz",
+            custom_objects=custom_objects,
+            compile=compile,
+            safe_mode=safe_mode,
         )
         checkpoint.path = Path(path)
         return checkpoint

@@ -50,6 +50,19 @@ def test_registry_name_matches_class(name):
     assert type(backend).name == name
 
 
+def test_loads_return_a_loaded_checkpoint_still_importable_by_its_former_name(tmp_path):
+    """The loaded result is ``LoadedCheckpoint``, apart from the Keras callback
+    ``trainer.callbacks.Checkpoint``; ``trainer.save_backends.Checkpoint`` stays an alias."""
+    from trainer import save_backends
+    from trainer.callbacks import Checkpoint as CheckpointCallback
+    from trainer.save_backends import LoadedCheckpoint, load_checkpoint
+
+    assert save_backends.Checkpoint is LoadedCheckpoint is save_backends.base.Checkpoint
+    assert LoadedCheckpoint is not CheckpointCallback
+    path = get_backend("h5").save(build_model("sequential"), tmp_path / "ckpt")
+    assert type(load_checkpoint(path, compile=False)) is LoadedCheckpoint
+
+
 GHOST = {"ghost": "trainer.save_backends.ghost:GhostBackend"}  # a backend not landed yet
 
 
@@ -90,3 +103,51 @@ def test_backends_and_their_wrappers_have_a_readable_repr(compose_cfg, caplog):
         train(compose_cfg("model=mlp", "save=h5", "checkpoint.policy.async_save=true"))
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Training ")]
     assert "; backend AsyncBackend(H5Backend()); " in line and " at 0x" not in line
+
+
+def test_wrapping_backends_are_save_backends_reading_the_contract_through():
+    """``AsyncBackend`` and ``ScratchBackend`` are ``SaveBackend``s: every member of the
+    contract they do not change is the inner backend's, not the base class's default (an
+    inherited ``suffix`` would be ``""``, an inherited ``load`` would read as no backend)."""
+    from trainer.checkpointing.wrappers import AsyncBackend
+    from trainer.save_backends import SaveBackend
+    from trainer.save_backends.h5 import H5Backend
+    from trainer.training.distribute import ScratchBackend
+
+    inner = H5Backend(compression="gzip")
+    nested = AsyncBackend(ScratchBackend(inner))
+    assert isinstance(nested, SaveBackend) and isinstance(nested.inner, SaveBackend)
+    for member in ("name", "suffix", "is_directory", "format_version", "async_by_default"):
+        assert getattr(nested, member) == getattr(inner, member), member
+    for method in ("load", "can_load", "read_metadata", "checkpoint_path", "write_into"):
+        assert getattr(nested, method) == getattr(inner, method), method
+    assert nested.compression == "gzip"  # beyond the contract: through __getattr__
+    assert nested.checkpoint_path("ckpt").name == "ckpt.h5"
+    assert nested.writes_in_background and not ScratchBackend(inner).writes_in_background
+
+
+def test_the_manager_asks_any_backend_the_same_write_lifecycle(tmp_path):
+    """``CheckpointManager`` names no wrapper: it calls ``prepare``, ``submit`` and ``wait``
+    of whatever backend it has, so a backend of the user's may answer them too."""
+    from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+    from trainer.save_backends.h5 import H5Backend
+
+    calls = []
+
+    class Recording(H5Backend):
+        def prepare(self, model):
+            calls.append("prepare")
+
+        def submit(self, model, job):
+            calls.append("submit")
+            super().submit(model, job)
+
+        def wait(self):
+            calls.append("wait")
+
+    model = build_model("sequential")
+    with CheckpointManager(tmp_path, Recording(), CheckpointPolicy(async_save=False)) as m:
+        m.prepare(model)
+        path = m.save(model)
+    assert path.exists() and m.backend.load(path).state.global_step == 0
+    assert calls[:3] == ["prepare", "wait", "submit"] and calls[-1] == "wait"

@@ -66,3 +66,23 @@ def test_train_py_runs_with_the_example_backend(example_importable, compose_cfg,
     assert len(saved) == cfg.trainer.epochs
     register_backend("npz", "mybackend:NpzBackend")
     assert load_checkpoint(saved[-1]).state.epoch == cfg.trainer.epochs
+
+
+def test_a_read_written_before_safe_mode_still_loads_for_one_release(example_importable, tmp_path):
+    """``safe_mode`` is an argument of every ``_read`` now; a third-party ``_read`` without it
+    (the contract before) is called without it, with a DeprecationWarning, whatever the
+    caller's ``safe_mode``: such a backend has no stored code to allow."""
+    from mybackend import NpzBackend
+
+    class OldNpz(NpzBackend):
+        def _read(self, path, *, custom_objects, compile):
+            return super()._read(path, custom_objects=custom_objects, compile=compile)
+
+    model = build_model("functional")
+    path = OldNpz().save(model, tmp_path / "old")
+    for safe_mode in (True, False):
+        with pytest.warns(DeprecationWarning, match=r"OldNpz._read takes no safe_mode"):
+            loaded = OldNpz().load(path, safe_mode=safe_mode)
+        assert loaded.metadata["backend"] == "npz"
+    with pytest.raises(TypeError):  # other unknown options are still refused
+        OldNpz().load(path, model=model)

@@ -2,7 +2,8 @@
 RNG seed states, optimizer variables and training state.
 
 It is read with ``allow_pickle=False`` and rebuilt with Keras' safe deserialization, so a
-checkpoint cannot run code. Use it without registering anything (``mybackend`` importable):
+checkpoint cannot run code unless the caller loads it with ``safe_mode=False``. Use it without
+registering anything (``mybackend`` importable):
 
     python train.py save._target_=mybackend.NpzBackend
 
@@ -19,7 +20,7 @@ import keras
 import numpy as np
 
 from trainer.model_state import kit
-from trainer.save_backends import Checkpoint, SaveBackend
+from trainer.save_backends import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
 
 HEADER = "npz_backend_header"  # JSON string array; its presence marks our format
@@ -55,18 +56,24 @@ class NpzBackend(SaveBackend):
         with open(tmp, "wb") as handle:  # a file object: np.savez would append ".npz"
             np.savez(handle, **arrays)
 
-    def _read(self, path, *, custom_objects, compile):
+    def _read(self, path, *, custom_objects, compile, safe_mode=True):
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(str(data[HEADER]))
             stored = {p: [data[k] for k in sorted(data.files) if k[0] == p] for p in "wro"}
         config = {k: v for k, v in header["config"].items() if k != "compile_config"}
-        model = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+        model = keras.saving.deserialize_keras_object(
+            config, custom_objects=custom_objects, safe_mode=safe_mode
+        )
         kit.restore_model_weight_arrays(model, stored["w"], str(path))
         kit.restore_rng_state_arrays(model, stored["r"], str(path))
         if compile:
             kit.compile_model(
-                model, header["compile"], custom_objects=custom_objects, safe_mode=True, where=path
+                model,
+                header["compile"],
+                custom_objects=custom_objects,
+                safe_mode=safe_mode,
+                where=path,
             )
             kit.restore_optimizer_arrays(model, stored["o"], str(path))
         state = TrainingState.from_dict(header["state"])
-        return Checkpoint(model=model, state=state, metadata=header["metadata"], path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=header["metadata"], path=path)

@@ -14,6 +14,7 @@ temporaries a crash left behind, listing and restoring. The Keras callback
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import threading
@@ -32,12 +33,11 @@ from trainer.checkpointing.policy import (
     scalar_metrics,
 )
 from trainer.checkpointing.restoring import restore_into
-from trainer.checkpointing.shadow import SnapshotUnavailable
 from trainer.checkpointing.snapshot import copy_state
-from trainer.checkpointing.wrappers import AsyncBackend, WrappingBackend, innermost
+from trainer.checkpointing.wrappers import AsyncBackend, innermost
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
 from trainer.save_backends import (
-    Checkpoint,
+    LoadedCheckpoint,
     get_backend,
     load_checkpoint,
 )
@@ -68,7 +68,7 @@ class CheckpointManager:
     def __init__(
         self,
         directory: str | os.PathLike,
-        backend: str | SaveBackend | WrappingBackend = "savedmodel",
+        backend: str | SaveBackend = "savedmodel",
         policy: CheckpointPolicy | None = None,
         *,
         metadata: dict[str, Any] | None = None,
@@ -80,8 +80,8 @@ class CheckpointManager:
         backend = get_backend(backend) if isinstance(backend, str) else backend
         async_save = self.policy.async_save
         if async_save is None:
-            async_save = getattr(innermost(backend), "async_by_default", False)
-        if async_save and not isinstance(backend, AsyncBackend):
+            async_save = backend.async_by_default
+        if async_save and not backend.writes_in_background:
             backend = AsyncBackend(backend)
         self.backend = backend
         self.metadata = dict(metadata or {})
@@ -151,7 +151,7 @@ class CheckpointManager:
         if self._last_saved_step == state.global_step:
             return None
         self._last_saved_step = state.global_step
-        self.backend_wait()  # one write in flight; its retention applied; raises its failure
+        self.backend.wait()  # one write in flight; its retention applied; raises its failure
         metrics = scalar_metrics(metrics)
         name = format_name(
             self.policy.name, step=state.global_step, epoch=state.epoch, metrics=metrics
@@ -168,21 +168,14 @@ class CheckpointManager:
         saved_state = copy_state(state)
         saved_state.checkpoints = copy_json_like(self.records)
         metadata = copy_json_like(self.metadata)
-        if isinstance(self.backend, AsyncBackend):
-            blocked = _Blocking()
-            try:
-                self.backend.submit(
-                    model, lambda snap: self._write(snap, path, saved_state, metadata, blocked)
-                )
-            except SnapshotUnavailable as error:  # no copy to write in the background
-                self.backend.writing_synchronously(error)
-                self._write(model, path, saved_state, metadata, None, called)
-                return path
-            blocked.done(time.perf_counter() - called)  # before any wait: the write reads it
-            if wait:
-                self.backend_wait()
-        else:
-            self._write(model, path, saved_state, metadata, None, called)
+        blocked = _Blocking(called)
+        self.backend.submit(  # now, or in the background with a copy of the model
+            model,
+            lambda writer, snap: self._write(writer, snap, path, saved_state, metadata, blocked),
+        )
+        blocked.done()  # before any wait: a background write reads it
+        if wait:
+            self.backend.wait()
         return path
 
     def _implicit_state(self, model: keras.Model) -> TrainingState:
@@ -193,17 +186,16 @@ class CheckpointManager:
 
     def _write(
         self,
-        model,
+        writer: SaveBackend,
+        model: keras.Model,
         path: Path,
         state: TrainingState,
         metadata: dict[str, Any],
-        blocked: _Blocking | None = None,
-        called: float | None = None,
+        blocked: _Blocking,
     ) -> None:
-        """Write one checkpoint (in the writer thread when async), then ``latest``,
-        retention and the TensorBoard card. ``blocked``: the async save's blocking time,
-        set by the training thread; ``called``: when a synchronous ``save`` was called."""
-        writer = self.backend.inner if isinstance(self.backend, AsyncBackend) else self.backend
+        """Write one checkpoint with ``writer`` (the backend ``submit`` hands the job: in
+        the writer thread when async), then ``latest``, retention and the TensorBoard card.
+        ``blocked``: how long the save held the training thread."""
         start = time.perf_counter()
         if self.board is not None:
             tag = card_tag("checkpoint", path.name)
@@ -223,18 +215,13 @@ class CheckpointManager:
         with self._done_lock:
             self._done.append((path, state.global_step, seconds))
         if self.board is not None:
-            real = innermost(self.backend)
-            if blocked is not None:
-                blocking = blocked.seconds()
-            else:
-                blocking = time.perf_counter() - (called if called is not None else start)
             self.board.checkpoint_card(
                 state.global_step,
                 path,
-                backend=real.name,
-                format_version=real.format_version,
+                backend=writer.name,
+                format_version=writer.format_version,
                 save_seconds=seconds,  # the size: the card measures it, if the path is kept
-                blocking_seconds=blocking,
+                blocking_seconds=blocked.seconds(),
                 metrics=state.metrics,
             )
 
@@ -276,11 +263,11 @@ class CheckpointManager:
     # ------------------------------------------------------------------ restore
     def restore(
         self, model: keras.Model | None = None, path: str | os.PathLike | None = None
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Load ``path`` (default: the newest complete checkpoint): into ``model`` (every
         variable, the optimizer's included, and NumPy's global RNG), or as a new model.
         Retention continues from the checkpoint's records."""
-        self.backend_wait()
+        self.backend.wait()
         if path is None:
             path = self.latest_whole()
             if path is None:
@@ -292,7 +279,7 @@ class CheckpointManager:
         checkpoint = load_checkpoint(path, configured=self._configured())
         if model is not None:
             restore_into(model, checkpoint)
-            checkpoint = Checkpoint(model, checkpoint.state, checkpoint.metadata, checkpoint.path)
+            checkpoint = dataclasses.replace(checkpoint, model=model)
         self.adopt(checkpoint.state)
         return checkpoint
 
@@ -348,17 +335,16 @@ class CheckpointManager:
         """Training of ``model`` starts: an async backend builds its shadow copy now and
         warms its writes in the background (``AsyncBackend.prepare``), so that no save of
         the run waits for that one-time work. Writes nothing into the directory."""
-        if isinstance(self.backend, AsyncBackend):
-            self.backend.prepare(model)
+        self.backend.prepare(model)
 
     def backend_wait(self) -> None:
-        if isinstance(self.backend, WrappingBackend):
-            self.backend.wait()
+        """The backend's pending writes finished (``SaveBackend.wait``)."""
+        self.backend.wait()
 
     def wait(self) -> None:
         """Return once every write is on disk; raises a failed background write."""
         try:
-            self.backend_wait()
+            self.backend.wait()
         finally:
             self.report_saved()
 
@@ -395,7 +381,7 @@ def _check_arguments(directory: Any, backend: Any, policy: Any, metadata: Any) -
     problems = []
     if not isinstance(directory, str | os.PathLike):
         problems.append(("directory", "a path", directory))
-    if not isinstance(backend, str | SaveBackend | WrappingBackend):
+    if not isinstance(backend, str | SaveBackend):
         problems.append(("backend", "a backend name or a SaveBackend instance", backend))
     if policy is not None and not isinstance(policy, CheckpointPolicy):
         problems.append(("policy", "a CheckpointPolicy (CheckpointPolicy(**options))", policy))
@@ -410,17 +396,22 @@ def _check_arguments(directory: Any, backend: Any, policy: Any, metadata: Any) -
 
 
 class _Blocking:
-    """How long an async save held the training thread, handed to the writer thread (the
-    write can start before ``save`` returns; its card waits for the figure)."""
+    """How long a save held the training thread (from ``called``), handed to its write. A
+    write in the training thread held it until now; a background write can start before
+    ``save`` returns, so its card waits for the figure ``done`` sets."""
 
-    def __init__(self):
+    def __init__(self, called: float):
+        self._called = called
+        self._thread = threading.get_ident()
         self._set = threading.Event()
         self._seconds = 0.0
 
-    def done(self, seconds: float) -> None:
-        self._seconds = seconds
+    def done(self) -> None:
+        self._seconds = time.perf_counter() - self._called
         self._set.set()
 
     def seconds(self) -> float:
+        if threading.get_ident() == self._thread and not self._set.is_set():
+            return time.perf_counter() - self._called  # written in the training thread
         self._set.wait()
         return self._seconds

@@ -11,11 +11,11 @@ import numpy as np
 from trainer.checkpointing.shadow import all_variables
 from trainer.errors import ConfigMismatchError
 from trainer.model_state import kit, trainable
-from trainer.save_backends import Checkpoint
+from trainer.save_backends import LoadedCheckpoint
 from trainer.state import TrainingState
 
 
-def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
+def restore_into(model: keras.Model, checkpoint: LoadedCheckpoint) -> TrainingState:
     """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
     seed states, optimizer slots and counters), which layers are trainable, and NumPy's
     global RNG; return its state."""
@@ -53,7 +53,7 @@ def restore_into(model: keras.Model, checkpoint: Checkpoint) -> TrainingState:
     return checkpoint.state
 
 
-def _build_optimizer_like(model: keras.Model, checkpoint: Checkpoint) -> None:
+def _build_optimizer_like(model: keras.Model, checkpoint: LoadedCheckpoint) -> None:
     """Build ``model``'s optimizer for the variables the checkpoint's was built for, with
     the same ones left out of weight decay (Keras keeps both outside the config)."""
     built_for = trainable.optimizer_built_for(checkpoint.model)

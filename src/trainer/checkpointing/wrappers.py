@@ -1,19 +1,20 @@
 """Backends around a backend: one pattern for everything that changes *how* a save runs.
 
-A ``WrappingBackend`` holds an ``inner`` backend and delegates everything it does not change
-(``name``, ``load``, ``checkpoint_path``, ``read_metadata``...), so the manager, listings and
-loads treat it as the backend it wraps. ``AsyncBackend`` writes in a background thread;
-``trainer.training.distribute.ScratchBackend`` (a non-chief worker's saves) writes and removes. They
-nest: ``AsyncBackend(ScratchBackend(WeightsBackend()))``.
+A ``WrappingBackend`` is a ``SaveBackend`` holding an ``inner`` backend: every other part of
+the contract (``name``, ``load``, ``checkpoint_path``, ``read_metadata``...) reads through to
+it, so the manager, listings and loads treat it as the backend it wraps. ``AsyncBackend``
+writes in a background thread; ``trainer.training.distribute.ScratchBackend`` (a non-chief
+worker's saves) writes and removes. They nest: ``AsyncBackend(ScratchBackend(WeightsBackend()))``.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 
@@ -31,13 +32,42 @@ from trainer.save_backends.base import SaveBackend
 log = logging.getLogger(__name__)
 
 
-class WrappingBackend:
-    """Delegates to ``inner``; subclasses override ``save`` (and ``wait`` / ``close``)."""
+class _Inner:
+    """A member of the ``SaveBackend`` contract that a wrapper reads from its ``inner``
+    backend. Inherited members would otherwise be the base class's own (its ``suffix``,
+    its ``load``), never reaching ``__getattr__``; on the class, the descriptor itself."""
 
-    def __init__(self, inner: SaveBackend | WrappingBackend):
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, wrapper: WrappingBackend | None, owner: type | None = None) -> Any:
+        if wrapper is None:
+            return self
+        return getattr(wrapper.inner, self.name)
+
+
+def _read_through(cls: type[WrappingBackend]) -> type[WrappingBackend]:
+    """Every member of ``SaveBackend`` that ``cls`` does not define itself (nor the write
+    lifecycle, which each wrapper answers for) reads through to ``inner``: a member added
+    to the contract later reads through too, instead of the base class's default."""
+    own = set(vars(cls)) | {"prepare", "submit", "wait", "close"}
+    members = set(vars(SaveBackend)) | set(SaveBackend.__annotations__)
+    for name in sorted(members - own):
+        if not (name.startswith("__") or name.startswith("_abc")):
+            setattr(cls, name, _Inner(name))
+    return abc.update_abstractmethods(cls)
+
+
+@_read_through
+class WrappingBackend(SaveBackend):
+    """Delegates to ``inner``; subclasses override ``save`` (and the write lifecycle:
+    ``prepare``, ``submit``, ``wait``, ``close``)."""
+
+    def __init__(self, inner: SaveBackend):
         self.inner = inner
 
     def __getattr__(self, name: str) -> Any:
+        """What the inner backend has beyond the contract (``reuse_traces``, ...)."""
         if name == "inner":  # not set yet (e.g. while unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -45,14 +75,12 @@ class WrappingBackend:
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
         return Path(self.inner.save(model, path, **kwargs))
 
+    def prepare(self, model: keras.Model) -> None:
+        self.inner.prepare(model)
+
     def wait(self) -> None:
         """Return once every write handed to this backend is finished (raises a failure)."""
-        wait = getattr(self.inner, "wait", None)
-        if wait is not None:
-            wait()
-
-    def close(self) -> None:
-        self.wait()
+        self.inner.wait()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"
@@ -76,7 +104,9 @@ class AsyncBackend(WrappingBackend):
     warms the writes ahead of the first save, outside the checkpoint directory.
     """
 
-    def __init__(self, inner: SaveBackend | WrappingBackend):
+    writes_in_background: ClassVar[bool] = True
+
+    def __init__(self, inner: SaveBackend):
         super().__init__(inner)
         self.writer = AsyncWriter()
         self._shadow: keras.Model | None = None
@@ -94,22 +124,20 @@ class AsyncBackend(WrappingBackend):
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
         target = Path(self.inner.checkpoint_path(path))
-        try:
-            self.submit(model, lambda snapshot: self.inner.save(snapshot, target, **kwargs))
-        except SnapshotUnavailable as error:
-            self.writing_synchronously(error)
-            return Path(self.inner.save(model, target, **kwargs))
+        self.submit(model, lambda writer, snapshot: writer.save(snapshot, target, **kwargs))
         return target
 
     def writing_synchronously(self, error: SnapshotUnavailable) -> None:
-        """``submit`` found no copy of the model possible: the caller writes the model itself,
+        """``submit`` found no copy of the model possible: the model is written as it is,
         synchronously. Said once per model, as a warning: async was asked for."""
         if self._warned_synchronous is not self._uncopied[0]:
             self._warned_synchronous = self._uncopied[0]
             log.warning("%s", error)
 
-    def submit(self, model: keras.Model, job: Callable[[keras.Model], Any]) -> None:
-        """Run ``job(snapshot)`` in the background, ``snapshot`` holding ``model``'s state now.
+    def submit(self, model: keras.Model, job: Callable[[SaveBackend, keras.Model], Any]) -> None:
+        """Run ``job(self.inner, snapshot)`` in the background, ``snapshot`` holding
+        ``model``'s state now; ``job(self.inner, model)`` at once, in the caller's thread,
+        when no copy of ``model`` can be made (``writing_synchronously``).
 
         The traced copy is built by ``prepare`` at the start of training; without it (or
         when the model's variables changed since), this save copies variable by variable
@@ -119,12 +147,17 @@ class AsyncBackend(WrappingBackend):
         if current != self._checked:  # once per set of variables: refusals are structural
             self._check_savable(model)
             self._checked = current
-        complete = self._refresh(model, current)  # the training thread's whole wait
-        snapshot, trace = self._shadow, current != self._copied
+        try:
+            complete = self._refresh(model, current)  # the training thread's whole wait
+        except SnapshotUnavailable as error:
+            self.writing_synchronously(error)
+            job(self.inner, model)
+            return
+        snapshot, trace, inner = self._shadow, current != self._copied, self.inner
 
         def run():
             complete()
-            job(snapshot)
+            job(inner, snapshot)
             if trace:
                 self._trace_copier(model, snapshot, current)
 

@@ -1,6 +1,6 @@
 """Save backends: one module per format, reached through the registry."""
 
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import Checkpoint, LoadedCheckpoint, SaveBackend
 from trainer.save_backends.registry import (
     available_backends,
     backend_class,
@@ -13,6 +13,7 @@ from trainer.save_backends.registry import (
 
 __all__ = [
     "Checkpoint",
+    "LoadedCheckpoint",
     "SaveBackend",
     "available_backends",
     "backend_class",

@@ -11,6 +11,8 @@ import dataclasses
 import datetime as _dt
 import inspect
 import os
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,13 +37,19 @@ from trainer.version import __version__
 
 
 @dataclasses.dataclass
-class Checkpoint:
-    """What a backend returns from ``load``."""
+class LoadedCheckpoint:
+    """What a backend returns from ``load``. Named apart from the Keras callback
+    ``trainer.callbacks.Checkpoint``: both were ``Checkpoint``, and code using the two
+    had to rename one on import."""
 
     model: keras.Model
     state: TrainingState
     metadata: dict[str, Any]
     path: Path
+
+
+# Its former name, kept as an alias: code importing ``trainer.save_backends.Checkpoint`` runs.
+Checkpoint = LoadedCheckpoint
 
 
 class SaveBackend(abc.ABC):
@@ -61,13 +69,13 @@ class SaveBackend(abc.ABC):
     suffix: ClassVar[str] = ""
     # Whether the checkpoint callback writes in a background thread unless told otherwise.
     async_by_default: ClassVar[bool] = False
-    # Whether the backend stores layers revived from traced functions with their traces
-    # (savedmodel). Backends storing configs and weights only refuse them at save time.
-    keeps_traces: ClassVar[bool] = False
     # Files (``fnmatch`` patterns, relative to a directory checkpoint) that ``_read`` reads
     # only after calling ``integrity.await_digests()``: their digests are checked in a
     # thread while it rebuilds the model from the rest. Any other file is checked first.
     read_late: ClassVar[tuple[str, ...]] = ()
+    # Whether ``save`` may return before the checkpoint is written (``wait`` finishes it):
+    # the async wrapper (``trainer.checkpointing.AsyncBackend``); a backend never does.
+    writes_in_background: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         """``H5Backend()``, ``H5Backend(compression='gzip')``: the class and the constructor
@@ -142,16 +150,20 @@ class SaveBackend(abc.ABC):
         *,
         custom_objects: dict[str, Any] | None = None,
         compile: bool = True,
+        safe_mode: bool = True,
         verify: bool = True,
         **options: Any,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Read a checkpoint written by this backend; the model comes back compiled as saved.
 
         Every file is checked against the checkpoint's manifest (size and SHA-256) before
         its bytes reach the model; ``verify=False`` checks sizes only, for a caller who
-        accepts the risk. ``options`` are backend-specific (for example ``safe_mode`` or
-        ``model``) and are passed on to ``_read``; a backend that takes none rejects them
-        with a TypeError.
+        accepts the risk. ``safe_mode=False`` lets the backend run Python code the
+        checkpoint stores (a ``Lambda``'s bytecode) for a caller who trusts its source: an
+        argument of each load, never a state of the backend, so that concurrent loads of
+        one instance cannot see each other's choice. ``options`` are backend-specific (for
+        example ``model``) and are passed on to ``_read``; a backend that takes none
+        rejects them with a TypeError.
 
         Raises:
             IntegrityError: a file is missing, has another size or another digest.
@@ -167,6 +179,7 @@ class SaveBackend(abc.ABC):
             raise self._not_ours(path)
         register_serializables()  # the classes it may name, before anything is rebuilt
         custom_objects = custom_objects or {}
+        options = self._read_options(safe_mode, options)
         inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
         )
@@ -181,9 +194,27 @@ class SaveBackend(abc.ABC):
         self._refuse_unsealed(path, manifest is not None, checkpoint.metadata)
         return checkpoint
 
+    def _read_options(self, safe_mode: bool, options: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments ``_read`` gets besides ``custom_objects`` and ``compile``.
+
+        ``safe_mode`` is part of the ``_read`` contract. A ``_read`` written before it was
+        (no ``safe_mode`` parameter) is called without it for one more release, with a
+        DeprecationWarning: such a backend has no way to run stored code to allow."""
+        parameters = inspect.signature(self._read).parameters
+        if "safe_mode" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return {"safe_mode": safe_mode, **options}
+        warnings.warn(
+            f"{type(self).__qualname__}._read takes no safe_mode argument; declare "
+            f"`safe_mode: bool` (True: never run code a checkpoint stores). Trainer will pass "
+            f"it to every backend's _read from the next release on.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return dict(options)
+
     def _read_checked(
         self, path: Path, custom_objects: dict[str, Any], compile: bool, options: dict
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """``_read`` within the size budget of the checkpoint, its raw errors made clear."""
         try:
             with limits.dimension_budget(integrity.total_size(path)):
@@ -217,16 +248,23 @@ class SaveBackend(abc.ABC):
 
     def check_savable(self, model: keras.Model) -> None:
         """Refuse, before anything is written, a model this backend could not load back as
-        it is: unbuilt, re-applied ``__call__`` overrides, layers revived from traces."""
+        it is: unbuilt, re-applied ``__call__`` overrides, what ``check_rebuildable``
+        refuses."""
         readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         config_check.check(model)  # state a rebuild from the config would lose
         vocabularies.refuse_unstorable_vocabularies(model)  # tokens the asset file loses
         readiness.refuse_unrecorded_policies(model)  # a policy the layer's config loses
-        if not self.keeps_traces:
-            readiness.refuse_revived_layers(model, self.name)
-            config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
-            readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
+        self.check_rebuildable(model)
+
+    def check_rebuildable(self, model: keras.Model) -> None:
+        """A backend that stores configs and weights rebuilds every layer from its config
+        at load: refuse layers revived from traced functions (no class to rebuild), Keras
+        layers whose own config fails to rebuild, and rebuilds that would lack weights or
+        states. A backend that stores more (savedmodel: the traces) overrides this."""
+        readiness.refuse_revived_layers(model, self.name)
+        config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
+        readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
 
     @classmethod
     @abc.abstractmethod
@@ -247,6 +285,29 @@ class SaveBackend(abc.ABC):
         if self.suffix and not path.name.endswith(self.suffix):
             path = path.with_name(path.name + self.suffix)
         return path
+
+    # ------------------------------------------------------------- write lifecycle
+    # What a caller of many saves (``CheckpointManager``) asks of any backend, wrappers
+    # included, so that it needs to know none of them: here, for a backend that writes in
+    # the caller's thread, there is nothing to prepare and nothing to wait for.
+    def prepare(self, model: keras.Model) -> None:  # noqa: B027  (a no-op by design)
+        """Training of ``model`` starts: a backend may pay its one-time work of the first
+        saves now (the async wrapper builds its copy of the model). Nothing here."""
+
+    def submit(self, model: keras.Model, job: Callable[[SaveBackend, keras.Model], Any]) -> None:
+        """Run ``job(writer, model)``: one save, written by ``writer`` (a backend's
+        ``save``) from the model it is given. Here ``job(self, model)``, at once, in the
+        caller's thread; the async wrapper runs it later in its writer thread, with the
+        backend it wraps and a copy of ``model`` taken now."""
+        job(self, model)
+
+    def wait(self) -> None:  # noqa: B027  (a no-op by design)
+        """Return once every write handed to this backend is on disk; raise a failed one.
+        A backend that writes in the caller's thread has none pending."""
+
+    def close(self) -> None:
+        """No more saves: finish the pending writes (``wait``)."""
+        self.wait()
 
     # -------------------------------------------------------------- metadata hooks
     def build_metadata(
@@ -378,8 +439,11 @@ class SaveBackend(abc.ABC):
         those files back."""
 
     @abc.abstractmethod
-    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
-        """Rebuild the model and state from a complete checkpoint at ``path``."""
+    def _read(
+        self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool
+    ) -> LoadedCheckpoint:
+        """Rebuild the model and state from a complete checkpoint at ``path``; code the
+        checkpoint stores may run only when ``safe_mode`` is False."""
 
 
 # What reading damaged or inconsistent stored data raises inside Keras, TensorFlow, h5py,

@@ -34,7 +34,7 @@ import keras
 from trainer.errors import TrainerError
 from trainer.model_state import kit, layer_protocol
 from trainer.save_backends import hdf5_arrays
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
 from trainer.storage import integrity
 
@@ -125,7 +125,7 @@ class H5Backend(SaveBackend):
         custom_objects: dict[str, Any],
         compile: bool,
         safe_mode: bool = True,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Rebuild from the stored config; ``safe_mode=False`` allows stored lambdas."""
         with h5py.File(path, "r") as handle:
             metadata = kit.from_json(
@@ -162,4 +162,4 @@ class H5Backend(SaveBackend):
         kit.restore_rng_state_arrays(model, rng, str(path))
         if compile:
             kit.restore_optimizer_arrays(model, optimizer, str(path))
-        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=metadata, path=path)

@@ -26,7 +26,7 @@ from trainer.errors import (
     UnknownBackendError,
 )
 from trainer.save_backends import hints
-from trainer.save_backends.base import Checkpoint, SaveBackend, class_path
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
 from trainer.storage.locks import read_lease
 from trainer.storage.targets import check_exists, set_format_detector
@@ -213,18 +213,30 @@ set_format_detector(detect_backend)
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, configured: type[SaveBackend] | None = None, **kwargs: Any
-) -> Checkpoint:
+    path: str | os.PathLike,
+    *,
+    custom_objects: dict[str, Any] | None = None,
+    compile: bool = True,
+    safe_mode: bool = True,
+    verify: bool = True,
+    configured: type[SaveBackend] | None = None,
+    **options: Any,
+) -> LoadedCheckpoint:
     """Detect the format of ``path`` and load it with the matching backend (``configured``:
-    see ``detect_backend``).
+    see ``detect_backend``). The arguments are ``SaveBackend.load``'s: ``safe_mode=False``
+    runs code the checkpoint stores, for a caller who trusts its source; ``options`` are
+    backend-specific.
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
     resolved once and the checkpoint it names is leased for the read, so retention leaves
     it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
     taken, the read starts over from where the link points now. The returned
-    ``Checkpoint.path`` is the checkpoint actually read.
+    ``LoadedCheckpoint.path`` is the checkpoint actually read.
     """
     path = Path(path)
+    kwargs = dict(
+        custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
+    )
     for attempt in range(_ATTEMPTS):
         target = _resolve(path)
         # The lease keeps retention from deleting it; taken before the identity check, so
@@ -235,7 +247,7 @@ def load_checkpoint(
                 if before is None:
                     check_exists(target)  # removed between the link and the lease
                 backend = detect_backend(target, configured=configured)
-                checkpoint = backend().load(target, **kwargs)
+                checkpoint = backend().load(target, **kwargs, **options)
             except (TrainerError, OSError):
                 if attempt + 1 < _ATTEMPTS and _moved(path, target, before):
                     log.info("%s changed while it was read; reading it again", path)

@@ -38,7 +38,7 @@ from trainer.errors import ConfigMismatchError, LayerStateError
 from trainer.model_state import kit, layer_protocol
 from trainer.model_state.readiness import check_model_ready
 from trainer.save_backends import hdf5_arrays
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
 from trainer.storage import integrity
 
@@ -112,7 +112,7 @@ class WeightsBackend(SaveBackend):
         compile: bool,
         safe_mode: bool = True,
         model: keras.Model | None = None,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Rebuild (or fill ``model``); ``safe_mode=False`` allows stored lambdas."""
         index = kit.from_json((path / INDEX_FILE).read_text(), "index", path / INDEX_FILE)
         metadata = index.get("metadata")
@@ -162,7 +162,7 @@ class WeightsBackend(SaveBackend):
         layer_protocol.restore_lora_variable_arrays(model, lora, str(path / EXTRA_FILE))
         if compile and compile_config:
             kit.restore_optimizer_arrays(model, optimizer, str(path / EXTRA_FILE))
-        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=metadata, path=path)
 
 
 def _prepare_existing(model: keras.Model, config: dict[str, Any], path: Path) -> None:

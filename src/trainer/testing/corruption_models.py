@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.save_backends import Checkpoint, get_backend
+from trainer.save_backends import LoadedCheckpoint, get_backend
 from trainer.state import TrainingState
 
 FUZZ_MODELS = ("batchnorm", "preprocessing", "subclassed")
@@ -182,7 +182,7 @@ def write_reference(
     return Path(path)
 
 
-def compare(checkpoint: Checkpoint, reference: os.PathLike) -> str | None:
+def compare(checkpoint: LoadedCheckpoint, reference: os.PathLike) -> str | None:
     """None if the load is bitwise the reference; otherwise the first difference found."""
     with np.load(reference, allow_pickle=False) as stored:
         data = {k: stored[k] for k in stored.files}

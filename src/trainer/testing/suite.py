@@ -43,7 +43,8 @@ from trainer.testing.suite_models import (
 
 # ------------------------------------------------------------------------- checks
 def check_round_trip(backend: SaveBackend, directory: Path, kind: str) -> None:
-    """Save a trained ``kind`` model, load it, and require it to be the same model."""
+    """Save a trained ``kind`` model, load it, and require it to be the same model. The
+    loads name ``safe_mode`` (``True``, the default): every backend's ``load`` declares it."""
     model = build_model(kind)
     train(model, kind, epochs=2)
     x, y = suite_data(kind)
@@ -55,7 +56,7 @@ def check_round_trip(backend: SaveBackend, directory: Path, kind: str) -> None:
     assert path.exists() and not is_temporary(path), f"{backend.name} did not publish {path}"
     assert type(backend).can_load(path), f"{backend.name}.can_load rejects its own checkpoint"
 
-    checkpoint = backend.load(path)
+    checkpoint = backend.load(path, safe_mode=True)
     loaded = checkpoint.model
     assert checkpoint.path == path
     assert checkpoint.state == state
@@ -75,7 +76,7 @@ def check_round_trip(backend: SaveBackend, directory: Path, kind: str) -> None:
 
     if available_backends().get(backend.name) is type(backend):
         assert detect_backend(path) is type(backend)
-        detected = load_checkpoint(path)
+        detected = load_checkpoint(path, safe_mode=True)
         assert detected.state == state
         assert_bitwise_equal(all_values(loaded), all_values(detected.model), "auto-detected")
 
@@ -160,7 +161,9 @@ def check_unbuilt_model_rejected(backend: SaveBackend, directory: Path) -> None:
 
 
 def check_atomic_replace(backend: SaveBackend, directory: Path) -> None:
-    """Saving over a checkpoint replaces it whole; a failed save leaves the old one intact."""
+    """Saving over a checkpoint replaces it whole; a failed save leaves the old one intact.
+    The checkpoint is loaded with ``safe_mode=False`` (the suite wrote it: trusted), which
+    every backend's ``load`` accepts, running stored code or having none to run."""
     directory = Path(directory) / "replace"
     model = build_model("sequential")
     x, _ = suite_data("sequential")
@@ -182,7 +185,7 @@ def check_atomic_replace(backend: SaveBackend, directory: Path) -> None:
     with pytest.raises(OSError, match="simulated crash"):
         broken.save(model, directory / "latest", state=TrainingState(epoch=3))
     assert [p.name for p in directory.iterdir()] == [path.name], "failed save left files"
-    checkpoint = backend.load(path)
+    checkpoint = backend.load(path, safe_mode=False)
     assert checkpoint.state.epoch == 2
     np.testing.assert_array_equal(outputs(checkpoint.model, x), second)
 

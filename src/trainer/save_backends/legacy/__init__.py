@@ -23,14 +23,14 @@ def load_legacy(
     custom_objects: dict[str, Any] | None = None,
     compile: bool = True,
 ) -> Any:
-    """A ``Checkpoint`` holding the imported, compiled Keras 3 model and a fresh state."""
-    from trainer.save_backends.base import Checkpoint
+    """A ``LoadedCheckpoint`` holding the imported, compiled Keras 3 model and a fresh state."""
+    from trainer.save_backends.base import LoadedCheckpoint
     from trainer.save_backends.legacy.importer import import_model
     from trainer.state import TrainingState
 
     path = Path(path)
     model, info = import_model(path, custom_objects=custom_objects, compile=compile)
-    return Checkpoint(model=model, state=TrainingState(), metadata=info, path=path)
+    return LoadedCheckpoint(model=model, state=TrainingState(), metadata=info, path=path)
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:

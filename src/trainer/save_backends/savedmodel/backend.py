@@ -27,7 +27,7 @@ from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotRe
 from trainer.model_state import dtype_policy, kit, layer_protocol, trainable
 from trainer.model_state.kit import checkpoint_state
 from trainer.save_backends import legacy
-from trainer.save_backends.base import Checkpoint, SaveBackend
+from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.features import layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
@@ -54,8 +54,6 @@ class SavedModelBackend(SaveBackend):
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     async_by_default: ClassVar[bool] = True
-    # Layers revived from traced functions are saved with their traces again.
-    keeps_traces: ClassVar[bool] = True
     # The variables' values are read after the layers are rebuilt (StoredVariables.value).
     read_late: ClassVar[tuple[str, ...]] = ("variables/variables.data-*",)
     # The integrity manifest sits with our metadata in assets.extra/, which TF and TF
@@ -93,6 +91,11 @@ class SavedModelBackend(SaveBackend):
                 f"SavedModel (trainer's export uses this backend too). Received: "
                 f"{len(float8)} float8 layers"
             )
+
+    def check_rebuildable(self, model: keras.Model) -> None:
+        """Nothing to refuse: layers revived from traced functions are saved with their
+        traces again, and a layer that cannot rebuild from its config is revived from its
+        traces at load."""
 
     def build_metadata(
         self, model: keras.Model, state: TrainingState, extra: dict[str, Any]
@@ -151,7 +154,7 @@ class SavedModelBackend(SaveBackend):
         compile: bool = True,
         safe_mode: bool = True,
         verify: bool = True,
-    ) -> Checkpoint:
+    ) -> LoadedCheckpoint:
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
         path = Path(path)
@@ -159,13 +162,13 @@ class SavedModelBackend(SaveBackend):
             return legacy.load_legacy(path, custom_objects=custom_objects, compile=compile)
         if layout.is_saved_model(path) and not layout.has_metadata(path):
             layout.read_metadata(path)  # raises the "plain SavedModel" error
-        self._safe_mode = safe_mode
-        try:
-            return super().load(path, custom_objects=custom_objects, compile=compile, verify=verify)
-        finally:
-            self._safe_mode = True
+        return super().load(
+            path, custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
+        )
 
-    def _read(self, path: Path, *, custom_objects: dict[str, Any], compile: bool) -> Checkpoint:
+    def _read(
+        self, path: Path, *, custom_objects: dict[str, Any], compile: bool, safe_mode: bool = True
+    ) -> LoadedCheckpoint:
         limits.check_text_size(layout.metadata_path(path).stat().st_size, "metadata", path)
         meta = layout.read_metadata(path)
         self.check_format_version(meta, path)
@@ -179,7 +182,7 @@ class SavedModelBackend(SaveBackend):
                 config.pop("compile_config", None)
         options = {
             "custom_objects": custom_objects,
-            "safe_mode": getattr(self, "_safe_mode", True),
+            "safe_mode": safe_mode,
             "where": str(path),
             "directory": path,
         }
@@ -210,7 +213,7 @@ class SavedModelBackend(SaveBackend):
                     metadata["dropped_metrics"] = dropped
                 kit.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
         state = checkpoint_state(meta.get("state"), path)
-        return Checkpoint(model=model, state=state, metadata=metadata, path=path)
+        return LoadedCheckpoint(model=model, state=state, metadata=metadata, path=path)
 
 
 def _revive(
