@@ -219,7 +219,7 @@ def fit_session(cfg: DictConfig, dist: distribute.Distribution, parts: RunParts)
         dist.describe(cfg.trainer.batch_size),
     )
     try:
-        with parts.progress.stop_on_signals():
+        with parts.progress.stop_on_signals(), dist.stop_agreement():
             fit_run(model, parts.data, parts.val, cfg, parts.state, parts.steps, parts.callbacks)
             manager.wait()
     except BaseException:
