@@ -1,7 +1,13 @@
 """Entry point: `python train.py [group=option ...] [key=value ...]` (see conf/).
 
 A deliberate error prints one `error: ...` line and exits 2 (HYDRA_FULL_ERROR=1 for the
-traceback); see trainer/training/entry.py."""
+traceback); see trainer/training/entry.py. SIGTERM or Ctrl-C at any point exits 0 (see
+trainer/training/interrupts.py)."""
+
+from trainer.training import interrupts  # standard library only
+
+if __name__ == "__main__":  # first: SIGTERM or Ctrl-C during start-up exits 0 with one line
+    interrupts.begin_startup()
 
 from trainer.console import quiet_tensorflow
 

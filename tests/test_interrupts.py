@@ -1,23 +1,32 @@
-"""SIGTERM and SIGINT, phase by phase (issue 37: one stack of handlers).
+"""SIGTERM and SIGINT, phase by phase (issue 37: one stack of handlers; issue 39 item 4: a
+signal during start-up).
 
 In-process: each phase of ``trainer.training.interrupts`` answers while it is the innermost
 one and the previous handlers are back after it, for the stack itself and for each of the
-four phases built on it.
+four phases built on it. In a real ``python train.py``: a SIGTERM or Ctrl-C while
+TensorFlow is being imported exits 0 with one line (it was killed, silently).
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
+from conftest import ROOT, TINY, subprocess_env
 
+from trainer import train
 from trainer.state import TrainingState
-from trainer.training import interrupts, run_end, sweeps
+from trainer.training import distribute, interrupts, run_end, sweeps
 from trainer.training.distribute import AgreeOnStop, Distribution
 from trainer.training.progress import RunProgress
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HANG_GUARD = 300  # seconds; only against a hung child, never asserted as a duration
 
 
 def handlers() -> dict[int, object]:
@@ -53,13 +62,14 @@ def test_leaving_a_phase_ends_the_phases_still_entered_inside_it():
 
 
 def test_a_phase_removed_from_under_another_hands_its_restore_to_it():
-    """The phase entered after it answers, and restores what was there before both."""
+    """How start-up ends: the sweep's phase answers, and restores what was there before
+    start-up."""
     seen = []
-    first = interrupts.Phase("first", lambda *_: seen.append("first")).__enter__()
-    with interrupts.Phase("second", lambda *_: seen.append("second")):
+    first = interrupts.Phase("start-up", lambda *_: seen.append("start-up")).__enter__()
+    with interrupts.Phase("sweep", lambda *_: seen.append("sweep")):
         first.remove()
         signal.raise_signal(signal.SIGTERM)
-    assert seen == ["second"]
+    assert seen == ["sweep"]
 
 
 def test_outside_the_main_thread_a_phase_installs_nothing():
@@ -114,3 +124,60 @@ def test_multi_worker_training_marks_the_worker_inside_the_loops_phase():
         assert agreement.received == signal.SIGTERM and progress.requested_signal is None
         signal.raise_signal(signal.SIGINT)  # a second Ctrl-C: at once
     assert Distribution().stop_agreement().__enter__() is None  # one device: no phase
+
+
+# ------------------------------------------------------------ issue 39 item 4: start-up
+def test_a_signal_while_the_strategy_is_built_ends_the_session_before_training(
+    compose_cfg, monkeypatch, caplog
+):
+    """Building a multi-worker strategy can wait for its peers; a signal then only reached
+    the sweep's phase (remembered, and the run trained to its end anyway)."""
+
+    def setup_receiving_a_signal(_cfg):
+        signal.raise_signal(signal.SIGTERM)
+        return Distribution()
+
+    def outside(signum, _frame):
+        raise AssertionError("the signal reached the phase around train()")
+
+    monkeypatch.setattr(distribute, "setup", setup_receiving_a_signal)
+    with interrupts.Phase("around train()", outside):
+        assert train(compose_cfg()) == {}
+    assert "Received SIGTERM before training started" in caplog.text
+    assert interrupts.take() == "SIGTERM"
+
+
+def _importing_tensorflow(pid: int) -> bool:
+    """Whether TensorFlow's shared library is mapped into ``pid``: its import has begun,
+    seconds before the run is set up."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+    return "libtensorflow_framework" in maps or "_pywrap_tensorflow_internal" in maps
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/<pid>/maps")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_tensorflow_is_imported_exits_zero_with_one_line(tmp_path, signum):
+    """It was killed by the signal (exit code -15) or ended in a KeyboardInterrupt
+    traceback, saying nothing, although SIGTERM or Ctrl-C at any point exits 0."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "model=mlp", *TINY, f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_GUARD
+    while not _importing_tensorflow(proc.pid):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "TensorFlow's import never began"
+        time.sleep(0.002)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=HANG_GUARD)
+    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    name = signal.Signals(signum).name
+    assert err.splitlines() == [interrupts.STARTUP_MESSAGE.format(name=name)], err[-3000:]
+    assert out == ""
+    assert not run.exists()  # nothing was written

@@ -1,14 +1,15 @@
 """SIGTERM and SIGINT, phase by phase: the one stack of signal handlers, and the signal that
 ended a training session.
 
-Why one stack: a run passes through phases that each answer a signal differently. A sweep
-remembers it and starts no further job; the set-up and the end of a run raise
-``RunInterrupted`` (and ignore a second signal while unwinding); the training loop stops
-after the batch in flight (a second Ctrl-C interrupts at once); multi-worker training first
-agrees with the other workers. Each phase is a ``Phase`` entered as a context manager: while
-it is the innermost one, its handlers answer, and on exit the enclosing phase answers again
-(or, after the outermost one, whatever was installed before). Only this module calls
-``signal.signal`` for these two signals.
+Why one stack: a run passes through phases that each answer a signal differently. Start-up
+(train.py, before the run is set up) exits at once with one line; a sweep remembers it and
+starts no further job; the set-up and the end of a run raise ``RunInterrupted`` (and ignore
+a second signal while unwinding); the training loop stops after the batch in flight (a
+second Ctrl-C interrupts at once); multi-worker training first agrees with the other
+workers. Each phase is a ``Phase`` entered as a context manager: while it is the innermost
+one, its handlers answer, and on exit the enclosing phase answers again (or, after the
+outermost one, whatever was installed before). Only this module calls ``signal.signal`` for
+these two signals.
 
 Why the record: ``train(cfg)`` turns a signal into a clean end of its session (an
 interrupt checkpoint, exit 0) and returns, so its caller cannot tell an interrupted session
@@ -17,12 +18,15 @@ in one process; to stop the sweep instead of starting the next job,
 ``trainer.training.sweeps`` asks here (``take``) whether the job it just ran received a
 signal (``record``).
 
-Standard library only: every layer may record one.
+Standard library only: train.py imports it before anything slow (TensorFlow, Hydra).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -115,8 +119,9 @@ class Phase:
         del _stack[index:]
 
     def remove(self) -> None:
-        """Take this phase off the stack although phases entered after it are still on it:
-        the phase above it then restores what this one would have on its exit."""
+        """Take this phase off the stack although phases entered after it are still on it
+        (start-up ends under the sweep's phase, see ``end_startup``): the phase above it
+        then restores what this one would have on its exit."""
         if not self.active:
             return
         index = _stack.index(self)
@@ -131,3 +136,54 @@ class Phase:
 def current() -> str | None:
     """The name of the innermost entered phase (None: none is)."""
     return _stack[-1].name if _stack else None
+
+
+# ------------------------------------------------------------------------------ start-up
+STARTUP_MESSAGE = (
+    "Received {name} during start-up, before the run began: nothing was run or written. "
+    "Re-run the same command to start it."
+)
+_startup: dict[str, Any] = {}  # the start-up phase and the stderr it writes to
+
+
+def begin_startup() -> Phase:
+    """Enter the start-up phase (train.py's first statement): until ``end_startup``, a
+    SIGTERM or Ctrl-C ends the process at once with one line on stderr and exit code 0, as
+    at any later point. Without it the default actions applied while TensorFlow and Hydra
+    were imported: killed by SIGTERM (exit code 143) or a ``KeyboardInterrupt`` traceback,
+    with nothing said.
+
+    It exits with ``os._exit``: nothing is written yet, and unwinding out of a half-done
+    ``import tensorflow`` could hang in its threads or be swallowed by an import
+    fallback. The line goes to a copy of the original stderr: during TensorFlow's import
+    file descriptor 2 is a pipe to ``trainer.console``'s filter thread, which would not get
+    to forward it."""
+    if _startup.get("phase") is not None:
+        return _startup["phase"]
+    with contextlib.suppress(OSError):
+        _startup["stderr"] = os.dup(2)
+    phase = Phase("start-up", _exit_during_startup)
+    _startup["phase"] = phase.__enter__()
+    return phase
+
+
+def end_startup() -> None:
+    """Start-up is over: the phase entered after it (the sweep's) answers from now on, and
+    the handlers from before start-up are back once that one ends."""
+    phase = _startup.pop("phase", None)
+    if phase is not None:
+        phase.remove()
+    stderr = _startup.pop("stderr", None)
+    if stderr is not None:
+        with contextlib.suppress(OSError):
+            os.close(stderr)
+
+
+def _exit_during_startup(signum: int, _frame: FrameType | None) -> None:
+    line = STARTUP_MESSAGE.format(name=signal.Signals(signum).name) + "\n"
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: the line still goes
+            stream.flush()
+    with contextlib.suppress(OSError):
+        os.write(_startup.get("stderr", 2), line.encode())
+    os._exit(0)
