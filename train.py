@@ -4,12 +4,14 @@ A deliberate error prints one `error: ...` line and exits 2 (HYDRA_FULL_ERROR=1 
 traceback); see trainer/training/entry.py. SIGTERM or Ctrl-C at any point exits 0 (see
 trainer/training/interrupts.py)."""
 
-from trainer.training import interrupts  # standard library only
+from trainer.console import quiet_tensorflow, survive_broken_pipes
+from trainer.training import interrupts  # both standard library only
 
-if __name__ == "__main__":  # first: SIGTERM or Ctrl-C during start-up exits 0 with one line
+if __name__ == "__main__":
+    # First: SIGTERM or Ctrl-C during start-up exits 0 with one line.
     interrupts.begin_startup()
-
-from trainer.console import quiet_tensorflow
+    # A console pipe whose reader is gone (`| tee` ended by Ctrl-C) must not end the run.
+    survive_broken_pipes()
 
 # Before anything imports TensorFlow: log levels, start-up chatter, one log handler.
 quiet_tensorflow()

@@ -9,6 +9,7 @@ TensorFlow is being imported exits 0 with one line (it was killed, silently).
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, subprocess_env
+from conftest import ROOT, TINY, list_checkpoints, subprocess_env
 
 from trainer import train
+from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState
 from trainer.training import distribute, interrupts, run_end, sweeps
 from trainer.training.distribute import AgreeOnStop, Distribution
@@ -181,3 +183,37 @@ def test_a_signal_while_tensorflow_is_imported_exits_zero_with_one_line(tmp_path
     assert err.splitlines() == [interrupts.STARTUP_MESSAGE.format(name=name)], err[-3000:]
     assert out == ""
     assert not run.exists()  # nothing was written
+
+
+# ------------------------------------------------------- issue 39 item 3: a broken pipe
+@pytest.mark.slow
+def test_a_console_pipe_whose_reader_is_gone_costs_no_interrupt_checkpoint(tmp_path):
+    """``python train.py 2>&1 | tee log`` and Ctrl-C to the process group: ``tee`` ends
+    first, and the trainer's next console write raised ``BrokenPipeError``; it exited 1
+    without a word and without its interrupt checkpoint. Now the console goes to
+    /dev/null, and the run stops as asked, its log still written."""
+    run = tmp_path / "run"
+    tiny = [o for o in TINY if not o.startswith(("trainer.epochs=", "trainer.verbose="))]
+    proc = subprocess.Popen(
+        [
+            sys.executable, str(ROOT / "train.py"), "model=mlp", "save=weights", *tiny,
+            "trainer.epochs=200", "trainer.verbose=1", f"hydra.run.dir={run}",
+        ],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_GUARD
+    while not (run / "checkpoints").is_dir() or not list_checkpoints(run / "checkpoints"):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "hung: no checkpoint was written"
+        time.sleep(0.05)
+    proc.stdout.close()  # the reader of the console's pipe is gone
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=HANG_GUARD)
+    log = (run / "train.log").read_text()
+    assert proc.returncode == 0, log[-3000:]
+    assert "Received SIGINT: stopping after this batch" in log
+    assert "its output now goes to /dev/null" in log
+    (interrupted,) = [line for line in log.splitlines() if "] - Interrupted " in line]
+    step = int(re.search(r", step (\d+)\.", interrupted).group(1))
+    assert load_checkpoint(run / "checkpoints" / "latest").state.global_step == step
+    assert 0 < step < 600
