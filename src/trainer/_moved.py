@@ -24,7 +24,7 @@ _TABLE = """
 atomic                                     storage.atomic
 building                                   training.building
 checkpointing.callback                     checkpointing.keras_callback
-cli_extra                                  cli.commands
+cli_extra                                  cli.inspect,cli.import_legacy
 config                                     training.config
 direct_io                                  storage.direct_io
 distribute                                 training.distribute

@@ -10,6 +10,13 @@ handler of its own when it is first used before the application configured loggi
 user anything. ``quiet_tensorflow()`` is called by each entry point before anything
 imports TensorFlow; it keeps every warning and error that is not known start-up chatter.
 
+Also: a console that goes away. ``python train.py 2>&1 | tee log`` stopped with Ctrl-C to
+the process group loses ``tee`` first; the trainer's next write to the pipe raised
+``BrokenPipeError`` (from Keras's progress bar, in the middle of ``fit``), and it exited 1
+without a word and without its interrupt checkpoint. ``survive_broken_pipes`` makes such a
+write point the stream at ``/dev/null`` and carry on: the run's ``train.log`` still gets
+every line.
+
 This module imports no TensorFlow at import time, so ``--help`` stays fast.
 """
 
@@ -21,7 +28,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
 
 # C++ log threshold: 1 hides INFO, keeps warnings and errors (a user's own setting wins).
 CPP_LOG_LEVEL = "1"
@@ -60,6 +68,67 @@ class StartupFilter:
             self.no_driver = True
         chatter = any(p.search(line) for p in _CHATTER)
         return not (chatter or (self.no_driver and _CUINIT.search(line)))
+
+
+class PipeSafeStream:
+    """``sys.stdout`` or ``sys.stderr`` whose writes survive the reader of its pipe going
+    away: the first ``BrokenPipeError`` points the stream's file descriptor at
+    ``/dev/null`` (C++ writes to it included), logs one warning (which the run's log file
+    still receives), and every later write succeeds there. Everything else is the wrapped
+    stream's own."""
+
+    def __init__(self, stream: TextIO, name: str):
+        self.stream = stream
+        self.name = name  # "stdout" or "stderr", for the warning
+        self.dropped = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, ...
+        return getattr(self.stream, name)
+
+    def _drop(self) -> None:
+        if self.dropped:
+            return
+        self.dropped = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no descriptor: writes keep failing
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()  # what the pipe refused goes to /dev/null
+        logging.getLogger(__name__).warning(
+            "The console's %s is a pipe whose reader has gone (e.g. `| tee` ended by "
+            "Ctrl-C): its output now goes to /dev/null; the run goes on and logs to its log "
+            "file",
+            self.name,
+        )
+
+
+def survive_broken_pipes() -> None:
+    """Wrap ``sys.stdout`` and ``sys.stderr`` in ``PipeSafeStream`` (once). Call it before
+    logging is configured: handlers keep the stream object they were given."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, PipeSafeStream):
+            setattr(sys, name, PipeSafeStream(stream, name))
 
 
 def quiet_tensorflow() -> None:
@@ -113,15 +182,27 @@ def filtered_stderr(line_filter: StartupFilter) -> Iterator[StartupFilter]:
 
 
 def _forward(read_end: int, out: int, line_filter: StartupFilter) -> None:
+    """Copy the kept lines to ``out``; once ``out`` refuses them (a closed pipe), read on
+    and drop them, so that writers to descriptor 2 never block or fail."""
     pending = b""
+    writable = True
+
+    def emit(data: bytes) -> None:
+        nonlocal writable
+        if writable:
+            try:
+                os.write(out, data)
+            except OSError:
+                writable = False
+
     try:
         while chunk := os.read(read_end, 65536):
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 if line_filter.keep(line.decode(errors="replace")):
-                    os.write(out, line + b"\n")
+                    emit(line + b"\n")
         if pending and line_filter.keep(pending.decode(errors="replace")):
-            os.write(out, pending)
+            emit(pending)
     finally:
         os.close(read_end)
         os.close(out)

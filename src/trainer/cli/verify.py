@@ -1,4 +1,4 @@
-"""``python -m trainer verify PATH``: check a checkpoint or a serving export completely.
+"""``trainer verify PATH``: check a checkpoint or a serving export completely.
 
 Stronger than ``load``: every file's SHA-256 is compared with the manifest, files added
 after the save are reported, and the model is then rebuilt (unless ``--files-only``), so a
@@ -11,6 +11,7 @@ requests as recorded (and, for a ``savedmodel`` export, revive as a checkpoint t
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,13 @@ from trainer.exports.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, coun
 from trainer.model_state.serving import SERVING_KEY
 from trainer.save_backends import detect_backend
 from trainer.storage import integrity
+
+
+def run(args: argparse.Namespace) -> int:
+    """``verify PATH [--files-only] [--json]``."""
+    report = verify_checkpoint(args.path, load=not args.files_only)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0
 
 
 def verify_checkpoint(path: str | Path, *, load: bool = True) -> dict[str, Any]:

@@ -6,7 +6,7 @@
 * ``building``: the configured model, compiled; ``distribute``: tf.distribute strategies.
 * ``resume``: the checkpoint to continue from; ``run_end``: final metrics and the export.
 * ``progress``: step counting, the progress bar, scalars; ``user_callbacks``: ``conf/callbacks``.
-* ``interrupts``, ``sweeps``: SIGTERM / SIGINT during a run and during a sweep.
+* ``interrupts``: the one stack of SIGTERM / SIGINT handlers; ``sweeps``: a signal stops a sweep.
 """
 
 from __future__ import annotations

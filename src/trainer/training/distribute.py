@@ -26,7 +26,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from trainer.errors import ConfigError
 from trainer.save_backends.base import SaveBackend
 from trainer.storage.atomic import remove_path
 from trainer.storage.locks import DirectoryLock
+from trainer.training import interrupts
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Distribution:
     scale_lr: bool = False
     scratch: Path | None = None
     lock: DirectoryLock | None = None  # the chief's hold on the run directory
+    agreement: AgreeOnStop | None = None  # multi-worker: the stop agreement of the session
 
     @property
     def num_replicas(self) -> int:
@@ -107,7 +108,15 @@ class Distribution:
         """Callbacks to run before every other one (see ``AgreeOnStop``)."""
         if self.kind != "multiworker":
             return []
-        return [AgreeOnStop(self.strategy, progress)]
+        self.agreement = AgreeOnStop(self.strategy, progress)
+        return [self.agreement]
+
+    def stop_agreement(self) -> contextlib.AbstractContextManager:
+        """Enter inside the training loop's signal phase: under multi-worker training the
+        workers agree on a stop (``AgreeOnStop``); otherwise nothing changes."""
+        if self.agreement is None:
+            return contextlib.nullcontext()
+        return self.agreement.receiving()
 
     # ------------------------------------------------------------- where we write
     def output_dir(self, run_dir: Path) -> Path:
@@ -154,7 +163,8 @@ class AgreeOnStop(keras.callbacks.Callback):
     """Multi-worker: a SIGTERM/SIGINT that reached any worker stops every worker after the
     same batch, so they all take the interrupt checkpoint and no collective is left waiting.
 
-    While training, this callback owns the signal handlers: a signal only marks this worker,
+    While training, this callback's phase (``receiving``, entered inside the loop's own by
+    ``Distribution.stop_agreement``) answers the signals: a signal only marks this worker,
     and at each batch end one tiny all-reduce tells every worker whether anyone was
     marked; only then is ``RunProgress.requested_signal`` set, on all workers at the same
     batch. Must come before ``RunProgress``, which reads it at the end of each batch.
@@ -166,19 +176,23 @@ class AgreeOnStop(keras.callbacks.Callback):
         self.progress = progress
         self.received: int | None = None
 
+    def receiving(self) -> interrupts.Phase:
+        """The phase in which a signal marks this worker (a second Ctrl-C: at once)."""
+
+        def receive(signum, _frame):
+            self.received = signum
+            log.warning(
+                "Received %s: every worker stops after the same batch",
+                signal.Signals(signum).name,
+            )
+            phase.interrupt_at_once()
+
+        phase = interrupts.Phase("multi-worker stop agreement", receive)
+        return phase
+
     def on_train_begin(self, logs=None):
         if self.progress.requested_signal is not None:  # arrived before training began
             self.received, self.progress.requested_signal = self.progress.requested_signal, None
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self._receive)
-
-    def _receive(self, signum, _frame):
-        self.received = signum
-        log.warning(
-            "Received %s: every worker stops after the same batch", signal.Signals(signum).name
-        )
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: at once
 
     def on_train_batch_end(self, batch, logs=None):
         mine = 0.0 if self.received is None else 1.0

@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import trainer.training.config  # noqa: F401  (the schemas conf/ extends: registered before Hydra composes)
 from trainer.errors import TrainerError
-from trainer.training import sweeps
+from trainer.training import interrupts, sweeps
 
 EXIT_ERROR = 2  # the same code as the ``trainer`` CLI's ``error:`` lines
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -66,6 +66,7 @@ def run(main: Callable[[], Any]) -> None:
     os.environ[FULL_ERROR] = "1"
     try:
         with sweeps.watch():  # a signal during a multirun stops the sweep
+            interrupts.end_startup()  # train.py's start-up phase: the sweep's answers now
             main()
     except Exception as error:  # raised while Hydra composed the config
         if not _jobs_started[-1] and deliberate_message(error) is None:

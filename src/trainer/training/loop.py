@@ -33,12 +33,27 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train the configured model and return the final validation (or training) metrics;
-    after an interrupt, the last completed epoch's (empty in the first epoch)."""
-    dist = distribute.setup(cfg.get("strategy"))  # before any other TensorFlow op
+    after an interrupt, the last completed epoch's (empty in the first epoch).
+
+    SIGTERM/SIGINT end it cleanly at any point (``run_end.signals_raise``), from the
+    strategy's set-up on: building a multi-worker strategy can wait for its peers."""
+    dist: distribute.Distribution | None = None
     try:
-        return run(cfg, dist)
+        with run_end.signals_raise():
+            try:
+                dist = distribute.setup(cfg.get("strategy"))  # before any other TensorFlow op
+                return run(cfg, dist)
+            except run_end.RunInterrupted as interrupt:
+                log.warning(
+                    "Received %s before training started; nothing was trained in this "
+                    "session. Re-run the same command to start (with resume=auto: to "
+                    "continue) the run.",
+                    interrupt.signal_name,
+                )
+                return {}
     finally:
-        dist.cleanup()  # a non-chief worker's scratch outputs
+        if dist is not None:
+            dist.cleanup()  # a non-chief worker's scratch outputs
 
 
 @dataclasses.dataclass
@@ -62,33 +77,24 @@ class RunParts:
 
 
 def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
-    """``train`` under ``dist``: only the chief writes into the run directory, the other
-    workers write the same things into their scratch directory (``dist.output_dir``).
-    SIGTERM/SIGINT end it cleanly at any point: during ``fit`` after the current batch
-    (with an interrupt checkpoint), before or after it at once."""
+    """``train`` under ``dist`` (inside ``train``'s ``signals_raise``): only the chief
+    writes into the run directory, the other workers write the same things into their
+    scratch directory (``dist.output_dir``). A signal during ``fit`` stops after the current
+    batch (with an interrupt checkpoint), before or after it at once."""
     trainer.training.config.check_values(cfg)  # before anything is built or written
-    with run_end.signals_raise():
-        try:
-            run_dir, resume_from = locate_run(cfg)
-            try:
-                out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
-            except DirectoryInUseError:
-                sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before the lock
-                raise
-            # This session's log and Hydra config go to the run it continues (sessions.py).
-            with sessions.session(out_dir, resume_from):
-                return run_session(cfg, dist, run_dir, resume_from)
-        except run_end.RunInterrupted as interrupt:
-            log.warning(
-                "Received %s before training started; nothing was trained in this session. "
-                "Re-run the same command to start (with resume=auto: to continue) the run.",
-                interrupt.signal_name,
-            )
-            return {}
+    run_dir, resume_from = locate_run(cfg)
+    try:
+        out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
+    except DirectoryInUseError:
+        sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before the lock
+        raise
+    # This session's log and Hydra config go to the run it continues (sessions.py).
+    with sessions.session(out_dir, resume_from):
+        return run_session(cfg, dist, run_dir, resume_from)
 
 
 def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str, float]:
-    """Build, fit and finish one session (under ``run``'s ``signals_raise``): a signal
+    """Build, fit and finish one session (under ``train``'s ``signals_raise``): a signal
     after the build ends it cleanly."""
     parts = build_run(cfg, dist, run_dir, resume_from)
     try:
@@ -219,7 +225,7 @@ def fit_session(cfg: DictConfig, dist: distribute.Distribution, parts: RunParts)
         dist.describe(cfg.trainer.batch_size),
     )
     try:
-        with parts.progress.stop_on_signals():
+        with parts.progress.stop_on_signals(), dist.stop_agreement():
             fit_run(model, parts.data, parts.val, cfg, parts.state, parts.steps, parts.callbacks)
             manager.wait()
     except BaseException:

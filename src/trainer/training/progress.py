@@ -7,12 +7,9 @@ callbacks keep their counters in the shared ``TrainingState`` instead of trustin
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import keras
@@ -104,26 +101,18 @@ class RunProgress(keras.callbacks.Callback):
             # trained on, past any stop, and its state counted more steps than it has.
             self.model.stop_training = True
 
-    @contextlib.contextmanager
-    def stop_on_signals(self) -> Iterator[None]:
-        """While active, SIGTERM/SIGINT end training after the current batch (a second
-        SIGINT interrupts at once)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
+    def stop_on_signals(self) -> interrupts.Phase:
+        """The training loop's phase (``with progress.stop_on_signals():``): SIGTERM/SIGINT
+        end training after the current batch (a second SIGINT interrupts at once)."""
 
         def request(signum, _frame):
             self.requested_signal = signum
             interrupts.record(signum)  # a multirun stops its sweep after this job
             log.warning("Received %s: stopping after this batch", signal.Signals(signum).name)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            phase.interrupt_at_once()
 
-        previous = {sig: signal.signal(sig, request) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        phase = interrupts.Phase("training loop", request)
+        return phase
 
 
 class _EpochCutter(keras.callbacks.Callback):

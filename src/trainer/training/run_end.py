@@ -9,12 +9,10 @@ them ends the process cleanly (exit 0) instead of killing it with a half-written
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import signal
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,6 @@ from trainer.wrapping import unwrap_model
 
 log = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FINAL_PREFIX = "final/"  # RunBoard.write_hparams: the final metrics' scalar tags
 
 
@@ -47,28 +44,20 @@ class RunInterrupted(BaseException):
         self.signal_name = signal.Signals(signum).name
 
 
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """While active, SIGTERM/SIGINT raise ``RunInterrupted`` in the main thread. The
-    training loop installs its own handlers inside (stop after the current batch); this
-    covers the set-up before it and the end-of-run steps after it, where the default
-    SIGTERM action would kill the process mid-write."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def signals_raise() -> interrupts.Phase:
+    """The phase of a run's set-up and end (``with signals_raise():``): SIGTERM/SIGINT
+    raise ``RunInterrupted`` in the main thread. The training loop enters its own phase
+    inside (stop after the current batch); this covers the set-up before it and the
+    end-of-run steps after it, where the default SIGTERM action would kill the process
+    mid-write."""
 
     def interrupt(signum, _frame):
-        for sig in SIGNALS:  # a second signal while unwinding must not interrupt the cleanup
-            signal.signal(sig, signal.SIG_IGN)
+        phase.ignore()  # a second signal while unwinding must not interrupt the cleanup
         interrupts.record(signum)  # a multirun stops its sweep after this job
         raise RunInterrupted(signum)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    phase = interrupts.Phase("run set-up and end", interrupt)
+    return phase
 
 
 def finish_run(

@@ -9,8 +9,8 @@ run and the command that continues the sweep in place (``hydra.sweep.dir=<same>
 resume=auto``: finished jobs only complete missing end-of-run steps, the interrupted job
 resumes from its checkpoint, the others start).
 
-A signal between jobs (while Hydra sets the next one up) is caught by ``watch``; the
-training session's own handlers record theirs in ``trainer.training.interrupts``.
+A signal between jobs (while Hydra sets the next one up) is caught by ``watch``'s phase of
+``trainer.training.interrupts``; the training session's own phases record theirs there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from trainer.training import interrupts
 
 log = logging.getLogger(__name__)
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Overrides the continue command sets itself.
 REPLACED_KEYS = ("resume", "resume_dir", "hydra.sweep.dir")
 
@@ -56,21 +54,16 @@ def watch() -> Iterator[None]:
     remembered (not fatal) and stops the sweep; a stopped sweep is reported at the end."""
     global _state
     _state = _Sweep()
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def remember(signum, _frame):
         name = signal.Signals(signum).name
         log.warning("Received %s outside a training session: no further job starts", name)
         _state.pending = _state.pending or name
 
-    previous = {sig: signal.signal(sig, remember) for sig in SIGNALS}
     try:
-        yield
+        with interrupts.Phase("sweep", remember):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         report()
 
 

@@ -1,7 +1,9 @@
-"""The ``export`` and ``runs`` commands, and what ``inspect`` shows about links and signatures.
+"""``trainer inspect PATH``: describe a checkpoint of any backend, a serving export or a
+legacy tf.keras SavedModel.
 
-Kept apart from ``trainer.cli.app`` so that ``inspect`` of a plain checkpoint does not import
-the export and TensorBoard machinery until it needs it.
+Why it loads the model: the layer tree, parameter counts and which layers were revived from
+traced functions (rather than from their class) exist only once the checkpoint is rebuilt;
+a serving export is described from its metadata and ``saved_model.pb`` alone.
 """
 
 from __future__ import annotations
@@ -11,52 +13,126 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer._compat import keras as keras_compat
+from trainer.cli.import_legacy import legacy_lines
 from trainer.errors import TrainerError
+from trainer.exports.exporter import is_export, read_export_metadata
 from trainer.model_state.serving import format_signatures, model_signatures, saved_model_signatures
+from trainer.save_backends import legacy, load_checkpoint
 from trainer.tensorboard.board import LINK_KEY, resolve_link
 
 
-def run_export(args: argparse.Namespace) -> int:
-    from trainer.exports.exporter import read_export_metadata
-    from trainer.exports.sources import export_from_checkpoint
-
-    path = export_from_checkpoint(
-        args.checkpoint,
-        args.out_dir,
-        keep=args.keep,
-        warmup=args.warmup,
-        format=args.format,
-        tensorboard=args.tensorboard,
-        with_optimizer=args.with_optimizer,
-    )
-    meta = read_export_metadata(path)
-    report = {
-        "export": str(path),
-        "version": meta["version"],
-        "exported_with": meta["exported_with"],
-        "warmup_requests": meta["warmup_requests"],
-        "tensorboard": meta.get(LINK_KEY),
-    }
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        link = report["tensorboard"]
-        print(f"exported {args.checkpoint} -> {path} ({meta['exported_with']})")
-        print(f"warmup requests: {meta['warmup_requests']}")
-        if link:
-            print(f"tensorboard: run {link['run_name']} step {link['step']} ({link['tag']})")
-    return 0
+def run(args: argparse.Namespace) -> int:
+    """``inspect PATH [--json]``."""
+    return run_inspect(args.path, as_json=args.json)
 
 
-def run_runs(output_dir: Path, *, as_json: bool) -> int:
-    from trainer.runs.index import format_runs, list_runs
-
-    listing = list_runs(output_dir)
+def run_inspect(path: Path, *, as_json: bool) -> int:
+    """Describe a checkpoint, a serving export or a legacy tf.keras SavedModel."""
+    if is_export(path):  # a serving export: metadata and signatures, no model loaded
+        return inspect_export(path, as_json=as_json)
+    if legacy.is_legacy(path):  # tf.keras' model.save(dir): what imports how
+        return inspect_legacy(path, as_json=as_json)
+    checkpoint = load_checkpoint(path, compile=True)
+    report = describe(checkpoint)
+    report.update(links_and_signatures(checkpoint))
     if as_json:
-        print(json.dumps(listing, indent=2, sort_keys=True, default=str))
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
-        print(format_runs(listing))
+        print(format_report(report))
     return 0
+
+
+def describe(checkpoint) -> dict[str, Any]:
+    """What ``inspect`` reports about a loaded checkpoint, as JSON-ready values."""
+    meta = checkpoint.metadata
+    state = checkpoint.state
+    how = meta.get("revived_from") if isinstance(meta.get("revived_from"), dict) else {}
+    model = checkpoint.model
+    return {
+        "path": str(checkpoint.path),
+        "backend": meta.get("backend"),
+        "format_version": meta.get("format_version"),
+        "created": meta.get("created"),
+        "epoch": state.epoch,
+        "global_step": state.global_step,
+        "step_in_epoch": state.step_in_epoch,
+        "metrics": state.metrics,
+        "model": model.name,
+        "model_class": type(model).__name__,
+        "num_params": int(model.count_params()),
+        **({"revived_from": how[model.name]} if model.name in how else {}),
+        "layers": layer_tree(model, how),
+    }
+
+
+def layer_tree(layer, how: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Direct sublayers of ``layer`` with parameter counts, recursively; with ``how``
+    (the SavedModel backend's ``revived_from``: layer name -> ``config`` | ``graph`` |
+    ``traced``) each node says how it was rebuilt."""
+    how = how or {}
+    children = []
+    for child in keras_compat.sublayers(layer, recursive=False):
+        node = {
+            "name": child.name,
+            "class": type(child).__name__,
+            "params": int(child.count_params()) if child.built else 0,
+        }
+        if child.name in how:
+            node["revived_from"] = how[child.name]
+        node["layers"] = layer_tree(child, how)
+        children.append(node)
+    return children
+
+
+# A layer revived from its traced functions: its class was missing, its code refused in
+# safe mode, or its config could not be rebuilt. It computes what was saved, but none of
+# the class's Python (custom methods, attributes) is there.
+TRACED_MARK = "[revived from traced functions: its class was not used]"
+
+
+def _traced_names(nodes: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for node in nodes:
+        if node.get("revived_from") == "traced":
+            names.append(node["name"])
+        names += _traced_names(node["layers"])
+    return names
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"path:           {report['path']}",
+        f"backend:        {report['backend']} (format version {report['format_version']})",
+        f"created:        {report['created']}",
+        f"epoch / step:   {report['epoch']} / {report['global_step']}"
+        + (f" (+{report['step_in_epoch']} in epoch)" if report["step_in_epoch"] else ""),
+        "metrics:        "
+        + (", ".join(f"{k}={v:.4g}" for k, v in report["metrics"].items()) or "none"),
+        f"model:          {report['model']} ({report['model_class']}), "
+        f"{report['num_params']:,} parameters"
+        + (f" {TRACED_MARK}" if report.get("revived_from") == "traced" else ""),
+    ]
+    traced = _traced_names(report["layers"])
+    if traced:
+        lines.append(
+            f"revived:        {len(traced)} layer(s) from traced functions, not from their "
+            f"class: {', '.join(traced)}"
+        )
+    lines.append("layers:")
+
+    def walk(nodes: list[dict[str, Any]], depth: int) -> None:
+        for node in nodes:
+            mark = f"  {TRACED_MARK}" if node.get("revived_from") == "traced" else ""
+            lines.append(
+                f"{'  ' * depth}- {node['name']} ({node['class']}): {node['params']:,}{mark}"
+            )
+            walk(node["layers"], depth + 1)
+
+    walk(report["layers"], 1)
+    if "signatures" in report:
+        lines += format_links_and_signatures(report)
+    return "\n".join(lines)
 
 
 def link_report(path: Path, metadata: dict[str, Any]) -> dict[str, Any] | None:
@@ -136,8 +212,7 @@ def _source_link(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def inspect_export(path: Path, *, as_json: bool) -> int:
-    from trainer.exports.exporter import read_export_metadata
-
+    """A serving export: its metadata, signatures and TensorBoard link; no model loaded."""
     meta = read_export_metadata(path)
     state = meta.get("state") or {}
     report = {
@@ -179,47 +254,8 @@ def inspect_export(path: Path, *, as_json: bool) -> int:
     return 0
 
 
-def is_legacy(path: Path) -> bool:
-    from trainer.save_backends import legacy
-
-    return legacy.is_legacy(path)
-
-
-def run_import_legacy(src: Path, dst: Path, backend: str, as_json: bool) -> int:
-    """``import-legacy``: a legacy tf.keras SavedModel -> a trainer checkpoint at ``dst``."""
-    from trainer.errors import NotACheckpointError
-    from trainer.save_backends import get_backend, legacy
-
-    if not legacy.is_legacy(src):
-        raise NotACheckpointError(
-            f"{src} is not a legacy tf.keras SavedModel (it needs saved_model.pb and "
-            f"keras_metadata.pb, and no trainer metadata). Pass the directory TensorFlow "
-            f"2.x's model.save(dir) wrote. Received: {str(src)!r}"
-        )
-    checkpoint = legacy.load_legacy(src)
-    written = get_backend(backend).save(checkpoint.model, dst, metadata=checkpoint.metadata)
-    report = {"source": str(src), "checkpoint": str(written), "backend": backend}
-    report.update(checkpoint.metadata)
-    print(json.dumps(report, indent=2) if as_json else _legacy_lines(report))
-    return 0
-
-
 def inspect_legacy(path: Path, *, as_json: bool) -> int:
-    from trainer.save_backends import legacy
-
+    """A legacy tf.keras SavedModel: what each layer imports from (``import-legacy``)."""
     report = legacy.describe(path)
-    print(json.dumps(report, indent=2) if as_json else _legacy_lines(report))
+    print(json.dumps(report, indent=2) if as_json else legacy_lines(report))
     return 0
-
-
-def _legacy_lines(report: dict) -> str:
-    lines = []
-    for key, value in report.items():
-        if key == "layers":
-            lines.append("layers:")
-            lines += [f"  {x['name']} ({x['class_name']}): from {x['imports_from']}" for x in value]
-        elif key == "legacy_layers":
-            lines.append("layers: " + ", ".join(f"{k} from {v}" for k, v in value.items()))
-        else:
-            lines.append(f"{key}: {value}")
-    return "\n".join(lines)
