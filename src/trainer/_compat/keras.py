@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -264,6 +265,43 @@ def set_variable_storage(variable: keras.Variable, storage: tf.Variable) -> None
     Checked: Keras 3.15.1, TensorFlow backend.
     """
     variable._value = storage
+
+
+def variable_over_storage(
+    storage: tf.Variable, *, name: str, trainable: bool, path: str | None = None
+) -> keras.Variable:
+    """A Keras variable over an existing ``tf.Variable`` (no copy: the same storage), for
+    layers revived from traced functions (trainer SavedModels and legacy imports alike).
+    ``path``: the saved variable's path (``block/dense/kernel``): the variable is created
+    under the same name scopes, so ``variable.path`` is the saved one (code that pairs
+    weights by path, an h5 save of the revived model)."""
+    clean = re.sub(r"[/:]", "_", name) or "variable"
+    with name_scopes(_scopes_of(path, clean)):
+        variable = keras.Variable(
+            initializer="zeros",
+            shape=tuple(storage.shape),
+            dtype=storage.dtype.name,
+            trainable=trainable,
+            name=clean,
+        )
+    set_variable_storage(variable, storage)
+    return variable
+
+
+def _scopes_of(path: str | None, name: str) -> list[str]:
+    """The name scopes a variable saved at ``path`` was created under (none when the path
+    does not end with the variable's own name: then only the name is kept)."""
+    parts = (path or "").split("/")
+    return parts[:-1] if len(parts) > 1 and parts[-1] == name and all(parts) else []
+
+
+@contextlib.contextmanager
+def name_scopes(scopes: list[str]):
+    """Keras name scopes, outermost first: variables created inside get ``a/b/<name>``."""
+    with contextlib.ExitStack() as stack:
+        for scope in scopes:
+            stack.enter_context(keras.name_scope(scope))
+        yield
 
 
 # ---------------------------------------------------------------------------- export

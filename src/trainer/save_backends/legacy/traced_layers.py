@@ -33,19 +33,6 @@ def loaded_object(loaded: Any, node: Node) -> Any:
     return found
 
 
-def wrap_variable(storage: Any, *, name: str, trainable: bool) -> keras.Variable:
-    """A Keras variable whose storage is the loaded ``tf.Variable`` (no copy)."""
-    variable = keras.Variable(
-        initializer="zeros",
-        shape=tuple(storage.shape),
-        dtype=storage.dtype.name,
-        trainable=trainable,
-        name=name.replace("/", "_"),
-    )
-    keras_compat.set_variable_storage(variable, storage)
-    return variable
-
-
 def _attach(
     legacy: LegacyDir, layer: keras.layers.Layer, node: Node, obj: Any, prefix: str = ""
 ) -> set[int]:
@@ -61,7 +48,7 @@ def _attach(
         storage = getattr(obj, names[variable_id])
         flag = storage.trainable if trainable is None else trainable
         path = f"{prefix}{names[variable_id]}"
-        variable = wrap_variable(storage, name=path, trainable=flag)
+        variable = keras_compat.variable_over_storage(storage, name=path, trainable=flag)
         keras_compat.track_variable(layer, variable)
         legacy.placed[variable_id] = variable
     computed: set[int] = set()

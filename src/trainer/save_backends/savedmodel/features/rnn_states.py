@@ -32,7 +32,6 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import live_objects
 from trainer.errors import CorruptCheckpointError
 from trainer.model_state import layer_protocol
-from trainer.save_backends.savedmodel.features import standins
 from trainer.save_backends.savedmodel.features.keras_objects import variable_storage
 
 RECORD_KEY = "rnn_states"
@@ -94,7 +93,8 @@ def expose(layer: keras.layers.Layer, saved: dict[str, Any], node: Any, where: s
             f"damaged; load an older checkpoint. Received: {RECORD_KEY}={positions!r:.200}"
         )
     states = [
-        standins.wrap_variable(loaded[p], name="rnn_state", trainable=False) for p in positions
+        keras_compat.variable_over_storage(loaded[p], name="rnn_state", trainable=False)
+        for p in positions
     ]
     live_objects.set_untracked(layer, "states", states)  # as Keras keeps an RNN's states
 

@@ -44,42 +44,6 @@ class TracedRegularizer(keras.regularizers.Regularizer):
         return {}
 
 
-def wrap_variable(
-    storage: tf.Variable, *, name: str, trainable: bool, path: str | None = None
-) -> keras.Variable:
-    """A Keras variable over an existing ``tf.Variable`` (no copy: the same storage).
-    ``path``: the saved variable's path (``block/dense/kernel``): the variable is created
-    under the same name scopes, so ``variable.path`` is the saved one (code that pairs
-    weights by path, an h5 save of the revived model)."""
-    clean = re.sub(r"[/:]", "_", name) or "variable"
-    with name_scopes(_scopes_of(path, clean)):
-        variable = keras.Variable(
-            initializer="zeros",
-            shape=tuple(storage.shape),
-            dtype=storage.dtype.name,
-            trainable=trainable,
-            name=clean,
-        )
-    keras_compat.set_variable_storage(variable, storage)
-    return variable
-
-
-def _scopes_of(path: str | None, name: str) -> list[str]:
-    """The name scopes a variable saved at ``path`` was created under (none when the path
-    does not end with the variable's own name: then only the name is kept)."""
-    parts = (path or "").split("/")
-    return parts[:-1] if len(parts) > 1 and parts[-1] == name and all(parts) else []
-
-
-@contextlib.contextmanager
-def name_scopes(scopes: list[str]):
-    """Keras name scopes, outermost first: variables created inside get ``a/b/<name>``."""
-    with contextlib.ExitStack() as stack:
-        for scope in scopes:
-            stack.enter_context(keras.name_scope(scope))
-        yield
-
-
 def attach_seed_generators(
     layer: keras.layers.Layer, states: list[tuple[dict[str, Any], tf.Variable]]
 ) -> None:
@@ -90,7 +54,7 @@ def attach_seed_generators(
     for position, (record, storage) in enumerate(states):
         parts = (record.get("path") or "").split("/")
         scopes, name = (parts[:-2], parts[-2]) if len(parts) > 1 and all(parts) else ([], None)
-        with name_scopes(scopes):
+        with keras_compat.name_scopes(scopes):
             generator = keras.random.SeedGenerator(seed=0, name=name)
         keras_compat.set_variable_storage(generator.state, storage)
         setattr(layer, f"revived_seed_generator_{position}", generator)

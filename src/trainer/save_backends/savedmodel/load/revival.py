@@ -173,7 +173,7 @@ class Reviver:
                 cfg = copy.deepcopy(cfg)
                 cfg.pop("build_config", None)
                 layer = self.deserialize(cfg, extra)
-                with standins.name_scopes(self._saved_scopes(record)):
+                with keras_compat.name_scopes(self._saved_scopes(record)):
                     self._build(layer, record)
                 if self.bind(layer, record, strict=False):
                     self._bind_states(layer, record)
@@ -333,7 +333,7 @@ class Reviver:
     def _keras_variable(self, index: int) -> keras.Variable:
         if index not in self.keras_vars:
             rec = self.var_records[index]
-            self.keras_vars[index] = standins.wrap_variable(
+            self.keras_vars[index] = keras_compat.variable_over_storage(
                 self.storage[index],
                 name=rec.get("name") or f"variable_{index}",
                 trainable=_trainable_kind(rec),
