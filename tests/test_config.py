@@ -15,7 +15,7 @@ from trainer import train
 from trainer.data import DataSplits, epoch_dataset, epoch_order
 from trainer.errors import ConfigError
 from trainer.save_backends import SaveBackend, load_checkpoint
-from trainer.training.building import build_model, build_optimizer
+from trainer.training.building import build_model, configured_optimizer
 
 
 @pytest.mark.parametrize("option", config_options("model"))
@@ -152,7 +152,7 @@ def test_npz_whole_float_labels_and_bad_features(compose_cfg, tmp_path):
 @pytest.mark.parametrize("schedule", config_options("schedule"))
 def test_every_optimizer_and_schedule(compose_cfg, option, schedule):
     cfg = compose_cfg(f"optimizer={option}", f"schedule={schedule}")
-    optimizer = build_optimizer(cfg.optimizer, cfg.schedule, total_steps=100)
+    optimizer = configured_optimizer(cfg.optimizer, cfg.schedule, total_steps=100)
     assert isinstance(optimizer, keras.optimizers.Optimizer)
     schedule_type = keras.optimizers.schedules.LearningRateSchedule
     assert isinstance(optimizer._learning_rate, schedule_type) == (schedule != "none")

@@ -25,7 +25,7 @@ def build_model(
     )
     model, wrap_callbacks = apply_wrap(model, cfg.get("wrap"), total_steps=total_steps)
     model.compile(
-        optimizer=build_optimizer(
+        optimizer=configured_optimizer(
             distribute.scaled_optimizer_cfg(cfg.optimizer, lr_factor),
             cfg.get("schedule"),
             total_steps,
@@ -45,7 +45,7 @@ def build_metric_variables(model: keras.Model, data: DataSplits) -> None:
     model.reset_metrics()
 
 
-def build_optimizer(
+def configured_optimizer(
     optimizer_cfg: DictConfig, schedule_cfg: DictConfig | None, total_steps: int
 ) -> keras.optimizers.Optimizer:
     """The optimizer, with ``learning_rate`` turned into a schedule when one is selected."""
