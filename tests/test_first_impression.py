@@ -70,6 +70,12 @@ def test_default_run_learns_and_its_console_is_clean(tmp_path):
     # Epochs are numbered out of the whole run, the first one included.
     assert [int(n) for n in re.findall(r"Epoch (\d+)/5\b", result.stdout)] == [1, 2, 3, 4, 5]
     assert result.stderr.strip() == ""
+    # The console is a pipe here, as in `| tee log` or a batch job: one plain line per
+    # epoch, no terminal control (Keras drew its live bar on any POSIX system: \r and
+    # backspaces before every update, ANSI colours, issue 39 item 10).
+    assert not re.search(r"\x1b\[|\x08|\r", result.stdout), repr(result.stdout[:600])
+    bars = re.findall(r"^\d+/\d+ - \d+s - .*loss: [\d.]+.*$", result.stdout, re.MULTILINE)
+    assert len(bars) == 5, result.stdout[-3000:]
 
 
 def test_default_config_trains_the_nested_custom_block_with_a_schedule(compose_cfg):

@@ -62,7 +62,9 @@ class TrainerConfig:
     steps_per_epoch: int | None = None  # cap on batches per epoch; None = the whole split
     validation_split: float = 0.2  # fraction held out (seeded) for validation
     deterministic: bool = True  # enable_op_determinism(): bitwise repeatable runs
-    verbose: int = 1  # Keras progress: 0 silent, 1 progress bar, 2 one line per epoch
+    # Keras progress: 0 silent, 1 progress bar (a plain line per epoch when stdout is not a
+    # terminal: a log file or a pipe gets no control characters), 2 one line per epoch
+    verbose: int = 1
     tensorboard_dir: str = "tb"
 
 

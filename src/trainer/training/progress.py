@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -142,6 +143,15 @@ class RunProgbar(keras.callbacks.ProgbarLogger):
         self.state = state
         self.offset = 0
 
+    def set_params(self, params):
+        """Keras draws its live bar (``\\r``, backspaces, ANSI colours) whenever Python runs
+        on a POSIX system, terminal or not, so a log file or a pipe (``| tee log``, a batch
+        job's output) fills with control characters and a line per update. Without a
+        terminal, ``verbose=1`` prints what ``verbose=2`` does: one plain line per epoch."""
+        super().set_params(params)
+        if self.verbose == 1 and not _is_terminal(sys.stdout):
+            self.verbose = 2
+
     def on_epoch_begin(self, epoch, logs=None):
         self.offset = self.state.step_in_epoch
         super().on_epoch_begin(epoch, logs)
@@ -155,6 +165,13 @@ class RunProgbar(keras.callbacks.ProgbarLogger):
             self.progbar.update(self.state.step_in_epoch, items, finalize=True)
             return
         super().on_epoch_end(epoch, logs)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 class ScalarLogger(keras.callbacks.Callback):
