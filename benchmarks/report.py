@@ -270,7 +270,7 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "python -m benchmarks.async_cost --runs 3    # what one async save costs its epochs",
         "python -m benchmarks.async_cost --runs 2 --writer files   # the same, at the disk's floor",
         "python -m benchmarks.report         # re-render this README from results.json",
-        "pytest -m slow tests/test_benchmark_smoke.py                # runs --quick",
+        "pytest -m slow tests/benchmarks/test_smoke.py               # runs --quick",
         "```",
         "",
         "Every figure is the median of the repeats (min and max beside it) in seconds, for saves "

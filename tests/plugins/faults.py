@@ -1,7 +1,8 @@
 """Fault injection for tests and drills: real signals and slow writes, selected from config.
 
 Test-only: this lives outside the ``trainer`` package, on the path of the test process and
-of its children (``tests/plugins``, see ``conftest.PLUGINS_DIR`` and ``subprocess_env``).
+of its children (``tests/plugins``, see ``tests.helpers.paths.PLUGINS_DIR`` and
+``subprocess_env``).
 Runs select it through the product's generic hooks:
 
     +callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}

@@ -4,7 +4,8 @@ an AttributeError, anything else is refused with a ``TrainerError``).
 
 Test-only, named as the loader of the fuzzer's child process (``corruption.run(loader=
 "fuzz_faults:load_checkpoint")``), which finds it on the path that
-``conftest.subprocess_env`` gives children. Imports no TensorFlow: the child starts fast.
+``tests.helpers.processes.subprocess_env`` gives children. Imports no TensorFlow: the child
+starts fast.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ block, and in every other thread, the original method runs unchanged.
 
 Nothing is left at zeros by mistake: :meth:`DeferredInitializers.initialize_rest` runs the
 real initializer of every variable that the load neither gave a stored value nor pointed
-at loaded storage. Checked: Keras 3.15.1, TensorFlow backend (``tests/test_compat.py``).
+at loaded storage. Checked: Keras 3.15.1, TensorFlow backend (``tests/_compat/test_canaries.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every helper names the private attribute or module it uses, why no public API does the
 job, and the version it was checked against: Keras 3.15.1 with TensorFlow 2.21.0, the
-TensorFlow backend. ``tests/test_compat.py`` checks each helper against the behaviour it
+TensorFlow backend. ``tests/_compat/test_canaries.py`` checks each helper against the behaviour it
 relies on. Workarounds of Keras bugs live in ``keras_bugs``.
 """
 
@@ -426,7 +426,7 @@ def loads_own_variables_by_position(layer: keras.layers.Layer) -> bool:
     gradients, so the adapters never train again). Their variables, copied as they are,
     are that state. Public Keras does not say which overrides are of that kind, so this
     compares where the methods are defined with those private modules. Checked: Keras
-    3.15.1; ``tests/test_compat.py`` lists every Keras layer overriding
+    3.15.1; ``tests/_compat/test_canaries.py`` lists every Keras layer overriding
     ``load_own_variables`` and fails when a new one appears.
     """
     if merges_lora_when_saved(layer):

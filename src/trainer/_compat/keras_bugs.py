@@ -2,8 +2,8 @@
 
 Like ``trainer._compat.keras``, each names the private attribute it replaces and the
 version it was checked against (Keras 3.15.1, TensorFlow 2.21.0). Each is applied only on
-the Keras releases in ``MULTIWORKER_BUGS_IN``; ``tests/test_compat.py`` and
-``tests/test_distribute.py`` hold canaries that run plain Keras into each bug, so they fail
+the Keras releases in ``MULTIWORKER_BUGS_IN``; ``tests/_compat/test_canaries.py`` and
+``tests/training/test_distribute.py`` hold canaries that run plain Keras into each bug, so they fail
 once upstream fixes it (drop the workaround then) or once a Keras release that still has
 it is installed but not listed.
 """
@@ -30,8 +30,8 @@ KERAS_RELEASE = _release(keras.version())
 
 
 # Minor versions of Keras on which both multi-worker bugs below were reproduced
-# (tests/test_compat.py::test_multiworker_keras_bugs_still_present), and the uneven first
-# batch under MirroredStrategy (the canary in tests/test_distribute.py's mirrored test).
+# (tests/_compat/test_canaries.py::test_multiworker_keras_bugs_still_present), and the uneven first
+# batch under MirroredStrategy (the canary in tests/training/test_distribute.py's mirrored test).
 # The workarounds are applied on these versions only.
 MULTIWORKER_BUGS_IN = frozenset({(3, 15)})
 

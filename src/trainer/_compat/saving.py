@@ -6,7 +6,7 @@ h5py directly, which crashes the process (SIGSEGV on close) when the disk fills 
 I/O. Keras has no public API to serialize weights to a buffer, so this uses
 ``keras.src.saving.saving_lib.H5IOStore`` (which accepts a BytesIO) and the private
 ``_save_state`` that ``save_weights`` itself calls. Checked against Keras 3.15.1;
-``tests/test_compat_saving.py`` compares the result with ``model.save_weights`` byte for byte in
+``tests/_compat/test_saving.py`` compares the result with ``model.save_weights`` byte for byte in
 content (same datasets and values).
 """
 

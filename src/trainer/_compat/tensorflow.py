@@ -1,7 +1,7 @@
 """TensorFlow internals that trainer needs and TensorFlow exposes no public API for.
 
 Every helper names the private module or attribute it uses, why no public API does the
-job, and the version it was checked against (TensorFlow 2.21.0). ``tests/test_compat.py``
+job, and the version it was checked against (TensorFlow 2.21.0). ``tests/_compat/test_canaries.py``
 checks each helper against the behaviour it relies on.
 """
 
@@ -43,7 +43,7 @@ def save_without_checkpoint(obj: Any, directory: str, signatures: Any, options: 
     without the argument, and no public option skips the checkpoint (``SaveOptions`` can
     skip only the SaverDef). The rest of the save is TensorFlow's own, the fingerprint
     included (which hashes the checkpoint the caller wrote). Checked: TensorFlow 2.21.0
-    (``tests/test_compat.py``).
+    (``tests/_compat/test_canaries.py``).
     """
     from tensorflow.python.saved_model import save
 
@@ -65,8 +65,9 @@ def checkpoint_object_graph(root: Any) -> Any | None:
     ``tensor_bundle``): the keys and graph are TensorFlow's, only the writing is ours.
     Uses ``Checkpoint._saver._gather_serialized_tensors``, the call ``Checkpoint.write``
     itself makes to build the proto before handing the tensors to ``SaveV2``; no public
-    API returns it. Checked: TensorFlow 2.21.0 (``tests/test_variables_first.py`` compares
-    every entry and the object graph with what ``Checkpoint.write`` writes).
+    API returns it. Checked: TensorFlow 2.21.0
+    (``tests/save_backends/savedmodel/save/test_variables_first.py`` compares every entry and
+    the object graph with what ``Checkpoint.write`` writes).
     """
     saver = getattr(tf.train.Checkpoint(root), "_saver", None)
     gather = getattr(saver, "_gather_serialized_tensors", None)
@@ -103,7 +104,7 @@ def exported_variable_handles() -> Iterator[dict[int, str]]:
     back; the save's own map from each variable to its copy in the exported graph says it.
     Uses ``tensorflow.python.saved_model.save._SaveableView.map_resources``, wrapped once
     per process; outside a block, and in other threads, it is unchanged. Checked:
-    TensorFlow 2.21.0 (``tests/test_compat.py``).
+    TensorFlow 2.21.0 (``tests/_compat/test_canaries.py``).
     """
     _install_export_hook()
     found: dict[int, str] = {}
@@ -162,7 +163,7 @@ def variables_reader(variables: list[tf.Variable]) -> Callable[[], list[tf.Tenso
 
     What a read returns is a value: TensorFlow shares the variable's buffer with it and
     copies that buffer first if the variable is updated while the value is held (copy on
-    write; ``tests/test_compat.py`` checks it through an optimizer step). The async
+    write; ``tests/_compat/test_canaries.py`` checks it through an optimizer step). The async
     snapshot (issue 17) reads this way, so the training thread pays for no copy and no
     function call. Public reads are one eager op per variable (1.0 ms for 69 variables);
     a traced function holding the reads runs on TensorFlow's inter-op threads and waits
@@ -275,7 +276,7 @@ def fingerprint_for_new_variables(
     checkpoint hash is FarmHash ``Fingerprint64`` of ``variables/variables.index`` (what
     ``tf.fingerprint(..., method="farmhash64")`` computes for a one-string row, read little
     endian), the uuid a random 128-bit number in decimal, every other field a hash of
-    ``saved_model.pb`` alone. ``tests/test_compat.py`` compares the result with
+    ``saved_model.pb`` alone. ``tests/_compat/test_canaries.py`` compares the result with
     TensorFlow's own. ``index_hash``: that ``tf.fingerprint`` of the index (8 bytes), if the
     caller computed it already (the traced variables write does). Checked: TensorFlow 2.21.0.
     """

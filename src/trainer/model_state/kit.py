@@ -403,8 +403,9 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
         # Only Keras's deserializer and the stored classes' own from_config run inside this
         # try, on untrusted data, and a damaged config makes them raise nearly anything
         # (AttributeError for a non-string "module", RuntimeError "could not find layer",
-        # found by tests/test_untrusted.py's fuzzer). No trainer code runs here, so nothing
-        # of ours is hidden by turning these into a clear error about the checkpoint.
+        # found by tests/save_backends/test_untrusted_checkpoints.py's fuzzer). No trainer code
+        # runs here, so nothing of ours is hidden by turning these into a clear error about the
+        # checkpoint.
         message = str(error)
         missing = re.search(r"Could not locate (class|function) '([^']+)'", message)
         if missing:

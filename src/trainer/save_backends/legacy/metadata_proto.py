@@ -6,7 +6,7 @@ how it is reached from the root, ``identifier`` its kind such as ``_tf_keras_lay
 ``metadata`` a JSON string with its class name, config and build shape). The layout is
 public; it is declared here with ``descriptor_pb2`` so that reading it needs neither
 ``tf_keras`` nor TensorFlow's private modules. Field numbers were checked against files
-written by tf_keras 2.21 (tests/legacy_fixtures.py).
+written by tf_keras 2.21 (tests/children/legacy_fixtures.py).
 """
 
 from __future__ import annotations

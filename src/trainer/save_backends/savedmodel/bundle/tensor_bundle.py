@@ -6,9 +6,9 @@ model's repeat save with no deletion before it (its second save) spent 0.14 s mo
 the same save after one. Written here, the data file goes through ``direct_io`` (around
 the page cache, hashed for the manifest on the way, never read back); the bytes are
 those ``SaveV2`` writes, so ``tf.saved_model.load``, ``tf.train.load_checkpoint`` and
-TF Serving read them as their own. ``tests/test_tensor_bundle.py`` compares both files,
-byte for byte, with ``SaveV2``'s for every supported dtype and for indexes of several
-blocks.
+TF Serving read them as their own. ``tests/save_backends/savedmodel/bundle/test_tensor_bundle.py``
+compares both files, byte for byte, with ``SaveV2``'s for every supported dtype and for
+indexes of several blocks.
 
 The format (TensorFlow's ``tensor_bundle.cc`` and its LevelDB-style table, documented in
 their sources), for one shard:

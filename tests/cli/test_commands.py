@@ -1,0 +1,121 @@
+"""The commands a user types: `python train.py ...` and `python -m trainer inspect ...`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.checkpoints import list_checkpoints
+from tests.helpers.config import TINY, config_options
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import subprocess_env
+from trainer.cli.app import main as cli_main
+from trainer.save_backends import load_checkpoint
+
+
+def run(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save", config_options("save"))
+def test_train_py_runs_for_each_backend(tmp_path, save):
+    result = run(
+        [str(ROOT / "train.py"), f"save={save}", "model=mlp", *TINY, f"hydra.run.dir={tmp_path}"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / ".hydra" / "config.yaml").is_file()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    checkpoints = list_checkpoints(tmp_path / "checkpoints")
+    assert len(checkpoints) == 2
+    assert load_checkpoint(checkpoints[-1]).state.epoch == 2
+    # It says where things went.
+    assert f"Run directory: {tmp_path}" in result.stderr + result.stdout
+
+
+@pytest.mark.slow
+def test_multirun_sweeps_backends(tmp_path):
+    result = run(
+        [
+            str(ROOT / "train.py"),
+            "-m",
+            "save=h5,weights",
+            "model=mlp",
+            *TINY,
+            "trainer.epochs=1",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, backend in (("0", "h5"), ("1", "weights")):
+        (checkpoint,) = list_checkpoints(tmp_path / job / "checkpoints")
+        assert load_checkpoint(checkpoint).metadata["backend"] == backend
+
+
+def test_inspect_reports_a_checkpoint(compose_cfg, tmp_path, capsys):
+    from trainer import train
+
+    train(compose_cfg("save=h5", "model=resnet", "trainer.epochs=1"))
+    (checkpoint,) = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert cli_main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] == "h5" and report["epoch"] == 1 and report["global_step"] == 3
+    block = next(layer for layer in report["layers"] if layer["name"] == "block0")
+    assert {child["class"] for child in block["layers"]} >= {"Conv2D", "BatchNormalization"}
+    assert report["num_params"] == sum(layer["params"] for layer in report["layers"])
+    assert cli_main(["inspect", str(checkpoint)]) == 0
+    text = capsys.readouterr().out
+    assert "backend:        h5" in text and "- block0 (ResidualBlock)" in text
+    # An export written without a log of its own reports its checkpoint's link (it said
+    # "no link (saved without a RunBoard)" though the link is in its metadata).
+    assert cli_main(["export", str(checkpoint), str(tmp_path / "served")]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", str(tmp_path / "served" / "1"), "--json"]) == 0
+    link = json.loads(capsys.readouterr().out)["tensorboard"]
+    assert link["resolves"] is True and link["step"] == 3 and "source checkpoint" in link["via"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty_dir", "junk_file"])
+def test_inspect_bad_path_is_one_line_exit_2(tmp_path, kind):
+    target = tmp_path / "thing"
+    if kind == "empty_dir":
+        target.mkdir()
+    elif kind == "junk_file":
+        target.write_text("not a checkpoint")
+    result = run(["-m", "trainer", "inspect", str(target)], cwd=tmp_path, timeout=600)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and str(target) in error_lines[0]
+
+
+def test_train_py_refuses_a_bad_early_stopping_setting_with_exit_2(tmp_path):
+    """patience=abc was accepted and crashed (exit 1, a traceback) at the first epoch
+    without improvement."""
+    result = run(
+        [
+            str(ROOT / "train.py"),
+            "model=mlp",
+            *TINY,
+            "callbacks=[early_stopping]",
+            "callbacks.early_stopping.patience=abc",
+            "callbacks.early_stopping.min_delta=100",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.startswith("error: callbacks.early_stopping.patience")
+    assert result.stderr.rstrip().endswith("Received: 'abc'")

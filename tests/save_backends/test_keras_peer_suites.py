@@ -1,0 +1,347 @@
+"""Keras 3's own saving tests, run from the installed ``keras`` package with Keras's
+save/load routed through each trainer backend (``tests/peer/routing_plugin.py``).
+
+The savedmodel backend also runs Keras's SavedModel export suite
+(``keras.src.export.saved_model_test``), with ``export_saved_model`` / ``Model.export``
+routed to its save: the other backends write no SavedModel, so it would be all N/A there.
+
+Each backend runs the suites in a child pytest; the plugin reports per test whether
+trainer's save/load was reached. A Keras test is
+
+* *not applicable* if it never reached trainer or ``tests/peer/expectations.json`` lists
+  it as such (assertions about ``.keras`` zip internals, BytesIO targets, Keras's own
+  argument checks and error texts, Keras-only APIs such as ``load_weights``);
+* a *known failure* if the expectations list it for the backend: a trainer defect
+  tracked by issue 14, which must still fail with the recorded message fragment;
+* otherwise it must pass.
+
+Every entry in the expectations must still match something, so fixing a defect (a known
+failure that passes) or a routing change (an N/A test that now reaches trainer, or the
+reverse) fails here until the file is updated.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.paths import ROOT
+
+PEER_DIR = ROOT / "tests" / "peer"
+EXPECTATIONS = PEER_DIR / "expectations.json"
+BACKENDS = ("savedmodel", "h5", "weights")
+# Each run: (backend, revive). "savedmodel-revived" runs the export suite again, with
+# every export opened as trainer revives it, the test modules' classes unregistered.
+RUNS = {
+    "savedmodel": ("savedmodel", False),
+    "h5": ("h5", False),
+    "weights": ("weights", False),
+    "savedmodel-revived": ("savedmodel", True),
+}
+CHILD_TIMEOUT = 1500  # seconds per backend; a normal run takes a few minutes on 2 cores
+
+
+def load_expectations() -> dict:
+    return json.loads(EXPECTATIONS.read_text())
+
+
+def suites_of(run: str, expectations: dict) -> list[str]:
+    """The Keras test modules a run executes: its own ``suites`` if it lists them,
+    otherwise the shared ones plus its ``extra_suites``."""
+    spec = expectations["backends"][run]
+    if "suites" in spec:
+        return list(spec["suites"])
+    return [*expectations["suites"], *spec.get("extra_suites", [])]
+
+
+def run_suites(run: str, workdir: Path, expectations: dict) -> tuple[dict, float, str]:
+    """Run the Keras suites with routing for ``run``; return (report, seconds, log)."""
+    backend, revive = RUNS[run]
+    report_path = workdir / f"{run}.json"
+    ini = workdir / "pytest.ini"
+    # Keras's markers are registered by its repository's conftest, not shipped in the
+    # wheel; register them so the child runs quietly. Nothing from this repo's config.
+    ini.write_text("[pytest]\nmarkers =\n    requires_trainable_backend: Keras marker\n")
+    env = dict(os.environ)
+    env.update(
+        TRAINER_PEER_BACKEND=backend,
+        TRAINER_PEER_REPORT=str(report_path),
+        TRAINER_PEER_REVIVE="1" if revive else "0",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PEER_DIR), str(ROOT), env.get("PYTHONPATH")])),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "routing_plugin",
+        "--pyargs",
+        *suites_of(run, expectations),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        str(ini),
+        "--rootdir",
+        str(workdir),
+    ]
+    deselected = sorted(expectations.get("deselect", {}))
+    if deselected:
+        command += ["-k", " and ".join(f"not {name}" for name in deselected)]
+    started = time.monotonic()
+    result = subprocess.run(
+        command,
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    seconds = time.monotonic() - started
+    log = result.stdout[-6000:] + result.stderr[-3000:]
+    # 0: all passed, 1: some tests failed (classified below); anything else is a crash.
+    assert result.returncode in (0, 1), f"child pytest exited {result.returncode}:\n{log}"
+    assert report_path.exists(), f"the routing plugin wrote no report:\n{log}"
+    return json.loads(report_path.read_text()), seconds, log
+
+
+def _lookup(table: dict, key: str):
+    """The entry of ``table`` whose key is ``key`` or an fnmatch pattern matching it."""
+    if key in table:
+        return key, table[key]
+    for pattern, value in table.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return pattern, value
+    return None, None
+
+
+def classify(report: dict, expectations: dict, backend: str) -> tuple[dict, list[str]]:
+    """Sort the report's tests into passed / known_failure / not_applicable; and problems."""
+    spec = expectations["backends"][backend]
+    shared_na = expectations.get("not_applicable", {})
+    backend_na = spec.get("not_applicable", {})
+    known = spec.get("known_failures", {})
+    groups: dict[str, list[str]] = {"passed": [], "known_failure": [], "not_applicable": []}
+    problems: list[str] = []
+
+    for key, entry in sorted(report["tests"].items()):
+        na_pattern, na = _lookup(backend_na, key)
+        if na_pattern is None:
+            na_pattern, na = _lookup(shared_na, key)
+        kf_pattern, kf = _lookup(known, key)
+        outcome, message = entry["outcome"], entry.get("message", "")
+        # The message, and the source lines along the traceback (which assertion failed).
+        evidence = "\n".join([message, *entry.get("failing_lines", [])])
+
+        if na_pattern is not None and kf_pattern is not None:
+            problems.append(f"{key}: listed both as not applicable and as a known failure")
+            continue
+        if not entry["reached_trainer"]:
+            groups["not_applicable"].append(key)
+            if kf_pattern is not None:
+                problems.append(
+                    f"{key}: listed as a known failure but never reached trainer ({outcome})"
+                )
+            elif na_pattern is None:
+                problems.append(
+                    f"{key}: never reached trainer ({outcome}; {entry.get('calls')}) and is not "
+                    f"listed as not applicable: list it with a reason, or fix the routing"
+                )
+            continue
+        if na_pattern is not None:
+            groups["not_applicable"].append(key)
+            fragment = na.get("match") if isinstance(na, dict) else None
+            if outcome == "failed" and fragment and fragment not in evidence:
+                problems.append(
+                    f"{key}: not applicable only where it fails on {fragment!r}, but it fails "
+                    f"elsewhere:\n    {evidence[:900]}"
+                )
+            continue
+        if outcome == "skipped":
+            groups["not_applicable"].append(key)
+            continue
+        if outcome == "passed":
+            groups["passed"].append(key)
+            if kf_pattern is not None:
+                problems.append(
+                    f"{key}: listed as a known failure (issue 14) but passes now: "
+                    f"remove it from {EXPECTATIONS.name}"
+                )
+            continue
+        # failed
+        if kf_pattern is None:
+            problems.append(
+                f"{key}: FAILED and not listed as a known failure:\n    {message[:600]}\n"
+                f"    trainer errors: {entry.get('trainer_errors')}"
+            )
+            groups["known_failure"].append(key)  # counted as failed in the table
+            continue
+        fragment = kf["match"]
+        if fragment not in evidence:
+            problems.append(
+                f"{key}: known failure now fails differently; expected {fragment!r} in:\n"
+                f"    {evidence[:900]}"
+            )
+        groups["known_failure"].append(key)
+
+    # Stale entries: each must name a test of the modules this run executed (a run with
+    # its own ``suites`` skips the shared entries about the other modules).
+    modules = {key.split("::")[0] for key in report["tests"]}
+    for scope, table in (("not_applicable", shared_na), (backend, {**backend_na, **known})):
+        for pattern in table:
+            if scope == "not_applicable" and pattern.split("::")[0] not in modules:
+                continue
+            if not any(_lookup({pattern: True}, key)[0] for key in report["tests"]):
+                problems.append(f"{scope} entry {pattern!r} matches no test that ran")
+    return groups, problems
+
+
+def test_expectations_are_well_formed():
+    expectations = load_expectations()
+    assert set(expectations["backends"]) == set(RUNS)
+    for backend, spec in expectations["backends"].items():
+        for key, entry in spec.get("known_failures", {}).items():
+            assert entry.get("issue") == 14, f"{backend} {key}: known failures track issue 14"
+            assert entry.get("reason") and entry.get("match"), f"{backend} {key}"
+        for key, entry in spec.get("not_applicable", {}).items():
+            assert _reason(entry), f"{backend} {key}: needs a reason"
+    for key, entry in expectations.get("not_applicable", {}).items():
+        assert _reason(entry), f"{key}: needs a reason"
+
+
+def _reason(entry) -> str:
+    return entry if isinstance(entry, str) else entry.get("reason", "")
+
+
+@pytest.fixture(scope="module")
+def peer_runs(request, tmp_path_factory):
+    """``peer_runs(backend)`` -> (report, seconds, log). In a plain pytest run the children
+    of all selected backends start at once, ``TRAINER_PEER_JOBS`` (default 2) at a time,
+    since each child mostly waits on one core; under pytest-xdist (``-n``), which spreads
+    the tests over workers already, each worker runs only the backends it is given."""
+    expectations = load_expectations()
+    jobs = max(1, int(os.environ.get("TRAINER_PEER_JOBS", "2")))
+    futures = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+
+        def start(run):
+            if run not in futures:
+                workdir = tmp_path_factory.mktemp(f"peer-{run}")
+                futures[run] = pool.submit(run_suites, run, workdir, expectations)
+            return futures[run]
+
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            for item in request.session.items:
+                if getattr(item, "originalname", "") == "test_keras_saving_suites_through_backend":
+                    start(item.callspec.params["backend"])
+        yield lambda run: start(run).result()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", list(RUNS))
+def test_keras_saving_suites_through_backend(backend, peer_runs, capsys):
+    expectations = load_expectations()
+    report, seconds, log = peer_runs(backend)
+    assert (report["backend"], report["revive"]) == RUNS[backend]
+    assert "keras.Model.save" in report["patched"], report["patched"]
+    if RUNS[backend][1]:
+        assert "tf.saved_model.load" in report["patched"], report["patched"]
+    groups, problems = classify(report, expectations, backend)
+    reached = sum(entry["reached_trainer"] for entry in report["tests"].values())
+    with capsys.disabled():
+        print(
+            f"\n[peer {backend}] keras {report['keras_version']}: "
+            f"{len(groups['passed'])} passed, {len(groups['known_failure'])} failed, "
+            f"{len(groups['not_applicable'])} not applicable "
+            f"({len(report['tests'])} run, {reached} reached trainer, "
+            f"{len(expectations.get('deselect', {}))} patterns deselected) in {seconds:.0f}s"
+        )
+    assert not problems, (
+        f"{len(problems)} mismatch(es) with {EXPECTATIONS.name} for {backend}:\n"
+        + "\n".join(problems)
+        + f"\n--- child log tail ---\n{log[-3000:]}"
+    )
+
+
+# ------------------------------------------------------- the classifier on made-up reports
+KEY = "keras.src.saving.saving_lib_test::SavingTest::test_{}"
+
+
+def _entry(outcome="passed", reached=True, message="", lines=()):
+    return {
+        "outcome": outcome,
+        "reached_trainer": reached,
+        "message": message,
+        "failing_lines": list(lines),
+        "calls": [],
+        "trainer_errors": [],
+    }
+
+
+def _expect(na=None, known=None, shared=None):
+    backends = {b: {"not_applicable": {}, "known_failures": {}} for b in BACKENDS}
+    backends["h5"] = {"not_applicable": na or {}, "known_failures": known or {}}
+    return {"not_applicable": shared or {}, "backends": backends}
+
+
+def _known(match):
+    return {"issue": 14, "reason": "r", "match": match}
+
+
+@pytest.mark.parametrize(
+    ("entry", "expect", "group", "problem"),
+    [
+        (_entry(), _expect(), "passed", None),
+        (_entry("failed", message="AssertionError: x"), _expect(), "known_failure", "not listed"),
+        (
+            _entry("failed", message="TypeError: y", lines=["self.assertTrue(m.built)"]),
+            _expect(known={KEY.format("a"): _known("m.built")}),
+            "known_failure",
+            None,
+        ),
+        (_entry(), _expect(known={KEY.format("a"): _known("x")}), "passed", "passes now"),
+        (
+            _entry("failed", message="OtherError"),
+            _expect(known={KEY.format("*"): _known("TypeError")}),
+            "known_failure",
+            "fails differently",
+        ),
+        (_entry(reached=False), _expect(), "not_applicable", "never reached trainer"),
+        (_entry(reached=False), _expect(shared={KEY.format("a"): "why"}), "not_applicable", None),
+        (
+            _entry(reached=False),
+            _expect(known={KEY.format("a"): _known("x")}),
+            "not_applicable",
+            "never reached",
+        ),
+        (
+            _entry("failed", message="ValueError"),
+            _expect(na={KEY.format("a"): {"reason": "why", "match": "os.remove("}}),
+            "not_applicable",
+            "fails elsewhere",
+        ),
+        (_entry("skipped"), _expect(), "not_applicable", None),
+    ],
+)
+def test_classify(entry, expect, group, problem):
+    groups, problems = classify({"tests": {KEY.format("a"): entry}}, expect, "h5")
+    assert KEY.format("a") in groups[group]
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_classify_reports_stale_entries():
+    expect = _expect(known={KEY.format("gone"): _known("x")}, shared={KEY.format("old*"): "why"})
+    _, problems = classify({"tests": {KEY.format("a"): _entry()}}, expect, "h5")
+    assert len(problems) == 2 and all("matches no test" in p for p in problems), problems
