@@ -164,3 +164,30 @@ if __name__ == "__main__":
     text = README.read_text()
     README.write_text(text.replace(readme_block(), layout_block()))
     print(layout_block())
+
+
+# Test folders that hold no package's tests: shared code, child processes, peer suites, the
+# example backend, fault plugins, cross-package runs, the package's shape, benchmarks.
+NOT_A_PACKAGE = {
+    "helpers", "children", "peer", "plugins", "example_backend", "workflows", "package",
+    "benchmarks",
+}  # fmt: skip
+
+
+def test_the_tests_mirror_the_package():
+    tests = ROOT / "tests"
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        relative = folder.relative_to(tests)
+        if relative.parts[0] in NOT_A_PACKAGE or not any(folder.glob("test_*.py")):
+            continue
+        assert (PACKAGE / relative / "__init__.py").is_file(), (
+            f"tests/{relative} has no package src/trainer/{relative} to mirror"
+        )
+    stray = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not stray, f"test modules at the top of tests/, not beside their package: {stray}"
+    shared = sorted(
+        str(p.relative_to(tests))
+        for p in tests.rglob("*.py")
+        if "from conftest " + "import" in p.read_text()
+    )
+    assert not shared, f"helpers come from tests.helpers, not conftest: {shared}"

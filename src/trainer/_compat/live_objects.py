@@ -10,7 +10,7 @@ sublayers, walked by Keras's saving, and fingerprinted as structure. Everything 
 stores on a Keras object therefore goes through here, under a name declared below, set
 with ``object.__setattr__`` (Keras's tracking bypassed), and every method trainer
 replaces on a live object goes through ``patch_method`` (except the workarounds in
-``keras_bugs``, which document what they replace themselves). ``tests/test_compat_markers.py``
+``keras_bugs``, which document what they replace themselves). ``tests/_compat/test_live_objects.py``
 fails on any ``object.__setattr__`` or marker name spelled out elsewhere in trainer, and
 on a declared marker nothing uses.
 

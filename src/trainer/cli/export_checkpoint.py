@@ -1,7 +1,7 @@
 """``trainer export CHECKPOINT OUT_DIR``: a serving export of a checkpoint of any backend.
 
 Named for what it exports: a module ``export`` here would sit one letter from the
-``trainer.exports`` package it calls (tests/test_package_layout.py refuses such pairs).
+``trainer.exports`` package it calls (tests/package/test_layout.py refuses such pairs).
 """
 
 from __future__ import annotations

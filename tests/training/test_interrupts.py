@@ -18,8 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY, list_checkpoints, subprocess_env
 
+from tests.helpers.checkpoints import list_checkpoints
+from tests.helpers.config import TINY
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import subprocess_env
 from trainer import train
 from trainer.save_backends import load_checkpoint
 from trainer.state import TrainingState

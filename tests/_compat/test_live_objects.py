@@ -18,9 +18,10 @@ from pathlib import Path
 import keras
 import pytest
 
+from tests.helpers.paths import ROOT
 from trainer._compat import live_objects
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "trainer"
+PACKAGE = ROOT / "src" / "trainer"
 DECLARING_MODULE = PACKAGE / "_compat" / "live_objects.py"
 FORBIDDEN = {
     "object.__setattr__/__delattr__ (use trainer._compat.live_objects)": re.compile(

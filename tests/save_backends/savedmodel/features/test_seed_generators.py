@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from keras import layers
 
-from tests import savedmodel_zoo as zoo
+from tests.helpers import savedmodel_zoo as zoo
 from trainer.save_backends import get_backend, load_checkpoint
 
 register = keras.saving.register_keras_serializable(zoo.PKG)
