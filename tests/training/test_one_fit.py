@@ -11,6 +11,7 @@ import numpy as np
 from trainer import train
 from trainer.data import epoch_dataset, run_dataset
 from trainer.save_backends import load_checkpoint
+from trainer.training import progress
 
 begins: list[int] = []
 
@@ -46,7 +47,11 @@ def test_one_fit_prints_every_epoch_and_starts_training_once(compose_cfg, capsys
     assert begins == [0]  # one fit: on_train_begin once, before the first step
 
 
-def test_a_resumed_epoch_counts_on_from_the_batches_already_trained(compose_cfg, capsys, tmp_path):
+def test_a_resumed_epoch_counts_on_from_the_batches_already_trained(
+    compose_cfg, capsys, tmp_path, monkeypatch
+):
+    # The live bar, as a terminal shows it (captured output is no terminal: one line per epoch).
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     run = tmp_path / "run"
     base = ["model=mlp", "save=h5", "trainer.epochs=3", "trainer.verbose=1"]
     # 3 steps per epoch; the signal after step 4 stops after step 5: epoch 2, 2 batches done.
