@@ -14,8 +14,8 @@ from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.config import config_options
 from trainer import train
 from trainer.data import DataSplits, epoch_dataset, epoch_order
-from trainer.errors import ConfigError
-from trainer.save_backends import SaveBackend, load_checkpoint
+from trainer.errors import ConfigError, MissingClassError
+from trainer.save_backends import SaveBackend, load_checkpoint, read_checkpoint_metadata
 from trainer.training.building import build_model, configured_optimizer
 
 
@@ -260,3 +260,29 @@ def test_your_own_model_target_says_how_to_replace_the_default_node(compose_cfg)
         compose_cfg("~model", "+model={_target_: own_model.build, hidden: 4}", "save=h5")
     )
     assert "val_accuracy" in metrics
+
+
+@pytest.mark.parametrize("backend", ["h5", "weights"])
+def test_a_run_of_your_own_unregistered_layer_resumes(compose_cfg, tmp_path, backend):
+    """Issue 39, item 1: with an unregistered layer of the user's own (as a quick script
+    writes one), h5 and weights saved, and every resume failed with MissingClassError; the
+    message's advice (register the class) could not help, since the checkpoint recorded the
+    bare class name. A resume now hands the load the classes of the model the config built,
+    and a load without them says the one fix that works."""
+    own = ["~model", "+model={_target_: own_model.build_with_own_layer}", f"save={backend}"]
+    train(compose_cfg(*own, "trainer.epochs=1"))
+    run = tmp_path / "run"
+    metrics = train(compose_cfg(*own, "trainer.epochs=2", "resume=latest", f"resume_dir={run}"))
+    assert "val_accuracy" in metrics
+    assert read_checkpoint_metadata(run / "checkpoints" / "latest")["state"]["epoch"] == 2
+
+    import own_model
+
+    with pytest.raises(MissingClassError) as missing:
+        load_checkpoint(run / "checkpoints" / "latest")
+    message = str(missing.value)
+    assert "custom_objects={'Scale': Scale}" in message and "not registered when" in message
+    loaded = load_checkpoint(
+        run / "checkpoints" / "latest", custom_objects={"Scale": own_model.Scale}
+    )
+    assert isinstance(loaded.model.get_layer("scale"), own_model.Scale)

@@ -409,14 +409,7 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
         message = str(error)
         missing = re.search(r"Could not locate (class|function) '([^']+)'", message)
         if missing:
-            name = _registered_name(config, missing.group(2))
-            kind = "the_function" if missing.group(1) == "function" else "cls"
-            raise MissingClassError(
-                f"{where}: the stored {what} uses {name!r}, which is not registered in this "
-                f"process. Import the module that defines it (decorated with "
-                f"@keras.saving.register_keras_serializable) before loading, or pass "
-                f"custom_objects={{{name!r}: {kind}}}. Received: missing {name!r}"
-            ) from error
+            raise _missing(config, missing.group(1), missing.group(2), where, what) from error
         if "lambda" in message:
             problem = (
                 f"{where}: the stored {what} holds a Python lambda, which would run code "
@@ -436,6 +429,46 @@ def _deserialize(config, custom_objects, safe_mode, where, what):
             f"{where}: the stored {what} could not be deserialized; the checkpoint is "
             f"damaged or was written with incompatible classes. Received error: {message}"
         ) from error
+
+
+def _missing(config: Any, kind: str, class_name: str, where: Any, what: str) -> MissingClassError:
+    """The error for a class (or function) this process does not know, with the fix that
+    works. A name without ``package>`` was not registered when saved: registering the class
+    now records it under another name (``package>Name``), so only ``custom_objects`` under
+    the bare name finds it."""
+    name = _registered_name(config, class_name)
+    value = "the_function" if kind == "function" else name.rsplit(">", 1)[-1]
+    fix = f"pass custom_objects={{{name!r}: {value}}}"
+    if ">" in name:
+        how = (
+            f"Import the module that defines it (decorated with "
+            f"@keras.saving.register_keras_serializable) before loading, or {fix}."
+        )
+    else:
+        how = (
+            f"It was not registered when the checkpoint was saved, so {fix} (registering "
+            f"it now would not help: Keras records a registered class as 'package>{name}'). "
+            f"Resuming with train.py passes the classes of the configured model itself."
+        )
+    return MissingClassError(
+        f"{where}: the stored {what} uses {name!r}, which this process does not know. "
+        f"{how} Received: missing {name!r}"
+    )
+
+
+def own_classes(model: keras.Model) -> dict[str, type]:
+    """The classes of a built model that are not Keras's own, by the names a checkpoint
+    records them under (the registered ``package>Name`` and the bare class name): what a
+    load of a checkpoint of that same model needs as ``custom_objects``. Taken from objects
+    the caller already built, so no code named by a checkpoint is imported."""
+    found: dict[str, type] = {}
+    for layer in keras_compat.sublayers(model, include_self=True):
+        cls = type(layer)
+        if cls.__module__.split(".")[0] == "keras":
+            continue
+        found.setdefault(cls.__name__, cls)
+        found.setdefault(keras.saving.get_registered_name(cls), cls)
+    return found
 
 
 def _registered_name(config: Any, class_name: str) -> str:

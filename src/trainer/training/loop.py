@@ -18,6 +18,7 @@ from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolic
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
 from trainer.errors import ConfigError, DirectoryInUseError
 from trainer.exports import sources
+from trainer.model_state import kit
 from trainer.runs import sessions
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
@@ -273,7 +274,10 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
 
 def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
     """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
-    loaded = load_checkpoint(path, configured=configured_backend(cfg))
+    # The classes of the model the config just built: a user's own layer that was never
+    # registered is recorded by its bare name, which only custom_objects resolves.
+    own = kit.own_classes(model)
+    loaded = load_checkpoint(path, configured=configured_backend(cfg), custom_objects=own)
     resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
     with dist.scope():  # may build the optimizer: its variables are distributed too
         state = resume.restore_into(model, loaded)
