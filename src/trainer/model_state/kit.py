@@ -451,7 +451,7 @@ def _missing(config: Any, kind: str, class_name: str, where: Any, what: str) -> 
             f"Resuming with train.py passes the classes of the configured model itself."
         )
     return MissingClassError(
-        f"{where}: the stored {what} uses {name!r}, which this process does not know. "
+        f"{where}: the stored {what} uses {name!r}, which is not registered in this process. "
         f"{how} Received: missing {name!r}"
     )
 
