@@ -1,7 +1,7 @@
 """Module paths that moved in the 0.2 layout, still importable for one release.
 
-Why a finder rather than one stub module per old path: a stub per path would put 60 files
-back where the layout took them out. Each old path loads as a module holding the new
+Why a finder rather than one stub module per old path: a stub per row of ``_TABLE`` would
+put those files back where the layout took them out. Each old path loads as a module holding the new
 module's names (the same objects, so classes and functions compare equal) and warns with a
 ``DeprecationWarning`` naming the new path. A Hydra ``_target_`` or a pickled reference that
 names an old path therefore keeps resolving. Remove after 0.2.

@@ -337,10 +337,6 @@ class CheckpointManager:
         the run waits for that one-time work. Writes nothing into the directory."""
         self.backend.prepare(model)
 
-    def backend_wait(self) -> None:
-        """The backend's pending writes finished (``SaveBackend.wait``)."""
-        self.backend.wait()
-
     def wait(self) -> None:
         """Return once every write is on disk; raises a failed background write."""
         try:
