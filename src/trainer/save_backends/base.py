@@ -179,8 +179,9 @@ class SaveBackend(abc.ABC):
             raise self._not_ours(path)
         register_serializables()  # the classes it may name, before anything is rebuilt
         custom_objects = custom_objects or {}
-        options = self._read_options(safe_mode, options)
-        inspect.signature(self._read).bind(  # unknown options: TypeError, as documented
+        signature = inspect.signature(self._read)
+        options = self._read_options(signature, safe_mode, options)
+        signature.bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
         )
         manifest, late = self.check_for_load(path, verify=verify)
@@ -194,13 +195,15 @@ class SaveBackend(abc.ABC):
         self._refuse_unsealed(path, manifest is not None, checkpoint.metadata)
         return checkpoint
 
-    def _read_options(self, safe_mode: bool, options: dict[str, Any]) -> dict[str, Any]:
+    def _read_options(
+        self, signature: inspect.Signature, safe_mode: bool, options: dict[str, Any]
+    ) -> dict[str, Any]:
         """The keyword arguments ``_read`` gets besides ``custom_objects`` and ``compile``.
 
         ``safe_mode`` is part of the ``_read`` contract. A ``_read`` written before it was
         (no ``safe_mode`` parameter) is called without it for one more release, with a
         DeprecationWarning: such a backend has no way to run stored code to allow."""
-        parameters = inspect.signature(self._read).parameters
+        parameters = signature.parameters
         if "safe_mode" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
             return {"safe_mode": safe_mode, **options}
         warnings.warn(
