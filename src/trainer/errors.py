@@ -109,6 +109,12 @@ class LayerStateError(TrainerError, ValueError):
     ``load_assets`` raised: the layer's code failed, not the checkpoint."""
 
 
+class UnsupportedLocationError(TrainerError, ValueError):
+    """A location is a URL (``s3://``, ``gs://``...) of a storage trainer cannot use: it
+    reads and writes this machine's filesystem only, and a URL must never be taken for a
+    local folder of the same name."""
+
+
 class DirectoryInUseError(TrainerError):
     """Another live process writes the run (or checkpoint) directory."""
 

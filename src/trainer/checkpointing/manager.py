@@ -44,6 +44,7 @@ from trainer.save_backends import (
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, check_record, copy_json_like
 from trainer.storage.atomic import clean_stale_temporaries, first_unused
+from trainer.storage.locations import local_path
 from trainer.storage.locks import remove_dead_leases, remove_unless_read
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
@@ -75,7 +76,7 @@ class CheckpointManager:
         board: RunBoard | None = None,
     ):
         _check_arguments(directory, backend, policy, metadata)
-        self.directory = Path(directory)
+        self.directory = local_path(directory, "checkpoint directory")
         self.policy = policy or CheckpointPolicy()
         backend = get_backend(backend) if isinstance(backend, str) else backend
         async_save = self.policy.async_save

@@ -17,7 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from trainer.errors import TrainerError, UnsafeCheckpointError
+from trainer.errors import TrainerError, UnsafeCheckpointError, UnsupportedLocationError
+from trainer.storage.locations import local_path
 
 EXIT_USAGE = 2
 
@@ -74,12 +75,21 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
             formatter_class=formatter,
         )
         for dest, text in positionals:
-            sub.add_argument(dest, type=Path, help=text)
+            sub.add_argument(dest, type=_local, help=text)
         sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
         return sub
 
     _add_commands(command)
     return parser
+
+
+def _local(text: str) -> Path:
+    """A path argument; a URL (``s3://...``) is refused by argparse (exit 2) with the
+    reason, instead of being taken for a local folder named ``s3:``."""
+    try:
+        return local_path(text, "path")
+    except UnsupportedLocationError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _add_commands(command) -> None:
@@ -145,7 +155,7 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
     )
     export.add_argument(
         "--tensorboard",
-        type=Path,
+        type=_local,
         metavar="DIR",
         help="write the export's card and graph into a TensorBoard log in DIR (default: no "
         "log is written; the checkpoint's own run is only ever read)",

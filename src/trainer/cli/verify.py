@@ -23,6 +23,7 @@ from trainer.exports.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, coun
 from trainer.model_state.serving import SERVING_KEY
 from trainer.save_backends import detect_backend
 from trainer.storage import integrity
+from trainer.storage.locations import local_path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
 def verify_checkpoint(path: str | Path, *, load: bool = True) -> dict[str, Any]:
     """Verify ``path``; returns a report, raises a ``TrainerError`` at the first problem."""
-    path = Path(path)
+    path = local_path(path, "path")
     target = path.resolve() if path.is_symlink() else path
     if (target / EXTRA_DIR / EXPORT_FILE).is_file():
         return verify_export(target, load=load)

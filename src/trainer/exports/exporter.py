@@ -44,6 +44,7 @@ from trainer.storage.atomic import (
     write_error,
 )
 from trainer.storage.integrity import total_size
+from trainer.storage.locations import local_path
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 from trainer.version import __version__
 
@@ -58,7 +59,7 @@ _VERSION = re.compile(r"^[0-9]+$")
 
 def versions(export_root: str | os.PathLike) -> list[int]:
     """Complete versions under ``export_root``, ascending (temporaries are never listed)."""
-    root = Path(export_root)
+    root = local_path(export_root, "export directory")
     if not root.is_dir():
         return []
     return sorted(int(p.name) for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
@@ -119,7 +120,7 @@ def export_serving(
     _check_export_arguments(model, format, keep, with_optimizer)
     if warmup is not None:
         _check_warmup_inputs(model)
-    root = Path(export_root).absolute()
+    root = local_path(export_root, "export directory").absolute()
     _check_export_root(root)
     root.mkdir(parents=True, exist_ok=True)
     clean_stale_temporaries(root)  # left by killed exports or prunes
@@ -368,7 +369,7 @@ def prune(export_root: str | os.PathLike, keep: int) -> list[Path]:
     before deletion, so a server never sees a half-deleted version under a real name. Only
     trainer's exports count and go: a numbered directory of anything else is never touched
     (it still takes its number: the next version is above it)."""
-    root = Path(export_root)
+    root = local_path(export_root, "export directory")
     removed = []
     exports = [version for version in versions(root) if is_export(root / str(version))]
     for version in exports[:-keep]:

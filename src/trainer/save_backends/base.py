@@ -33,6 +33,7 @@ from trainer.model_state.serializables import register_serializables
 from trainer.state import TrainingState
 from trainer.storage import integrity, limits, targets
 from trainer.storage.atomic import atomic_write, is_temporary, write_error
+from trainer.storage.locations import local_path
 from trainer.version import __version__
 
 
@@ -139,10 +140,9 @@ class SaveBackend(abc.ABC):
             raise SaveError(f"{self.name!r} writes files, not directories. Received {directory}")
         self.check_savable(model)
         state = state if state is not None else TrainingState()
-        Path(directory).mkdir()
-        self._write(
-            model, Path(directory), state, self.build_metadata(model, state, metadata or {})
-        )
+        directory = local_path(directory, "directory")
+        directory.mkdir()
+        self._write(model, directory, state, self.build_metadata(model, state, metadata or {}))
 
     def load(
         self,
@@ -173,7 +173,7 @@ class SaveBackend(abc.ABC):
             TrainerError: anything else that goes wrong while reading (a missing class,
                 a newer format, ...).
         """
-        path = Path(path)
+        path = local_path(path, "checkpoint path")
         targets.check_exists(path)
         if is_temporary(path) or not type(self).can_load(path):
             raise self._not_ours(path)
@@ -284,7 +284,7 @@ class SaveBackend(abc.ABC):
 
     def checkpoint_path(self, path: str | os.PathLike) -> Path:
         """The final path a checkpoint at ``path`` gets (adds the file suffix if missing)."""
-        path = Path(path)
+        path = local_path(path, "checkpoint path")
         if self.suffix and not path.name.endswith(self.suffix):
             path = path.with_name(path.name + self.suffix)
         return path

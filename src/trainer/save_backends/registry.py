@@ -28,6 +28,7 @@ from trainer.errors import (
 from trainer.save_backends import hints
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
+from trainer.storage.locations import local_path
 from trainer.storage.locks import read_lease
 from trainer.storage.targets import check_exists, set_format_detector
 
@@ -143,7 +144,7 @@ def detect_backend(
     it. ``configured``: the backend class a run's own config selected (``save._target_``,
     code the user chose, so using it runs nothing a file names), which a run resuming its
     own checkpoints reads with even when it is not registered."""
-    path = Path(path)
+    path = local_path(path, "checkpoint path")
     check_exists(path)
     _read_entry_points()
     unavailable = []
@@ -233,7 +234,7 @@ def load_checkpoint(
     taken, the read starts over from where the link points now. The returned
     ``LoadedCheckpoint.path`` is the checkpoint actually read.
     """
-    path = Path(path)
+    path = local_path(path, "checkpoint path")
     kwargs = dict(
         custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
     )
@@ -298,4 +299,5 @@ def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
 
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """Metadata (with the training state) of the checkpoint at ``path``, model not built."""
-    return detect_backend(path).read_metadata(Path(path))
+    path = local_path(path, "checkpoint path")
+    return detect_backend(path).read_metadata(path)

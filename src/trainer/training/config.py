@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from trainer.checkpointing.policy import CheckpointPolicy
 from trainer.errors import ConfigError
 from trainer.exports.exporter import DEFAULT_KEEP
+from trainer.storage.locations import local_path
 from trainer.wrapping.pruning import CONFIG_DEFAULTS as PRUNE_DEFAULTS
 
 
@@ -185,9 +186,29 @@ def check_values(cfg: Any) -> None:
                 f"{key} must be a string: 'latest', 'auto' or a path (resume), a run directory "
                 f"(resume_dir). Received: {value!r} ({type(value).__name__})"
             )
+    check_locations(cfg)
     if resume_dir and not resume:
         raise ConfigError(
             f"resume_dir is set but resume is not, so nothing would be resumed and a new run "
             f"would start. Add resume=latest (or resume=auto), or drop resume_dir. "
             f"Received: resume_dir={resume_dir!r}, resume={resume!r}"
         )
+
+
+def check_locations(cfg: Any) -> None:
+    """The run's locations are local paths: a URL (``run_dir=s3://bucket/x``) is refused
+    before anything is written, never taken for a local folder named ``s3:``."""
+    resume = cfg.get("resume")
+    keys = {"run_dir": cfg.get("run_dir"), "resume_dir": cfg.get("resume_dir")}
+    if resume not in (None, "latest", "auto"):
+        keys["resume"] = resume
+    for section, key in (("checkpoint", "directory"), ("export", "directory")):
+        group = cfg.get(section)
+        if hasattr(group, "get"):
+            keys[f"{section}.{key}"] = group.get(key)
+    trainer = cfg.get("trainer")
+    if hasattr(trainer, "get"):
+        keys["trainer.tensorboard_dir"] = trainer.get("tensorboard_dir")
+    for key, value in keys.items():
+        if isinstance(value, str):
+            local_path(value, key)

@@ -37,6 +37,7 @@ from trainer.save_backends.savedmodel.save import endpoints, trace_cache
 from trainer.state import TrainingState
 from trainer.storage import integrity, limits
 from trainer.storage.integrity import MANIFEST_FILE
+from trainer.storage.locations import local_path
 
 log = logging.getLogger(__name__)
 # Selective imports tried (each adding the layers found to need functions) before the
@@ -157,7 +158,7 @@ class SavedModelBackend(SaveBackend):
     ) -> LoadedCheckpoint:
         """Revive the model; ``safe_mode=False`` allows configs carrying Python code
         (``Lambda``) to be rebuilt from that code instead of from traced functions."""
-        path = Path(path)
+        path = local_path(path, "checkpoint path")
         if legacy.is_legacy(path):  # tf.keras' own model.save(dir): import it
             return legacy.load_legacy(path, custom_objects=custom_objects, compile=compile)
         if layout.is_saved_model(path) and not layout.has_metadata(path):

@@ -1,0 +1,75 @@
+"""A URL is never taken for a local folder: ``s3://bucket/x`` used to train into ``./s3:``
+and load back from there, while the user believed the checkpoints were on the store."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import keras
+import pytest
+
+from tests.helpers.train_py import TINY_ARGS, train_py
+from trainer.checkpointing import CheckpointManager
+from trainer.cli.app import main
+from trainer.errors import UnsupportedLocationError
+from trainer.exports.exporter import export_serving
+from trainer.save_backends import get_backend, load_checkpoint
+from trainer.storage.locations import local_path, url_scheme
+
+URL = "s3://bucket/runs/x"
+
+
+def test_plain_paths_and_file_urls_are_local_and_other_urls_are_refused(tmp_path):
+    assert local_path("runs/x") == Path("runs/x")
+    assert local_path(tmp_path) == tmp_path
+    assert local_path(f"file://{tmp_path}/a%20b") == tmp_path / "a b"
+    assert url_scheme(r"C:\runs") is None and url_scheme("GS://b/x") == "gs"
+    for url in (URL, "gs://bucket/x", "hdfs://name/x", "file://otherhost/x"):
+        with pytest.raises(UnsupportedLocationError, match=r"Received: '") as caught:
+            local_path(url, "run_dir")
+        assert "run_dir" in str(caught.value)
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _model() -> keras.Model:
+    inputs = keras.Input((2,))
+    return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_no_api_entry_takes_a_url_for_a_local_folder(in_tmp, backend):
+    model = _model()
+    calls = {
+        "save": lambda: get_backend(backend).save(model, URL),
+        "load": lambda: get_backend(backend).load(URL),
+        "load_checkpoint": lambda: load_checkpoint(URL),
+        "manager": lambda: CheckpointManager(URL, backend=backend),
+        "export": lambda: export_serving(model, URL, format="keras"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UnsupportedLocationError, match="s3://"):
+            call()
+        assert os.listdir(in_tmp) == [], f"{name} created {os.listdir(in_tmp)}"
+
+
+def test_the_cli_refuses_urls_with_exit_2(in_tmp, capsys):
+    for argv in (["inspect", URL], ["verify", URL], ["runs", URL], ["export", "c", URL]):
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2, argv
+        assert "s3:// URL" in capsys.readouterr().err
+    assert os.listdir(in_tmp) == []
+
+
+@pytest.mark.slow
+def test_train_py_refuses_a_url_run_dir_before_anything_is_written(in_tmp):
+    proc = train_py(*TINY_ARGS, f"run_dir={URL}", f"hydra.run.dir={in_tmp / 'out'}")
+    assert proc.returncode == 2, proc.output
+    assert "run_dir is a s3:// URL" in proc.output
+    assert not (in_tmp / "s3:").exists() and not (Path.cwd() / "s3:").exists()
