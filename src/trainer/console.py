@@ -122,6 +122,21 @@ class PipeSafeStream:
         )
 
 
+EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell reports for a program SIGPIPE ended
+
+
+def reader_gone() -> int:
+    """A command whose stdout reader went away (``trainer runs outputs | head``) stops
+    quietly, as ``ls | head`` does: stdout is pointed at ``/dev/null`` so that Python's
+    final flush cannot print a BrokenPipeError traceback; returns the exit code a program
+    ended by SIGPIPE has, so that a ``pipefail`` script still sees the output was cut."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return EXIT_READER_GONE
+
+
 def survive_broken_pipes() -> None:
     """Wrap ``sys.stdout`` and ``sys.stderr`` in ``PipeSafeStream`` (once). Call it before
     logging is configured: handlers keep the stream object they were given."""

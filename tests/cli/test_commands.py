@@ -119,3 +119,23 @@ def test_train_py_refuses_a_bad_early_stopping_setting_with_exit_2(tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.startswith("error: callbacks.early_stopping.patience")
     assert result.stderr.rstrip().endswith("Received: 'abc'")
+
+
+def test_a_command_whose_reader_went_away_stops_quietly(tmp_path):
+    """`trainer inspect ... | head -1`: the reader closes the pipe; the command printed a
+    BrokenPipeError traceback (twice: the report, then the error line) and exited 1."""
+    import keras
+
+    from trainer.save_backends import get_backend
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    checkpoint = get_backend("h5").save(model, tmp_path / "ckpt")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "inspect", str(checkpoint), "--json"],
+        cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    child.stdout.close()  # the reader is gone before the first line is written
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=300) == 141, stderr  # 128 + SIGPIPE, as a shell reports it
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

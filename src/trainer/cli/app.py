@@ -174,13 +174,15 @@ def main(argv: list[str] | None = None, prog: str = "trainer") -> int:
     """Run one command; ``prog`` is how the user started it (``python -m trainer`` passes
     its own), so usage lines name a command that works."""
     args = build_parser(prog).parse_args(argv)
-    from trainer.console import quiet_tensorflow
+    from trainer.console import quiet_tensorflow, reader_gone
 
     quiet_tensorflow()  # every command imports TensorFlow
     module = None
     try:
         module = importlib.import_module(COMMANDS[args.command])
         return module.run(args)
+    except BrokenPipeError:  # `trainer runs out | head`: the reader has all it wanted
+        return reader_gone()
     except (TrainerError, OSError) as error:
         text = None
         if isinstance(error, UnsafeCheckpointError):
