@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -299,3 +300,40 @@ def test_a_log_directory_that_cannot_be_created_is_named_in_plain_words(tmp_path
     assert message.startswith(f"TensorBoard log {blocker / 'tb'}: creating the log directory")
     assert "Writing TensorBoard the" not in message
     assert "Received: NotADirectoryError" in message
+
+
+SESSIONS_BY = {  # the HParams tab's query: every session, with one metric column
+    "experimentName": "",
+    "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_RUNNING"],
+    "colParams": [{"metric": {"tag": "final/val_loss"}}],
+    "startIndex": 0,
+    "sliceSize": 10,
+}
+
+
+def _session_values(answer: dict) -> list[tuple[str, float]]:
+    """(session name, final/val_loss) of every session the HParams tab lists."""
+    return [
+        (session["name"], metric["value"])
+        for group in answer.get("sessionGroups", ())
+        for session in group["sessions"]
+        for metric in session.get("metricValues", ())
+        if metric["name"]["tag"] == "final/val_loss"
+    ]
+
+
+def test_the_printed_tensorboard_command_shows_the_runs_hparams_metrics(tmp_path):
+    """Opened with the command trainer printed (``--logdir <run>/tb``), TensorBoard named
+    the run "." and its HParams tab showed the session without any metric value. The
+    command now names the run's parent: the run is ``<run>/tb``, as inspect names it."""
+    from trainer.tensorboard.board import tensorboard_command
+
+    run = make_run(tmp_path / "run-a", optimizer="adam", learning_rate=0.01)
+    command = tensorboard_command(run["run_dir"])
+    assert command.startswith("tensorboard --logdir ")
+    with tensorboard_server(Path(command.split("--logdir ", 1)[1])) as get:
+        path = "/data/plugin/hparams/session_groups"
+        answer = wait_for(get, path, _session_values, SESSIONS_BY)
+    (session,) = _session_values(answer)
+    assert session[0] == "run-a/tb"  # as RunBoard.run_name, inspect and the links name it
+    assert session[1] == pytest.approx(run["final"]["val_loss"], rel=1e-5)

@@ -19,7 +19,7 @@ from trainer.errors import TrainerError
 from trainer.exports.exporter import is_export, read_export_metadata
 from trainer.model_state.serving import format_signatures, model_signatures, saved_model_signatures
 from trainer.save_backends import legacy, load_checkpoint
-from trainer.tensorboard.board import LINK_KEY, resolve_link
+from trainer.tensorboard.board import LINK_KEY, resolve_link, tensorboard_command
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +150,7 @@ def link_report(path: Path, metadata: dict[str, Any]) -> dict[str, Any] | None:
             resolves=True,
             event_file_path=str(resolved.event_file),
             log_dir_path=str(resolved.log_dir),
+            tensorboard_command=tensorboard_command(resolved.run_dir),
             tags_at_step=resolved.tags,
         )
     return report
@@ -191,7 +192,7 @@ def format_links_and_signatures(report: dict[str, Any]) -> list[str]:
     )
     if link["resolves"]:
         lines.append(f"  event file:   {link['event_file_path']}")
-        lines.append(f"  open with:    tensorboard --logdir {link['log_dir_path']}")
+        lines.append(f"  open with:    {link['tensorboard_command']}")
     else:
         lines.append(f"  BROKEN:       {link['problem']}")
     return lines

@@ -347,6 +347,17 @@ def _relative(path: Path, base: Path) -> str:
     return os.path.relpath(Path(path).absolute(), base)
 
 
+def tensorboard_command(run_dir: str | os.PathLike) -> str:
+    """The command that opens a run in TensorBoard: ``--logdir`` the run directory's
+    parent, where the run is called ``<run>/tb``, as ``inspect`` and the checkpoint links
+    name it (``RunBoard.run_name``), beside its sibling runs (a multirun's jobs).
+
+    Never the log directory itself: TensorBoard then calls the run "." and its HParams
+    plugin looks the session's metric values up in a run "./." that does not exist, so the
+    HParams tab showed every session without metrics."""
+    return f"tensorboard --logdir {Path(run_dir).absolute().parent}"
+
+
 # ---------------------------------------------------------------------- reading back
 @dataclasses.dataclass
 class ResolvedLink:

@@ -23,7 +23,7 @@ from trainer.runs import sessions
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.storage.atomic import temporary_sibling
-from trainer.tensorboard.board import RunBoard, config_hash, flatten_config
+from trainer.tensorboard.board import RunBoard, config_hash, flatten_config, tensorboard_command
 from trainer.training import distribute, resume, run_end, user_callbacks
 from trainer.training.building import build_metric_variables, build_model
 from trainer.training.instantiation import instantiate
@@ -319,7 +319,9 @@ def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress)
         log.info("Checkpoints:   %s: %s (latest)", manager.directory, ", ".join(kept))
     else:
         log.info("Checkpoints:   none")
-    log.info("TensorBoard:   tensorboard --logdir %s", run_dir / cfg.trainer.tensorboard_dir)
+    log_dir = run_dir / cfg.trainer.tensorboard_dir
+    name = os.path.relpath(log_dir, run_dir.parent)
+    log.info("TensorBoard:   %s  (this run: %s)", tensorboard_command(run_dir), name)
     if progress.interrupted:
         where = manager.saved[-1] if manager.saved else None
         # Epochs as the progress bar numbers them (from 1): "Epoch 1/2" was reported as
