@@ -22,6 +22,7 @@ from trainer.save_backends import backend_class, load_checkpoint
 from trainer.storage.integrity import total_size
 from trainer.tensorboard.board import (
     RunBoard,
+    card_tag,
     config_hash,
     event_steps,
     flatten_config,
@@ -337,3 +338,35 @@ def test_the_printed_tensorboard_command_shows_the_runs_hparams_metrics(tmp_path
     (session,) = _session_values(answer)
     assert session[0] == "run-a/tb"  # as RunBoard.run_name, inspect and the links name it
     assert session[1] == pytest.approx(run["final"]["val_loss"], rel=1e-5)
+
+
+def test_the_card_of_a_checkpoint_retention_deleted_says_so(tmp_path):
+    """The Text tab showed every checkpoint's card as if it could still be loaded, also
+    after retention deleted it; its tag now ends on a "deleted" entry at the step of the
+    save whose retention removed it."""
+    import keras
+
+    from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+    from trainer.state import TrainingState
+
+    inputs = keras.Input((2,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    policy = CheckpointPolicy(keep_last=1, keep_best=0, async_save=False)
+    board = RunBoard(tmp_path / "tb", run_dir=tmp_path)
+    with CheckpointManager(tmp_path / "ckpt", "h5", policy, board=board) as manager:
+        for step in (1, 2, 3):
+            manager.save(model, TrainingState(global_step=step, epoch=step))
+    board.close()
+    texts = accumulator(tmp_path / "tb").Tensors
+    entries = {}
+    for name in ("step-00000001.h5", "step-00000002.h5", "step-00000003.h5"):
+        tag = card_tag("checkpoint", name)
+        entries[name] = [
+            (e.step, tensor_util.make_ndarray(e.tensor_proto).item().decode()) for e in texts(tag)
+        ]
+    assert [step for step, _ in entries["step-00000001.h5"]] == [1, 2]
+    assert "**deleted** by retention at step 2" in entries["step-00000001.h5"][-1][1]
+    assert "**deleted** by retention at step 3" in entries["step-00000002.h5"][-1][1]
+    assert [s for s, _ in entries["step-00000003.h5"]] == [3]  # kept: its card alone
+    assert "deleted" not in entries["step-00000003.h5"][0][1]

@@ -212,7 +212,7 @@ class CheckpointManager:
         # The checkpoint is complete: point at it and prune first, so that a TensorBoard
         # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
         point_latest(self.directory, path)
-        self._apply_retention()
+        deleted = self._apply_retention()
         with self._done_lock:
             self._done.append((path, state.global_step, seconds))
         if self.board is not None:
@@ -225,6 +225,8 @@ class CheckpointManager:
                 blocking_seconds=blocked.seconds(),
                 metrics=state.metrics,
             )
+            for name in deleted:
+                self.board.checkpoint_deleted(state.global_step, name)
 
     def report_saved(self) -> None:
         """Log the saves completed since the last call; call it from the training thread
@@ -250,9 +252,10 @@ class CheckpointManager:
             raise error
         raise failure from error
 
-    def _apply_retention(self) -> None:
+    def _apply_retention(self) -> list[str]:
         """Delete what the policy no longer keeps, atomically; a checkpoint a reader is
-        loading right now stays (with its record) until a later pass."""
+        loading right now stays (with its record) until a later pass. Returns the names
+        deleted."""
         keep = retained(self.records, self.policy)
         gone = {
             r["name"]
@@ -260,6 +263,7 @@ class CheckpointManager:
             if r["name"] not in keep and remove_unless_read(self.directory / r["name"])
         }
         self.records = [r for r in self.records if r["name"] not in gone]
+        return sorted(gone)
 
     # ------------------------------------------------------------------ restore
     def restore(
@@ -347,7 +351,10 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
-        self._apply_retention()  # what a reader's lease kept during the last pass
+        deleted = self._apply_retention()  # what a reader's lease kept during the last pass
+        if self.board is not None and deleted:
+            for name in deleted:
+                self.board.checkpoint_deleted(self._last_saved_step or 0, name)
 
     def __enter__(self) -> CheckpointManager:
         return self

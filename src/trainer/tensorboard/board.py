@@ -241,6 +241,20 @@ class RunBoard:
             self.writer.flush()
         return tag
 
+    def checkpoint_deleted(self, step: int, name: str, *, kind: str = "checkpoint") -> None:
+        """Mark the card of a checkpoint that retention deleted: its tag gets one more
+        entry at ``step`` saying so, which the Text tab shows first, so that the card no
+        longer reads as a checkpoint that can still be loaded."""
+        text = (
+            f"**{kind}** `{name}`: **deleted** by retention at step {step} (the "
+            f"`checkpoint` policy keeps the others); the card at its own step shows what it held."
+        )
+        with self.writes.writing(f"{kind} cards"), self.writer.as_default(step=step):
+            tf.summary.experimental.write_raw_pb(
+                text_summary.text_pb(card_tag(kind, name), text).SerializeToString()
+            )
+            self.writer.flush()
+
     def link(
         self, step: int, artifact: str | os.PathLike | None = None, *, tag: str | None = None
     ) -> dict[str, Any]:
