@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -354,6 +355,8 @@ def load_pruned_saved_model(proto: Any, directory: str, filters: list[str]) -> A
 
 _LOOPS = ("While", "StatelessWhile")
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+# Graphs already completed: a parent's graphs call its children's, visited once per load.
+_LOOPS_RESTORED: weakref.WeakSet = weakref.WeakSet()
 
 
 def restore_loop_handle_data(function: Any) -> None:
@@ -382,25 +385,23 @@ def restore_loop_handle_data(function: Any) -> None:
         pending = [function.graph]
     else:
         pending = [concrete.graph for concrete in concrete_functions(function)]
-    seen: set[int] = set()
     while pending:
         graph = pending.pop()
-        if id(graph) in seen:
+        if graph in _LOOPS_RESTORED:
             continue
-        seen.add(id(graph))
+        _LOOPS_RESTORED.add(graph)
         for op in graph.get_operations():  # in creation order: a loop feeding a loop works
             if op.type in _LOOPS:
-                for source, target in zip(op.inputs, op.outputs, strict=False):
-                    if target.dtype == tf.resource and not _has_handle_data(target):
+                resources = [
+                    (s, t)
+                    for s, t in zip(op.inputs, op.outputs, strict=True)
+                    if t.dtype == tf.resource
+                ]
+                for source, target in resources:
+                    data = handle_data_util.get_resource_handle_data(target)
+                    if not (data.is_set and data.shape_and_type):
                         handle_data_util.copy_handle_data(source, target)
             elif op.type in _CALLS:
                 called = graph._get_function(op.get_attr("f").name)
                 if called is not None:
                     pending.append(called.graph)
-
-
-def _has_handle_data(tensor: Any) -> bool:
-    from tensorflow.python.ops import handle_data_util
-
-    data = handle_data_util.get_resource_handle_data(tensor)
-    return bool(data is not None and data.is_set and data.shape_and_type)
