@@ -19,11 +19,13 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
 from tensorflow.python.trackable.resource import CapturableResource
 
 from tests.helpers.paths import CHILDREN_DIR
@@ -622,3 +624,56 @@ def test_save_without_checkpoint_leaves_the_variables_to_the_caller(tmp_path):
     empty = tmp_path / "alone"
     assert tf_compat.save_without_checkpoint(module, str(empty), None, options)
     assert not (empty / "variables" / "variables.index").exists()
+
+
+def _loop_outputs_with_handle_data(function: Any) -> list[bool]:
+    """For each resource output of a ``While`` op in the graphs of a loaded function and
+    of the functions they call: whether it has handle data."""
+    found = []
+    graphs = [c.graph for c in tf_compat.concrete_functions(function)]
+    while graphs:
+        graph = graphs.pop()
+        for op in graph.get_operations():
+            if op.type in ("While", "StatelessWhile"):
+                resources = [t for t in op.outputs if t.dtype == tf.resource]
+                found += [
+                    bool(handle_data_util.get_resource_handle_data(t).shape_and_type)
+                    for t in resources
+                ]
+            elif op.type in ("PartitionedCall", "StatefulPartitionedCall"):
+                graphs.append(graph._get_function(op.get_attr("f").name).graph)
+    return found
+
+
+def test_restore_loop_handle_data_lets_a_loaded_loop_be_differentiated_both_ways(tmp_path):
+    """A loaded ``tf.while_loop`` over a variable (in a ``tf.function`` that the saved one
+    calls) lacks the handle data of its resource outputs, and a gradient taken eagerly
+    then in a ``tf.function`` fails; with the helper, both give the same gradient. Fails
+    once TensorFlow's loader keeps that handle data (then drop the helper)."""
+    module = tf.Module()
+    module.v = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def loop(x):
+        return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * module.v), (0, x))[1]
+
+    module.f = tf.function(lambda x: loop(x) + 1.0, input_signature=[tf.TensorSpec([2])])
+    tf.saved_model.save(module, str(tmp_path))
+
+    def gradient(loaded):
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(loaded.f(tf.constant([1.0, 1.0])))
+        return tape.gradient(y, loaded.v)
+
+    broken = tf.saved_model.load(str(tmp_path))
+    assert _loop_outputs_with_handle_data(broken.f) == [False]
+    gradient(broken)
+    with pytest.raises(ValueError, match="without handle data"):
+        tf.function(gradient)(broken)
+
+    loaded = tf.saved_model.load(str(tmp_path))
+    tf_compat.restore_loop_handle_data(loaded.f)
+    assert _loop_outputs_with_handle_data(loaded.f) == [True]
+    eager = gradient(loaded).numpy()
+    np.testing.assert_allclose(tf.function(gradient)(loaded).numpy(), eager)
+    np.testing.assert_allclose(eager, [3.0, 12.0])  # d/dv sum(v**3 * 1 + 1) = 3 v**2

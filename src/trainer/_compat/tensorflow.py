@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -350,3 +351,57 @@ def load_pruned_saved_model(proto: Any, directory: str, filters: list[str]) -> A
         return _load.Loader(
             graph, proto, directory, tf.train.CheckpointOptions(), options, list(filters)
         )
+
+
+_LOOPS = ("While", "StatelessWhile")
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+# Graphs already completed: a parent's graphs call its children's, visited once per load.
+_LOOPS_RESTORED: weakref.WeakSet = weakref.WeakSet()
+
+
+def restore_loop_handle_data(function: Any) -> None:
+    """Give the resource outputs of every ``While`` op in the graphs of a function loaded
+    from a SavedModel (and of the functions those graphs call) the handle data of the
+    matching loop inputs, which the loader leaves out.
+
+    A traced ``tf.while_loop`` whose body reads variables passes their handles through
+    the loop, and ``while_v2`` copies the handles' dtype and shape onto the loop's outputs;
+    a graph rebuilt from a ``FunctionDef`` has them on the inputs only. TensorFlow
+    differentiates a concrete function called under a tape one way when eager and another
+    when building a graph, each time making the loop's outputs side outputs of the
+    function; the second way needs the dtype of each, and fails with "Tried to take
+    gradients (or similar) of a variable without handle data" (a revived RNN trained one
+    eager step then ``fit`` in a ``tf.function``, or with persistent and plain tapes).
+
+    Uses ``tensorflow.python.ops.handle_data_util`` (reading and copying handle data) and
+    ``Graph._get_function`` (the function a call op in a loaded graph runs, whose graph
+    is the one TensorFlow differentiates for that op); there is no public API for either.
+    Loops nested in loop bodies are left as loaded (their body graphs are rebuilt only
+    when differentiated). Checked: TensorFlow 2.21.0.
+    """
+    from tensorflow.python.ops import handle_data_util
+
+    if isinstance(function, tf.types.experimental.ConcreteFunction):
+        pending = [function.graph]
+    else:
+        pending = [concrete.graph for concrete in concrete_functions(function)]
+    while pending:
+        graph = pending.pop()
+        if graph in _LOOPS_RESTORED:
+            continue
+        _LOOPS_RESTORED.add(graph)
+        for op in graph.get_operations():  # in creation order: a loop feeding a loop works
+            if op.type in _LOOPS:
+                resources = [
+                    (s, t)
+                    for s, t in zip(op.inputs, op.outputs, strict=True)
+                    if t.dtype == tf.resource
+                ]
+                for source, target in resources:
+                    data = handle_data_util.get_resource_handle_data(target)
+                    if not (data.is_set and data.shape_and_type):
+                        handle_data_util.copy_handle_data(source, target)
+            elif op.type in _CALLS:
+                called = graph._get_function(op.get_attr("f").name)
+                if called is not None:
+                    pending.append(called.graph)

@@ -41,7 +41,12 @@ from trainer.errors import CorruptCheckpointError, MissingClassError
 from trainer.model_state import json_tuples
 from trainer.model_state.rebuild import rebuild_error
 from trainer.save_backends.savedmodel import layout
-from trainer.save_backends.savedmodel.features import constraints, rnn_states, standins
+from trainer.save_backends.savedmodel.features import (
+    constraints,
+    restored_loops,
+    rnn_states,
+    standins,
+)
 from trainer.save_backends.savedmodel.load import graph_revival
 from trainer.save_backends.savedmodel.load.stored_variables import Stored
 from trainer.save_backends.savedmodel.records import is_graph_config
@@ -309,6 +314,7 @@ class Reviver:
         own_ids = [i for i in own_ids if i not in seed_ids]
         own = [self._keras_variable(i) for i in own_ids]
         dtype = _policy(record["dtype_policy"])
+        restored_loops.prepare(node)
         layer = standins.make_revived(record, node, children, own, dtype)
         seeds = [(self.var_records[i], self.storage[i]) for i in seed_ids]
         standins.attach_seed_generators(layer, seeds)
