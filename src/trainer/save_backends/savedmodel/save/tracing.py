@@ -135,6 +135,15 @@ class CallRecorder:
         while self.restorers:
             self.restorers.pop()()
 
+    def snapshot(self) -> tuple[dict[int, dict[str, Any]], ...]:
+        """What is recorded so far, for ``restore``."""
+        return tuple({k: dict(v) for k, v in r.items()} for r in (self.specs, self.mask_specs))
+
+    def restore(self, snapshot: tuple[dict[int, dict[str, Any]], ...]) -> None:
+        """Back to ``snapshot``: after a trace that failed part way, the layers it reached
+        hold specs no trace could take (floats for a layer gathering rows by ids)."""
+        self.specs, self.mask_specs = ({k: dict(v) for k, v in r.items()} for r in snapshot)
+
     def _record(self, layer: keras.layers.Layer, args: Any, kwargs: Any) -> None:
         clean = {k: v for k, v in kwargs.items() if k != "training"}
         spec = (
