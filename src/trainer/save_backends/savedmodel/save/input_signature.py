@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer.model_state import serving
 
 
 def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
@@ -33,20 +34,9 @@ def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
 def declared_dtypes(model: keras.Model, structure: Any) -> Any:
     """The structure with the dtypes a subclassed model declares in its ``input_spec``
     (Keras' export takes the layer's float compute dtype instead, and the model then
-    refuses its own serving inputs)."""
-    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
-        return structure
-    flat = tf.nest.flatten(structure)
-    declared = tf.nest.flatten(model.input_spec) if model.input_spec is not None else []
-    if len(declared) != len(flat) or not all(
-        isinstance(d, keras.InputSpec) and d.dtype for d in declared
-    ):
-        return structure
-    typed = [
-        tf.TensorSpec(s.shape, tf.as_dtype(d.dtype), name=s.name)
-        for s, d in zip(flat, declared, strict=True)
-    ]
-    return tf.nest.pack_sequence_as(structure, typed)
+    refuses its own serving inputs); the serving function of ``model_state`` reads them
+    the same way."""
+    return serving.declared_dtypes(model, structure)
 
 
 _ID_USES = frozenset({"Cast", "NotEqual", "Equal"})
