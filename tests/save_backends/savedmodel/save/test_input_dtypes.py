@@ -157,3 +157,32 @@ def test_its_revival_takes_int32_and_int64_ids_and_trains_alike(ids_round_trip):
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), atol=1e-6
         )
+
+
+class Squares(keras.layers.Layer):  # not registered: revived from its traces
+    def call(self, x):
+        return x * x
+
+
+def test_a_revived_layer_that_does_not_autocast_takes_the_float64_it_was_fed(tmp_path):
+    """``autocast=False``: the original's ``call`` got the model's float64 and was traced
+    on it; the stand-in autocast to float32, which no trace took (the load failed)."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((3,), dtype="float64")
+    squared = Squares(autocast=False, name="squares")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(squared))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.random.default_rng(4).normal(size=(4, 3))
+    labels = np.random.default_rng(5).normal(size=(4, 2)).astype("float32")
+    backend = get_backend("savedmodel")
+    checkpoint = backend.load(backend.save(model, tmp_path / "ckpt"))
+    revived = checkpoint.model
+    assert checkpoint.metadata["revived_from"]["squares"] == "traced"
+    assert revived.get_layer("squares").autocast is False
+    np.testing.assert_allclose(revived(x).numpy(), model(x).numpy(), atol=1e-6)
+    for each in (model, revived):
+        each.fit(x, labels, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    for a, b in zip(model.weights, revived.weights, strict=True):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), atol=1e-6
+        )
