@@ -12,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.exports.exporter import export_serving
-from trainer.model_state.serving import model_signatures
+from trainer.model_state.serving import model_signatures, serving_function
+from trainer.save_backends import get_backend, load_checkpoint
 
 
 def test_outputs_sharing_a_layer_name_are_all_served(tmp_path):
@@ -55,3 +56,33 @@ def test_a_call_taking_two_positional_inputs_is_exported_and_described(tmp_path)
     np.testing.assert_allclose(served.numpy(), expected, atol=1e-6)
     described = model_signatures(model)["serving_default"]["inputs"]
     assert [spec["shape"] for spec in described.values()] == [[None, 4], [None, 5]]
+
+
+@keras.saving.register_keras_serializable("test_serving_function")
+class DeclaredIds(keras.Model):
+    """A subclassed model on int32 ids that says so in its ``input_spec``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(10, 3)
+        self.head = keras.layers.Dense(2)
+        self.input_spec = keras.InputSpec(dtype="int32", ndim=2)
+
+    def call(self, ids):
+        return self.head(keras.ops.mean(self.embed(ids), axis=1))
+
+
+def test_a_subclassed_model_declaring_int32_ids_is_served_taking_them(tmp_path):
+    """Keras types a subclassed model's inputs with its float compute dtype: the serving
+    function (``inspect`` of an h5 or weights checkpoint, the TensorBoard graph) was traced
+    on float32, which the model's own int32 ``input_spec`` refused with a raw
+    ``ValueError`` (issue 38 item 3)."""
+    keras.utils.set_random_seed(0)
+    model = DeclaredIds()
+    ids = np.array([[1, 2, 3], [4, 5, 0]], "int32")
+    expected = model(ids).numpy()
+    loaded = load_checkpoint(get_backend("h5").save(model, tmp_path / "ckpt.h5")).model
+    inputs = model_signatures(loaded)["serving_default"]["inputs"]
+    assert inputs == {"inputs": {"shape": [None, 3], "dtype": "int32"}}
+    served = serving_function(loaded)
+    np.testing.assert_allclose(served(tf.constant(ids)).numpy(), expected, atol=1e-6)

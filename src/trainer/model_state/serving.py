@@ -49,14 +49,35 @@ def input_signature(model: keras.Model) -> list[Any]:
         # A model rebuilt from its config (h5, weights) is built but was never called.
         structure = keras_compat.recorded_input_signature(model) if model.built else None
         if structure is not None:
-            return [tf.nest.map_structure(_open_batch, s) for s in structure]
+            opened = [tf.nest.map_structure(_open_batch, s) for s in structure]
+            return declared_dtypes(model, opened)
         raise ModelNotReadyError(
             f"The input signature of model {model.name!r} cannot be determined "
             f"({type(error).__name__}: {error}). Build the model on a batch of data before "
             f"exporting it. Received {type(model).__name__}"
         ) from error
 
-    return [tf.nest.map_structure(_open_batch, s) for s in structure]
+    return declared_dtypes(model, [tf.nest.map_structure(_open_batch, s) for s in structure])
+
+
+def declared_dtypes(model: keras.Model, structure: Any) -> Any:
+    """The structure with the dtypes a subclassed model declares in its ``input_spec``.
+    Keras types a subclassed model's inputs with its float compute dtype (it records no
+    dtype for its calls), and a model declaring int32 ids then refuses its own serving
+    inputs."""
+    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
+        return structure
+    flat = tf.nest.flatten(structure)
+    declared = tf.nest.flatten(model.input_spec) if model.input_spec is not None else []
+    if len(declared) != len(flat) or not all(
+        isinstance(d, keras.InputSpec) and d.dtype for d in declared
+    ):
+        return structure
+    typed = [
+        tf.TensorSpec(s.shape, tf.as_dtype(d.dtype), name=s.name)
+        for s, d in zip(flat, declared, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(structure, typed)
 
 
 def _open_batch(spec: Any) -> tf.TensorSpec:

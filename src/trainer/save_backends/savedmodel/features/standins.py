@@ -199,8 +199,10 @@ def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exce
         f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
         f"same rank and dtype), or make its class importable to load it from its config. "
         f"A subclassed model is traced on the inputs Keras records for it, shapes only, in "
-        f"its input dtype: one called on other dtypes (int32 ids) revives only with its "
-        f"class, or build it as a Functional model on keras.Input(dtype=...). "
+        f"its input dtype, or in the integer dtypes its ops show it takes: one called on "
+        f"other dtypes revives only with its class, or declare them before saving "
+        f"(self.input_spec = keras.InputSpec(dtype=...)), or build it as a Functional model "
+        f"on keras.Input(dtype=...). "
         f"Received: args={repr(given[0])[:500]}, kwargs={repr(given[1])[:300]} "
         f"({type(err).__name__})"
     )
@@ -423,6 +425,16 @@ def make_revived(
         base = RevivedStatefulRNN
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
-    layer = cls(name=record["name"], trainable=record["trainable"], dtype=dtype)
+    layer = cls(
+        name=record["name"], trainable=record["trainable"], dtype=dtype, autocast=_autocast(record)
+    )
     layer._setup_from_saved(record, node, children, own_variables)
     return layer
+
+
+def _autocast(record: dict[str, Any]) -> bool:
+    """Whether the original cast its float inputs to its compute dtype (Keras' default,
+    and its config says so when not): a stand-in that autocast where the original did not
+    would hand its traces float32 where they were traced on the float64 the model feeds."""
+    config = (record.get("keras_config") or {}).get("config") or {}
+    return config.get("autocast") is not False

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer.model_state import serving
 
 
 def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
@@ -33,20 +34,9 @@ def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
 def declared_dtypes(model: keras.Model, structure: Any) -> Any:
     """The structure with the dtypes a subclassed model declares in its ``input_spec``
     (Keras' export takes the layer's float compute dtype instead, and the model then
-    refuses its own serving inputs)."""
-    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
-        return structure
-    flat = tf.nest.flatten(structure)
-    declared = tf.nest.flatten(model.input_spec) if model.input_spec is not None else []
-    if len(declared) != len(flat) or not all(
-        isinstance(d, keras.InputSpec) and d.dtype for d in declared
-    ):
-        return structure
-    typed = [
-        tf.TensorSpec(s.shape, tf.as_dtype(d.dtype), name=s.name)
-        for s, d in zip(flat, declared, strict=True)
-    ]
-    return tf.nest.pack_sequence_as(structure, typed)
+    refuses its own serving inputs); the serving function of ``model_state`` reads them
+    the same way."""
+    return serving.declared_dtypes(model, structure)
 
 
 _ID_USES = frozenset({"Cast", "NotEqual", "Equal"})
@@ -82,15 +72,45 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
     return tf.nest.pack_sequence_as(structure, typed)
 
 
-def widened_integers(structure: Any) -> Any | None:
-    """The structure with its 32-bit integer inputs as int64 (None if it has none)."""
+_OTHER_WIDTH = {tf.int32: tf.int64, tf.int64: tf.int32}
+
+
+def other_integer_width(structure: Any) -> Any | None:
+    """The structure with its int32 inputs as int64 and its int64 inputs as int32 (None if
+    it has neither). Ids inferred from the model's own ops get the width those ops cast
+    to (an ``Embedding`` int32, a ``one_hot`` or ``IntegerLookup`` int64), which need not
+    be the one the model was called with (Keras records no dtype): a revived model then
+    takes both, NumPy's default int64 and the int32 of ``keras.Input``/tokenizers."""
     flat = tf.nest.flatten(structure)
-    wide = [
-        tf.TensorSpec(s.shape, tf.int64, name=s.name) if s.dtype == tf.int32 else s for s in flat
+    other = [
+        tf.TensorSpec(s.shape, _OTHER_WIDTH[s.dtype], name=s.name)
+        if isinstance(s, tf.TensorSpec) and s.dtype in _OTHER_WIDTH
+        else s
+        for s in flat
     ]
-    if all(a.dtype == b.dtype for a, b in zip(flat, wide, strict=True)):
+    if all(a is b for a, b in zip(flat, other, strict=True)):
         return None
-    return tf.nest.pack_sequence_as(structure, wide)
+    return tf.nest.pack_sequence_as(structure, other)
+
+
+def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
+    """For a subclassed model that declares no input dtypes and cannot even be traced on
+    the float inputs Keras' signature gives it: the structures with one float input as
+    int32 ids each, to try in turn. A model gathering rows by its inputs (``ops.take``,
+    ``tf.gather``, ``one_hot`` of them) takes integers only, and Keras records no dtype for
+    the calls of a subclassed model; one input at a time, so float features beside the
+    ids are never served (and truncated) as integers."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:
+        return []
+    flat = tf.nest.flatten(structure)
+    candidates = []
+    for position, spec in enumerate(flat):
+        if isinstance(spec, tf.TensorSpec) and spec.dtype.is_floating:
+            ids = tf.TensorSpec(spec.shape, tf.int32, name=spec.name)
+            changed = [ids if i == position else s for i, s in enumerate(flat)]
+            candidates.append(tf.nest.pack_sequence_as(structure, changed))
+    return candidates
 
 
 def composite_inputs(model: keras.Model, structure: Any) -> Any:

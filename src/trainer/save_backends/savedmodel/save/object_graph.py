@@ -24,7 +24,7 @@ from trainer.save_backends.savedmodel.features.keras_objects import tf_variable
 from trainer.save_backends.savedmodel.save import (
     config_rebuilt,
     endpoints,
-    input_signature,
+    served_inputs,
     state_variables,
     structure,
     tracing,
@@ -130,14 +130,7 @@ def trace_model(model: keras.Model, plan: VariablePlan) -> TracedModel:
     tf_vars, var_records = plan.storages, plan.records
     args = endpoints.model_call_args(model)
     recorder = tracing.CallRecorder(layers)
-    concrete = _record_call_specs(model, recorder, args)
-    integer = input_signature.integer_inputs(model, args, concrete)
-    if integer is not None:  # served as the integer ids it takes; floats still accepted
-        args = integer
-        _record_call_specs(model, recorder, args)
-        wide = input_signature.widened_integers(args)
-        if wide is not None:  # int64 ids (NumPy's default) too, once revived
-            _record_call_specs(model, recorder, wide)
+    args = served_inputs.record_served_specs(model, recorder, args)
     # Every layer's config once, before any tracing mutes a regularizer: the records and
     # the check below read the same one.
     configs = [records.keras_config(layer) for layer in layers]
@@ -218,30 +211,6 @@ def _variable_table(
             var_records.append(record)
             tf_vars.append(storage)
     return tf_vars, var_records, var_index
-
-
-def _record_call_specs(
-    model: keras.Model, recorder: tracing.CallRecorder, args: tuple[Any, ...]
-) -> Any:
-    """A throwaway trace of the serving function that only records what each layer
-    receives: the specs every layer's own functions are then traced with. Returns the
-    concrete function of that trace."""
-    recording = endpoints.make_serve(model, args)
-    try:
-        with recorder:
-            concrete = recording.get_concrete_function()
-    except ModelNotReadyError:
-        raise
-    except Exception as err:  # the model's own call, in a tf.function: user code
-        raise ModelNotReadyError(
-            f"Model {model.name!r} could not be traced for serving: {type(err).__name__}: "
-            f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
-            f"was built with. If it takes ragged or sparse tensors, build it as a Functional "
-            f"model on keras.Input(ragged=True) or keras.Input(sparse=True): a subclassed "
-            f"model records only the shapes of its inputs, not their kind. "
-            f"Received {type(model).__name__}"
-        ) from err
-    return concrete
 
 
 def _trace_node(

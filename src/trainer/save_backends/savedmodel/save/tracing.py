@@ -125,12 +125,24 @@ class CallRecorder:
                 patched = live_objects.patch_method(layer, "__call__", self._recording(layer))
             else:
                 patched = live_objects.patch_method(layer, "call", self._wrap(layer, layer.call))
+                if converts_before_call(layer):  # and what its __call__ is fed
+                    self.restorers.append(patched)
+                    patched = live_objects.patch_method(layer, "__call__", self._recording(layer))
             self.restorers.append(patched)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         while self.restorers:
             self.restorers.pop()()
+
+    def snapshot(self) -> tuple[dict[int, dict[str, Any]], ...]:
+        """What is recorded so far, for ``restore``."""
+        return tuple({k: dict(v) for k, v in r.items()} for r in (self.specs, self.mask_specs))
+
+    def restore(self, snapshot: tuple[dict[int, dict[str, Any]], ...]) -> None:
+        """Back to ``snapshot``: after a trace that failed part way, the layers it reached
+        hold specs no trace could take (floats for a layer gathering rows by ids)."""
+        self.specs, self.mask_specs = ({k: dict(v) for k, v in r.items()} for r in snapshot)
 
     def _record(self, layer: keras.layers.Layer, args: Any, kwargs: Any) -> None:
         clean = {k: v for k, v in kwargs.items() if k != "training"}
@@ -165,6 +177,18 @@ class CallRecorder:
             return original.__call__(instance, *args, **kwargs)
 
         return __call__
+
+
+def converts_before_call(layer: keras.layers.Layer) -> bool:
+    """Whether one of Keras' own classes between the layer's and ``Layer`` overrides
+    ``__call__``: Keras' preprocessing layers (``TFDataLayer``) convert every input to
+    their compute dtype there when called inside a TF graph, so their ``call`` receives
+    float32 images where the model feeds them int64 ones. Traced with what ``call``
+    received only, a layer revived from its traces could not take what the rebuilt graph
+    feeds it; traced with what ``__call__`` received too, its trace does that conversion
+    itself. (A user's ``__call__`` override is recorded at ``__call__`` level alone.)"""
+    own = type(layer).__call__
+    return own is not keras.layers.Layer.__call__ and not readiness.overrides_call(layer)
 
 
 # ----------------------------------------------------------------------- function makers

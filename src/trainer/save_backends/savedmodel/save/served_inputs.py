@@ -1,0 +1,88 @@
+"""The inputs a model is served with, and what each layer receives from them.
+
+Keras types a subclassed model's inputs with its float compute dtype (it records no dtype
+for the calls of a subclassed model), and a model on integer ids is served and revived with
+those ids only if the save finds them: in the casts of the float trace, or by trying ids
+where the model cannot run on floats at all. Each attempt is a throwaway trace of the
+serving function that records what every layer's ``call`` receives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from trainer.errors import ModelNotReadyError
+from trainer.save_backends.savedmodel.save import endpoints, input_signature, tracing
+
+
+def record_served_specs(
+    model: keras.Model, recorder: tracing.CallRecorder, args: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """Record every layer's call specs for the inputs the model is served with, and return
+    those inputs. A subclassed model is typed by Keras as taking floats: if it takes
+    integer ids instead (``input_signature.integer_inputs`` finds them in the float trace;
+    a model that cannot run on floats at all is tried on int32 ids), it is served with
+    them, and traced for the other integer width too where it runs on it, so its revival
+    takes int32 and int64 ids alike (and floats, where they traced)."""
+    empty = recorder.snapshot()
+    try:
+        concrete = record_call_specs(model, recorder, args)
+    except ModelNotReadyError as error:
+        recorder.restore(empty)  # the layers the failed trace reached recorded floats
+        integer = first_tracing(model, recorder, input_signature.id_candidates(model, args))
+        if integer is None:
+            raise error
+    else:
+        integer = input_signature.integer_inputs(model, args, concrete)
+        if integer is not None:
+            record_call_specs(model, recorder, integer)
+    if integer is None:
+        return args
+    other = input_signature.other_integer_width(integer)
+    if other is not None:
+        first_tracing(model, recorder, [other])
+    return integer
+
+
+def first_tracing(
+    model: keras.Model, recorder: tracing.CallRecorder, candidates: list[Any]
+) -> Any | None:
+    """The first of ``candidates`` (input structures) the model traces on, its specs
+    recorded; None if it traces on none (what failed traces recorded is dropped)."""
+    for candidate in candidates:
+        before = recorder.snapshot()
+        try:
+            record_call_specs(model, recorder, candidate)
+        except ModelNotReadyError:
+            recorder.restore(before)
+            continue
+        return candidate
+    return None
+
+
+def record_call_specs(
+    model: keras.Model, recorder: tracing.CallRecorder, args: tuple[Any, ...]
+) -> Any:
+    """A throwaway trace of the serving function that only records what each layer
+    receives: the specs every layer's own functions are then traced with. Returns the
+    concrete function of that trace."""
+    recording = endpoints.make_serve(model, args)
+    try:
+        with recorder:
+            concrete = recording.get_concrete_function()
+    except ModelNotReadyError:
+        raise
+    except Exception as err:  # the model's own call, in a tf.function: user code
+        raise ModelNotReadyError(
+            f"Model {model.name!r} could not be traced for serving: {type(err).__name__}: "
+            f"{err}. Make sure it can be called in a tf.function on inputs of the shapes it "
+            f"was built with. If it takes integer ids, declare them (self.input_spec = "
+            f"keras.InputSpec(dtype='int32')). If it takes ragged or sparse tensors, build "
+            f"it as a Functional "
+            f"model on keras.Input(ragged=True) or keras.Input(sparse=True): a subclassed "
+            f"model records only the shapes of its inputs, not their kind. "
+            f"Received {type(model).__name__}"
+        ) from err
+    return concrete
