@@ -41,5 +41,19 @@ def takes_training(layer: keras.layers.Layer) -> bool:
     """Whether the layer's ``call`` accepts ``training``: what Keras itself derives from
     the signature of ``layer.call`` when the layer is made. While tracing replaces ``call``
     on the instance (``CallRecorder``, ``Dispatcher``), the class's ``call`` is inspected."""
+    return "training" in _call_parameters(layer)
+
+
+def training_default(layer: keras.layers.Layer) -> Any:
+    """The default of ``training`` in the layer's ``call`` (``inspect.Parameter.empty``
+    when it has none or takes no ``training``): what Keras passes a layer called with
+    ``training`` unresolved (no argument, no outer call deciding it)."""
+    parameter = _call_parameters(layer).get("training")
+    return inspect.Parameter.empty if parameter is None else parameter.default
+
+
+def _call_parameters(layer: keras.layers.Layer) -> Any:
+    """The parameters of the layer's ``call``: the class's while tracing replaces ``call``
+    on the instance (``CallRecorder``, ``Dispatcher``)."""
     call = type(layer).call if "call" in vars(layer) else layer.call
-    return "training" in inspect.signature(call).parameters
+    return inspect.signature(call).parameters

@@ -95,6 +95,7 @@ class _RevivedMixin:
         mark(self, live_objects.ORIGINAL_IDENTITY, original)
         mark(self, live_objects.TRACED_INFERENCE_CALL, infer)
         mark(self, live_objects.TRACED_TRAINING_CALL, getattr(node, "call_train", None))
+        mark(self, live_objects.TRACED_DEFAULT_CALL, getattr(node, "call_default", None))
         mark(self, live_objects.TRAINING_WAS_TRACED, record.get("training_traced", True))
         gradient = bool(record.get(python_gradients.RECORD_KEY))
         mark(self, live_objects.PYTHON_GRADIENT, gradient)
@@ -136,6 +137,10 @@ class _RevivedMixin:
             function = marker(live_objects.TRACED_TRAINING_CALL)
         elif training and not marker(live_objects.TRAINING_WAS_TRACED):
             raise _no_training_trace(self)
+        elif training is None and marker(live_objects.TRACED_DEFAULT_CALL) is not None:
+            # unresolved: each sublayer took its own default, some of them training
+            frozen_flags.check(self, marker(live_objects.FROZEN_FLAGS))
+            function = marker(live_objects.TRACED_DEFAULT_CALL)
         takes_masks = marker(live_objects.TAKES_INPUT_MASKS)
         error = None
         for each_args, each_kwargs in call_matching.arrange(self, function, args, kwargs):
