@@ -26,6 +26,7 @@ from trainer.errors import RevivedCallError
 from trainer.save_backends.savedmodel.features import (
     call_matching,
     frozen_flags,
+    keras_objects,
     masks,
     python_gradients,
 )
@@ -123,6 +124,9 @@ class _RevivedMixin:
         if structure is not None:
             mark(self, live_objects.INPUT_STRUCTURE, structure)
         mark(self, live_objects.FROZEN_FLAGS, frozen_flags.snapshot(self))
+        spec = keras_objects.input_spec_from_record(record.get("input_spec"))
+        if spec is not None:
+            self.input_spec = spec
         self.built = True
 
     def _call_traced(self, args, training, kwargs):
