@@ -341,6 +341,12 @@ def _sequences():
     return np.random.default_rng(3).normal(size=(4, 3, 2)).astype("float32")
 
 
+def _in_strategy_scope():
+    """``UpdateNet`` made, built and trained under a one-CPU MirroredStrategy."""
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        return _trained(UpdateNet(name="in_scope"), _x(), _y(d=3))
+
+
 _NORMS = ["DefaultsNet", "ZeroInTraining", "ZeroByDefault", "ZeroIfAsked"]
 _CASES = {  # name: (build and train the model, the classes to hide)
     "norm_drop": (lambda: _trained(NormDropNet(name="norm_drop"), _x(), _y()), ["NormDropNet"]),
@@ -353,6 +359,7 @@ _CASES = {  # name: (build and train the model, the classes to hide)
         lambda: _trained(UpdateNet(name="update"), _x(), _y(d=3)),
         ["UpdateNet", "CountsTrainingCalls"],
     ),
+    "strategy": (_in_strategy_scope, ["UpdateNet", "CountsTrainingCalls"]),
     "nested": (
         lambda: _trained(NestedNet(name="nested"), _x(), _y(d=6)),
         ["NestedNet", "AddOnes", "InnerNet"],
@@ -417,6 +424,21 @@ def test_norm_dropout_without_training_argument_trains_like_the_original(saved):
     hidden = [m.layers[0](x) for m in (known, revived)]  # the dense, rebuilt from config
     np.testing.assert_allclose(hidden[1].numpy(), hidden[0].numpy(), atol=1e-5)
 
+    # fine-tuned inside a Functional model, whose fit passes training=True down to it
+    wrapped = []
+    for model in (known, revived):
+        inputs = keras.Input((6,))
+        wrapper = keras.Model(inputs, layers.Dense(1, kernel_initializer="ones")(model(inputs)))
+        wrapper.compile(keras.optimizers.SGD(0.05), "mse")
+        wrapped.append(wrapper)
+    moving = [v.numpy() for v in revived.non_trainable_variables if "moving" in v.path]
+    for wrapper in wrapped:
+        keras.utils.set_random_seed(13)
+        wrapper.fit(x, y, batch_size=len(x), epochs=1, verbose=0, shuffle=False)
+    _same_variables(*wrapped)
+    moved = [v.numpy() for v in revived.non_trainable_variables if "moving" in v.path]
+    assert all(not np.allclose(a, b) for a, b in zip(moving, moved, strict=True))
+
 
 # ----------------------------------------------------------------------- item 5
 def test_training_defaults_of_sublayers_survive(saved):
@@ -467,6 +489,14 @@ def _outputs_alike(known, revived, call, trainings=(None, False, True)):
         expected, actual = call(known, **kwargs), call(revived, **kwargs)
         np.testing.assert_allclose(actual.numpy(), expected.numpy(), atol=1e-5)
         _same_variables(known, revived)
+
+
+def test_a_model_saved_in_a_strategy_scope_revives(saved):
+    known, revived = saved["strategy"].revive()
+    x = _x()
+    assert float(revived.layers[1].non_trainable_variables[0].numpy()) == 1.0
+    _outputs_alike(known, revived, lambda m, **kw: m(x, **kw))
+    _fit_both(known, revived, x, _y(d=3))
 
 
 def test_nested_layers_and_models_revive(saved):
