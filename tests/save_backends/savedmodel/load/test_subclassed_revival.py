@@ -212,6 +212,18 @@ class TwoInputsUnbuilt(TwoInputs):
 
 
 @register
+class Variadic(keras.Model):
+    """``call(self, *inputs)``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = layers.Dense(3)
+
+    def call(self, *inputs):
+        return self.dense(sum(inputs))
+
+
+@register
 class TrainingBetweenInputs(keras.Model):
     """``training`` declared between the two inputs (the second one by keyword)."""
 
@@ -308,14 +320,20 @@ class Saved:
 
     def revive(self):
         """The original at its saved values, and a new revival (class missing)."""
+        return self.revive_layer(None)
+
+    def revive_layer(self, name):
+        """As ``revive``, where the layer ``name`` (the root if None) is the revived one."""
         for v, value in zip(self.model.variables, self.values, strict=True):
             v.assign(value)
         with classes_hidden(self.hidden, PKG):
             checkpoint = get_backend("savedmodel").load(self.path)
         revived = checkpoint.model
-        assert checkpoint.metadata["revived_from"][self.model.name] == "traced"
-        assert type(revived).__name__ == type(self.model).__name__
-        assert type(revived) is not type(self.model)
+        traced = revived if name is None else revived.get_layer(name)
+        original = self.model if name is None else self.model.get_layer(name)
+        assert checkpoint.metadata["revived_from"][original.name] == "traced"
+        assert type(traced).__name__ == type(original).__name__
+        assert type(traced) is not type(original)
         return self.model, revived
 
 
@@ -347,6 +365,14 @@ def _in_strategy_scope():
         return _trained(UpdateNet(name="in_scope"), _x(), _y(d=3))
 
 
+def _sparse_inside():
+    """The remedy the sparse refusal names: the subclassed model inside a Functional one
+    built on ``keras.Input(sparse=True)``."""
+    inputs = keras.Input((6,), sparse=True)
+    model = keras.Model(inputs, SparseNet(name="sparse_net")(inputs), name="sparse_inside")
+    return _stepped(model, lambda m: m(_sparse()), _y(d=4))
+
+
 _NORMS = ["DefaultsNet", "ZeroInTraining", "ZeroByDefault", "ZeroIfAsked"]
 _CASES = {  # name: (build and train the model, the classes to hide)
     "norm_drop": (lambda: _trained(NormDropNet(name="norm_drop"), _x(), _y()), ["NormDropNet"]),
@@ -368,6 +394,13 @@ _CASES = {  # name: (build and train the model, the classes to hide)
         lambda: _stepped(TwoInputs(name="two_inputs"), lambda m: m(_x(), _x(seed=4)), _y(d=3)),
         ["TwoInputs"],
     ),
+    "variadic": (
+        lambda: _stepped(
+            Variadic(name="variadic"), lambda m: m(_x(), _x(seed=4), _x(seed=5)), _y(d=3)
+        ),
+        ["Variadic"],
+    ),
+    "sparse_inside": (_sparse_inside, ["SparseNet", "SparseDense", "AddOnes"]),
     "training_between": (
         lambda: _stepped(
             TrainingBetweenInputs(name="training_between"),
@@ -545,6 +578,24 @@ def test_two_inputs_without_training_revive(saved):
     _outputs_alike(known, revived, lambda m, **kw: m(a, b, **kw))
     for model in (known, revived):
         _tape_step(model, lambda m: m(a, b), _y(d=3))
+    _same_variables(known, revived)
+
+
+def test_variadic_inputs_revive(saved):
+    known, revived = saved["variadic"].revive()
+    xs = (_x(), _x(seed=4), _x(seed=5))
+    _outputs_alike(known, revived, lambda m, **kw: m(*xs, **kw))
+    for model in (known, revived):
+        _tape_step(model, lambda m: m(*xs), _y(d=3))
+    _same_variables(known, revived)
+
+
+def test_a_sparse_model_inside_a_functional_one_revives(saved):
+    known, revived = saved["sparse_inside"].revive_layer("sparse_net")
+    x = _sparse()
+    _outputs_alike(known, revived, lambda m, **kw: m(x, **kw))
+    for model in (known, revived):
+        _tape_step(model, lambda m: m(x), _y(d=4))
     _same_variables(known, revived)
 
 
