@@ -83,6 +83,20 @@ class DefaultsNet(keras.Model):
 
 
 @register
+class AugmentNet(keras.Model):
+    """Keras' own augmentation (``training=True`` by default) in a ``call`` without
+    ``training``: ``model(x)``, ``predict`` and ``fit`` all augment."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.flip = layers.RandomFlip("horizontal", seed=1)
+        self.dense = layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(ops.reshape(self.flip(x), (-1, 16)))
+
+
+@register
 class TrainingTrueNet(keras.Model):
     """``call(x, training=True)``: a call without ``training`` trains (BatchNormalization
     normalises by the batch and moves its statistics)."""
@@ -355,6 +369,10 @@ def _sparse(seed=2):
     return tf.sparse.from_dense(dense.astype("float32"))
 
 
+def _images():
+    return np.random.default_rng(6).normal(size=(8, 4, 4, 1)).astype("float32")
+
+
 def _sequences():
     return np.random.default_rng(3).normal(size=(4, 3, 2)).astype("float32")
 
@@ -377,6 +395,7 @@ _NORMS = ["DefaultsNet", "ZeroInTraining", "ZeroByDefault", "ZeroIfAsked"]
 _CASES = {  # name: (build and train the model, the classes to hide)
     "norm_drop": (lambda: _trained(NormDropNet(name="norm_drop"), _x(), _y()), ["NormDropNet"]),
     "defaults": (lambda: _trained(DefaultsNet(name="defaults"), _x(), _y(d=3)), _NORMS),
+    "augment": (lambda: _trained(AugmentNet(name="augment"), _images(), _y(d=2)), ["AugmentNet"]),
     "training_true": (
         lambda: _trained(TrainingTrueNet(name="training_true"), _x(), _y(d=4)),
         ["TrainingTrueNet"],
@@ -487,6 +506,16 @@ def test_training_defaults_of_sublayers_survive(saved, tmp_path):
         again = get_backend("savedmodel").load(path).model
     _outputs_alike(known, again, lambda m, **kw: m(x, **kw))
     _fit_both(known, revived, x, _y(d=3))
+
+
+def test_keras_augmentation_in_a_call_without_training_survives(saved):
+    known, revived = saved["augment"].revive()
+    x = _images()
+    _outputs_alike(known, revived, lambda m, **kw: m(x, **kw))
+    flipped = [m(x).numpy() for m in (known, revived)]  # both generators step alike
+    np.testing.assert_allclose(flipped[1], flipped[0], atol=1e-5)
+    assert not np.allclose(flipped[0], known(x, training=False).numpy(), atol=1e-3)
+    _fit_both(known, revived, x, _y(d=2))
 
 
 def test_training_true_default_of_the_model_survives(saved):
