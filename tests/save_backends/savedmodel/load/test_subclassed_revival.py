@@ -7,7 +7,11 @@ a model made in a strategy scope, a stateful RNN, several inputs with and withou
 ``training``), written anew in Keras 3 terms. Each model is saved once per module; each
 test loads it with its classes hidden, as if the module defining them were never imported,
 and compares outputs and one training step against the original (restored to the saved
-values first, so both start alike).
+values first, so both start alike). What Keras 3 does not record (a subclassed model's
+sparse inputs, the shapes of a second input or of an unbuildable model) is refused at save.
+
+Keras 3's ``fit`` passes ``training=True`` only to a model whose ``call`` declares it; a
+call leaving it unresolved gives each sublayer its own default (``RandomFlip``: True).
 """
 
 from __future__ import annotations
