@@ -274,7 +274,7 @@ def _trace_node(
     # refuses ``training=True`` (``training_traced`` below); its class trains as usual.
     # A call leaving ``training`` unresolved runs this trace (a serving export's too:
     # ``model(x)`` and ``predict`` on such a model train the layers defaulting to it).
-    unresolved = training and tracing.unresolved_training_matters(layer)
+    unresolved = training and calls and tracing.unresolved_training_matters(layer)
     training = training and kit.saving_optimizer()
     functions, call_specs, python_gradient = _trace_layer(
         layer,
