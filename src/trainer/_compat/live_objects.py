@@ -40,6 +40,9 @@ ORIGINAL_IDENTITY = "_trainer_original"
 TRACED_INFERENCE_CALL = "_trainer_call_infer"
 # A stand-in's traced training ``call``, or None when the save traced none.
 TRACED_TRAINING_CALL = "_trainer_call_train"
+# A stand-in's traced ``call`` with ``training`` left unresolved (no argument, no outer
+# call: each sublayer takes its own default), or None when that cannot differ from False.
+TRACED_DEFAULT_CALL = "_trainer_call_default"
 # Whether the save traced the layer in training mode (serving exports trace inference only).
 TRAINING_WAS_TRACED = "_trainer_training_traced"
 # Whether the layer's gradient was Python code no trace carries: training must be refused.

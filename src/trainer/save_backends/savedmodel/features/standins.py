@@ -26,6 +26,7 @@ from trainer.errors import RevivedCallError
 from trainer.save_backends.savedmodel.features import (
     call_matching,
     frozen_flags,
+    keras_objects,
     masks,
     python_gradients,
 )
@@ -95,6 +96,7 @@ class _RevivedMixin:
         mark(self, live_objects.ORIGINAL_IDENTITY, original)
         mark(self, live_objects.TRACED_INFERENCE_CALL, infer)
         mark(self, live_objects.TRACED_TRAINING_CALL, getattr(node, "call_train", None))
+        mark(self, live_objects.TRACED_DEFAULT_CALL, getattr(node, "call_default", None))
         mark(self, live_objects.TRAINING_WAS_TRACED, record.get("training_traced", True))
         gradient = bool(record.get(python_gradients.RECORD_KEY))
         mark(self, live_objects.PYTHON_GRADIENT, gradient)
@@ -122,6 +124,9 @@ class _RevivedMixin:
         if structure is not None:
             mark(self, live_objects.INPUT_STRUCTURE, structure)
         mark(self, live_objects.FROZEN_FLAGS, frozen_flags.snapshot(self))
+        spec = keras_objects.input_spec_from_record(record.get("input_spec"))
+        if spec is not None:
+            self.input_spec = spec
         self.built = True
 
     def _call_traced(self, args, training, kwargs):
@@ -136,6 +141,10 @@ class _RevivedMixin:
             function = marker(live_objects.TRACED_TRAINING_CALL)
         elif training and not marker(live_objects.TRAINING_WAS_TRACED):
             raise _no_training_trace(self)
+        elif training is None and marker(live_objects.TRACED_DEFAULT_CALL) is not None:
+            # unresolved: each sublayer took its own default, some of them training
+            frozen_flags.check(self, marker(live_objects.FROZEN_FLAGS))
+            function = marker(live_objects.TRACED_DEFAULT_CALL)
         takes_masks = marker(live_objects.TAKES_INPUT_MASKS)
         error = None
         for each_args, each_kwargs in call_matching.arrange(self, function, args, kwargs):

@@ -270,11 +270,27 @@ def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
 
     def serve(*inputs):
         target = ref()
-        outputs = target(*inputs, training=False)
+        args, kwargs = _bound_inputs(target, inputs)
+        outputs = target(*args, training=False, **kwargs)
         keras_compat.clear_losses(target)
         return outputs
 
     return tf.function(serve, input_signature=list(args))
+
+
+def _bound_inputs(model: keras.Model, inputs: tuple[Any, ...]) -> tuple[tuple, dict]:
+    """The recorded inputs as ``call`` takes them: positionally, except those its
+    signature places after ``training`` (``call(self, a, training=None, b=None)``), which
+    go by name; Keras takes ``training`` only by keyword, so ``model(a, b, training=...)``
+    would hand ``b`` to ``training`` too."""
+    call = type(model).call  # the class's: recording replaces ``call`` on the instance
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in inspect.signature(call).parameters.values() if p.kind in positional]
+    names = names[1:]  # without self
+    if "training" not in names or names.index("training") >= len(inputs):
+        return tuple(inputs), {}
+    cut = names.index("training")
+    return tuple(inputs[:cut]), dict(zip(names[cut + 1 :], inputs[cut:], strict=False))
 
 
 def make_serving_default(

@@ -241,9 +241,18 @@ def _trace_node(
     # A serving export (saved without the optimizer) is for inference: no training traces,
     # which were a third of an export's time. A layer revived from it without its class
     # refuses ``training=True`` (``training_traced`` below); its class trains as usual.
+    # A call leaving ``training`` unresolved runs this trace (a serving export's too:
+    # ``model(x)`` and ``predict`` on such a model train the layers defaulting to it).
+    unresolved = training and calls and tracing.unresolved_training_matters(layer)
     training = training and kit.saving_optimizer()
     functions, call_specs, python_gradient = _trace_layer(
-        layer, node, recorder.specs[id(layer)], dispatcher, calls=calls, training=training
+        layer,
+        node,
+        recorder.specs[id(layer)],
+        dispatcher,
+        calls=calls,
+        training=training,
+        unresolved=unresolved,
     )
     functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
     own = [var_index[id(tf_variable(v))] for v in layer.variables]
@@ -267,7 +276,8 @@ def _trace_node(
     # dispatched: its traced function holds its __call__ Python, which the parent's call
     # runs too before reaching ``call`` (the override would be applied twice).
     if hasattr(node, "call_infer") and not readiness.overrides_call(layer):
-        dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None))
+        default = getattr(node, "call_default", None)
+        dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None), default)
     return node, record
 
 
@@ -380,9 +390,11 @@ def _trace_layer(
     *,
     calls: bool = True,
     training: bool = True,
+    unresolved: bool = False,
 ):
     """Concrete call functions for each recorded call spec, for both training values
-    (none unless ``calls``; inference only unless ``training``)."""
+    (none unless ``calls``; inference only unless ``training``), and with ``training``
+    unresolved if ``unresolved`` (``call_default``)."""
     functions: dict[str, Any] = {}
     first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
     python_gradient = False
@@ -395,8 +407,12 @@ def _trace_layer(
                 modes = {"call_infer": None}
             elif not training:
                 modes = {"call_infer": False}
+            if unresolved and "call_infer" in modes and modes["call_infer"] is False:
+                modes["call_default"] = None
             for attr, training in modes.items():
-                fn = tracing.make_call_function(layer, training, dispatcher)
+                fn = tracing.make_call_function(
+                    layer, training, dispatcher, unresolved=attr == "call_default"
+                )
                 for args, kwargs in specs.values():
                     concrete = fn.get_concrete_function(
                         _named(args, "args"), _named(kwargs, "kwargs")

@@ -37,7 +37,12 @@ def state_variables(layer: keras.layers.Layer) -> list[tf.Variable]:
                 candidates.extend(item.variables)
             elif isinstance(item, keras.Variable | tf.Variable):
                 candidates.append(item)
-    for marker in (live_objects.TRACED_INFERENCE_CALL, live_objects.TRACED_TRAINING_CALL):
+    traced = (
+        live_objects.TRACED_INFERENCE_CALL,
+        live_objects.TRACED_TRAINING_CALL,
+        live_objects.TRACED_DEFAULT_CALL,
+    )
+    for marker in traced:
         function = live_objects.get_marker(layer, marker)
         for concrete in tf_compat.concrete_functions(function) if function is not None else []:
             candidates.extend(concrete.variables)

@@ -27,7 +27,10 @@ from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.model_state import readiness
 from trainer.save_backends.savedmodel.features import masks
-from trainer.save_backends.savedmodel.features.keras_objects import takes_training
+from trainer.save_backends.savedmodel.features.keras_objects import (
+    takes_training,
+    training_default,
+)
 
 
 class Node(tf.Module):
@@ -68,6 +71,47 @@ def _uses_training(layer: keras.layers.Layer) -> bool:
     if not cls.__module__.startswith("keras.src."):
         return True
     return _body_names_training(cls.call)
+
+
+def unresolved_training_matters(layer: keras.layers.Layer) -> bool:
+    """Whether a call leaving ``training`` unresolved (``model(x)`` or ``fit`` on a model
+    whose ``call`` does not declare it: no argument, no outer call deciding it) can compute
+    otherwise than ``training=False``. Keras then gives each sublayer its own default, and
+    a sublayer defaulting to ``training=True`` (Keras' image augmentations, a user's layer)
+    trains, with every layer after it in that call. Such a layer gets a third trace."""
+    return any(_none_differs(x) for x in keras_compat.sublayers(layer, include_self=True))
+
+
+def _none_differs(layer: keras.layers.Layer) -> bool:
+    """Whether the layer's own ``call`` may act otherwise with ``training`` unresolved than
+    with False: it defaults to a true value, or (a user's class) tests ``training`` against
+    None. A stand-in revived with such a trace keeps it when saved again."""
+    if live_objects.get_marker(layer, live_objects.TRACED_DEFAULT_CALL) is not None:
+        return True
+    if not takes_training(layer):
+        return False
+    default = training_default(layer)
+    if default is not inspect.Parameter.empty and default is not None and default is not False:
+        return True
+    cls = type(layer)
+    return not cls.__module__.startswith("keras.src.") and _body_tests_none(cls.call)
+
+
+@functools.cache
+def _body_tests_none(call: Callable) -> bool:
+    """Whether the function compares ``training`` with None (``is None``, ``is not None``,
+    ``== None``); True if its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(call)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            named = any(isinstance(x, ast.Name) and x.id == "training" for x in operands)
+            if named and any(isinstance(x, ast.Constant) and x.value is None for x in operands):
+                return True
+    return False
 
 
 @functools.cache
@@ -213,23 +257,24 @@ class Dispatcher:
     """
 
     def __init__(self) -> None:
-        self.entries: dict[int, tuple[keras.layers.Layer, Any, Any, Any]] = {}
+        # layer, inference, training and unresolved-training traces, its regularizer
+        self.entries: dict[int, tuple[keras.layers.Layer, Any, Any, Any, Any]] = {}
         self.restorers: dict[int, Callable[[], None]] = {}  # of the installed calls
 
     def __enter__(self) -> Dispatcher:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for layer, _infer, _train, regularizer in self.entries.values():
+        for layer, _infer, _train, regularizer, _default in self.entries.values():
             self._uninstall(layer)
             layer.activity_regularizer = regularizer
 
-    def add(self, layer: keras.layers.Layer, infer: Any, train: Any) -> None:
-        self.entries[id(layer)] = (layer, infer, train, layer.activity_regularizer)
+    def add(self, layer: keras.layers.Layer, infer: Any, train: Any, default: Any = None) -> None:
+        self.entries[id(layer)] = (layer, infer, train, layer.activity_regularizer, default)
         self._install(layer)
 
     def _install(self, layer: keras.layers.Layer) -> None:
-        _, infer, train, _ = self.entries[id(layer)]
+        _, infer, train, _, default = self.entries[id(layer)]
         takes_masks = masks.accepts_masks(infer)
 
         def dispatch(*args: Any, **kwargs: Any) -> Any:
@@ -238,9 +283,13 @@ class Dispatcher:
                 training = keras_compat.outer_training()
             if takes_masks:
                 kwargs = masks.with_masks(args, kwargs)
-            use_train = train is not None and isinstance(training, bool) and training
+            function = infer
+            if train is not None and isinstance(training, bool) and training:
+                function = train
+            elif training is None and default is not None:
+                function = default
             args, kwargs = _read_variables((tuple(args), kwargs))
-            outputs, losses = masks.received((train if use_train else infer)(args, kwargs))
+            outputs, losses = masks.received(function(args, kwargs))
             keras_compat.add_losses(layer, list(losses))
             return outputs
 
@@ -271,11 +320,19 @@ class Dispatcher:
 
 
 def make_call_function(
-    layer: keras.layers.Layer, training: bool | None, dispatcher: Dispatcher | None = None
+    layer: keras.layers.Layer,
+    training: bool | None,
+    dispatcher: Dispatcher | None = None,
+    *,
+    unresolved: bool = False,
 ) -> Any:
     """``fn(args, kwargs) -> (outputs, losses)``: the layer's ``__call__`` at a fixed
     ``training`` value. Losses added during the call (activity regularizers, ``add_loss``)
     are returned rather than left behind as graph tensors on the layer.
+
+    ``unresolved``: called with ``training=None``, what Keras resolves a call to when no
+    argument, outer call or non-None default decides it (the layer's ``call`` then gets
+    None, its sublayers their own defaults): one behaviour, whatever led to it.
     """
     ref = weakref.ref(layer)  # the cache must not keep the model alive
     dispatcher_ref = weakref.ref(dispatcher) if dispatcher is not None else None
@@ -283,7 +340,7 @@ def make_call_function(
     def call(args, kwargs):
         target = ref()
         kwargs = masks.attach(args, kwargs)  # the masks its inputs carried, back on them
-        if training is not None:
+        if training is not None or unresolved:
             kwargs["training"] = training
         active = dispatcher_ref() if dispatcher_ref is not None else None
         if active is None:
