@@ -29,7 +29,7 @@ from trainer.model_state.kit import checkpoint_state
 from trainer.save_backends import legacy
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.save_backends.savedmodel import layout
-from trainer.save_backends.savedmodel.features import layer_state, training_logic
+from trainer.save_backends.savedmodel.features import float8, layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
 from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
 from trainer.save_backends.savedmodel.records import check_json
@@ -75,6 +75,12 @@ class SavedModelBackend(SaveBackend):
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
+    def check_savable(self, model: keras.Model) -> None:
+        """Also refuses float8-quantized layers that a load could not rebuild
+        (``features.float8``)."""
+        super().check_savable(model)
+        float8.check_savable(model)
+
     def check_rebuildable(self, model: keras.Model) -> None:
         """Nothing to refuse: layers revived from traced functions are saved with their
         traces again, and a layer that cannot rebuild from its config is revived from its

@@ -5,7 +5,9 @@ its kernel and bias; the layer Keras rebuilds from the float8 config creates the
 The loader bound a rebuilt layer's variables by position, so the save refused such a model
 (before that, the load called the checkpoint damaged). Now a rebuilt layer's variables are
 bound by name (``records.rebuilt_order``): the model comes back as Keras's own float8
-layers with every variable, serves, and trains on as the original does.
+layers with every variable, serves, and trains on as the original does. A float8 layer
+inside a layer that creates its sublayers itself is still refused at save time: a load
+rebuilds it unquantized (``features/float8.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel.records import rebuilt_order
 
@@ -92,6 +95,30 @@ def test_one_training_step_equal(round_trip):
     assert ours.keys() == revived.keys()
     for key, value in ours.items():
         np.testing.assert_array_equal(revived[key], value, err_msg=key)
+
+
+@keras.saving.register_keras_serializable(package="test_float8_layers")
+class Block(keras.layers.Layer):
+    """Creates its Dense itself: rebuilt from its config, the Dense is not quantized."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(4, name="inner")
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+
+    def call(self, x):
+        return self.inner(x) * 2.0
+
+
+def test_float8_layer_inside_a_custom_layer_is_refused_at_save(tmp_path):
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(Block(name="block")(inputs)))
+    model.quantize("float8")
+    with pytest.raises(ModelNotReadyError, match=r"'inner' in 'block' \(Block\)"):
+        get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    assert not any(tmp_path.iterdir())
 
 
 def test_rebuilt_order_by_name_then_by_path_else_none():
