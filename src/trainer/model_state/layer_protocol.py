@@ -340,21 +340,30 @@ def failing_layer(error: BaseException) -> tuple[keras.layers.Layer, str] | None
     return found
 
 
+def hook_failure(
+    layer: keras.layers.Layer, method: str, error: BaseException, *, saving: bool
+) -> LayerStateError:
+    """The error to raise, ``from error``, when ``layer``'s own ``method`` raised ``error``:
+    it names the layer's code, never the checkpoint, and carries the original's text (the
+    original itself rides along as ``__cause__``)."""
+    what = (
+        "Fix that method of the layer, or the state it keeps"
+        if saving
+        else "Either the method has a bug, or the state stored for this layer does not "
+        "fit the layer as it is now built (another version of its class?)"
+    )
+    return LayerStateError(
+        f"Layer {layer.name!r} ({type(layer).__name__}) failed in its own {method}() "
+        f"while {'saving' if saving else 'loading'} a checkpoint. {what}. "
+        f"Received error: {type(error).__name__}: {error}"
+    )
+
+
 def _call(layer: keras.layers.Layer, method: str, argument: object, *, saving: bool) -> None:
     try:
         getattr(layer, method)(argument)
     except Exception as error:  # the layer's own code: named as such, never "damaged"
-        what = (
-            "Fix that method of the layer, or the state it keeps"
-            if saving
-            else "Either the method has a bug, or the state stored for this layer does not "
-            "fit the layer as it is now built (another version of its class?)"
-        )
-        raise LayerStateError(
-            f"Layer {layer.name!r} ({type(layer).__name__}) failed in its own {method}() "
-            f"while {'saving' if saving else 'loading'} a checkpoint. {what}. "
-            f"Received error: {type(error).__name__}: {error}"
-        ) from error
+        raise hook_failure(layer, method, error, saving=saving) from error
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:

@@ -26,6 +26,7 @@ the saved slots into its optimizer if that is built and has the same variable co
 
 from __future__ import annotations
 
+import contextlib
 import io as stdio
 import json
 from pathlib import Path
@@ -188,25 +189,64 @@ def _keras_weights(model: keras.Model) -> memoryview:
         if culprit is None:
             raise
         layer, method = culprit
-        raise LayerStateError(
-            f"Layer {layer.name!r} ({type(layer).__name__}) failed in its own {method}() "
-            f"while saving a checkpoint. Fix that method of the layer, or the state it "
-            f"keeps. Received error: {type(error).__name__}: {error}"
-        ) from error
+        raise layer_protocol.hook_failure(layer, method, error, saving=True) from error
+
+
+@contextlib.contextmanager
+def _recording_load_failures(model: keras.Model):
+    """Yield a dict that receives, per layer whose own ``load_own_variables`` raises inside
+    the block, id(layer) -> (layer, the exception), in the order the layers failed.
+
+    Keras's ``load_weights`` catches what each layer's hook raises, tries the failed ones
+    again, then raises one ``ValueError`` holding only the text of the last try: the
+    original exception, its type and its traceback would be lost to the caller. So for
+    the call, each layer's hook is shadowed by an instance attribute that notes the
+    exception (the latest try, as Keras reports it) and re-raises it; Keras looks the hook
+    up on the instance. The class is never touched and the attributes go away afterwards,
+    also when the load fails."""
+    failures: dict[int, tuple[keras.layers.Layer, BaseException]] = {}
+    shadowed = []
+    for layer in layer_protocol.stateful_layers(model):
+        hook = getattr(layer, "load_own_variables", None)
+        if hook is None or "load_own_variables" in vars(layer):
+            continue
+
+        def recording(store, _layer=layer, _hook=hook):
+            try:
+                return _hook(store)
+            except Exception as error:
+                failures[id(_layer)] = (_layer, error)
+                raise
+
+        # object.__setattr__: a bound function is no state for Keras's attribute tracking.
+        object.__setattr__(layer, "load_own_variables", recording)
+        shadowed.append(layer)
+    try:
+        yield failures
+    finally:
+        for layer in shadowed:
+            object.__delattr__(layer, "load_own_variables")
 
 
 def _load_weights(model: keras.Model, path: Path, *, given: bool) -> None:
-    """``model.load_weights``: Keras calls every layer's ``load_own_variables``."""
+    """``model.load_weights``: Keras calls every layer's ``load_own_variables``; the first
+    exception one of them raised is the ``__cause__`` of what the caller gets."""
     try:
-        model.load_weights(path / WEIGHTS_FILE)
+        with _recording_load_failures(model) as failures:
+            model.load_weights(path / WEIGHTS_FILE)
     except ValueError as error:
+        layer, original = next(iter(failures.values()), (None, error))
         first = " ".join(str(error).split())[:600]
-        if given:
+        if given:  # most likely the caller's model, not the layer's code
             raise ConfigMismatchError(
                 f"The weights in {path / WEIGHTS_FILE} do not fit model {model.name!r}: its "
                 f"layers differ from the saved architecture. Load without model= to rebuild "
                 f"the saved architecture. Received error: {first}"
-            ) from error
+            ) from original
+        if layer is not None:
+            raise layer_protocol.hook_failure(
+                layer, "load_own_variables", original, saving=False
+            ) from original
         raise LayerStateError(
             f"The weights in {path / WEIGHTS_FILE} could not be loaded into the model rebuilt "
             f"from the checkpoint's own architecture: a layer's load_own_variables() failed, "

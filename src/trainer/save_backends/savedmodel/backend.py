@@ -23,13 +23,13 @@ import tensorflow as tf
 from trainer._compat import keras as keras_compat
 from trainer._compat import live_objects
 from trainer._compat.initializers import DeferredInitializers
-from trainer.errors import CorruptCheckpointError, MissingClassError, ModelNotReadyError
-from trainer.model_state import dtype_policy, kit, layer_protocol, trainable
+from trainer.errors import CorruptCheckpointError, MissingClassError
+from trainer.model_state import dtype_policy, kit, layer_protocol
 from trainer.model_state.kit import checkpoint_state
 from trainer.save_backends import legacy
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.save_backends.savedmodel import layout
-from trainer.save_backends.savedmodel.features import layer_state, training_logic
+from trainer.save_backends.savedmodel.features import float8, layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
 from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
 from trainer.save_backends.savedmodel.records import check_json
@@ -77,21 +77,10 @@ class SavedModelBackend(SaveBackend):
 
     # ---------------------------------------------------------------------- save
     def check_savable(self, model: keras.Model) -> None:
-        """Also refuses float8-quantized layers (``trainable.float8_layers``): this format
-        restores variables by position, so no load could give them back (the h5 and
-        weights backends restore each layer through Keras' own per-layer store, which
-        does)."""
+        """Also refuses float8-quantized layers that a load could not rebuild
+        (``features.float8``)."""
         super().check_savable(model)
-        float8 = trainable.float8_layers(model)
-        if float8:
-            raise ModelNotReadyError(
-                f"Model {model.name!r} has float8-quantized layers {float8[:5]}, which the "
-                f"savedmodel backend cannot restore: Keras rebuilds them with their variables "
-                f"in another order. Save with save=h5 or save=weights, save before "
-                f"model.quantize('float8'), or use Keras' model.export() for a serving "
-                f"SavedModel (trainer's export uses this backend too). Received: "
-                f"{len(float8)} float8 layers"
-            )
+        float8.check_savable(model)
 
     def check_rebuildable(self, model: keras.Model) -> None:
         """Nothing to refuse: layers revived from traced functions are saved with their

@@ -353,3 +353,26 @@ def check_json(value: Any, what: str) -> None:
             f"The {what} cannot be serialized to JSON ({err}). Use registered Keras "
             f"objects or strings instead of Python objects. Received: {value!r}"[:600]
         ) from None
+
+
+def rebuilt_order(
+    rebuilt: list[tuple[str | None, str | None]], saved: list[tuple[str | None, str | None]]
+) -> list[int] | None:
+    """For each variable of a layer rebuilt from its config, given as (name, path), the
+    position among the saved layer's variables of the one with its name (or, where names
+    repeat, as a model's do, its path), when those are distinct on each side and the
+    same; None otherwise (bind by position, as before).
+
+    A rebuilt layer may create its variables in another order than the live one did, and
+    a bind by position would then pair variables of equal shapes wrongly without a word:
+    ``model.quantize("float8")`` adds a Dense's six scale and amax-history variables
+    after its kernel and bias, while the Dense Keras rebuilds from the float8 config
+    creates them first. Within one layer a variable's name is what Keras itself keys it
+    by, so names decide where they can."""
+    for key in (0, 1):
+        mine, theirs = [v[key] for v in rebuilt], [v[key] for v in saved]
+        distinct = len(set(mine)) == len(mine) and len(set(theirs)) == len(theirs)
+        if None not in mine and distinct and set(mine) == set(theirs):
+            where = {name: i for i, name in enumerate(theirs)}
+            return [where[name] for name in mine]
+    return None

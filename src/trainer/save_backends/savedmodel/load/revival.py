@@ -49,7 +49,7 @@ from trainer.save_backends.savedmodel.features import (
 )
 from trainer.save_backends.savedmodel.load import graph_revival
 from trainer.save_backends.savedmodel.load.stored_variables import Stored
-from trainer.save_backends.savedmodel.records import is_graph_config
+from trainer.save_backends.savedmodel.records import is_graph_config, rebuilt_order
 
 log = logging.getLogger(__name__)
 
@@ -358,9 +358,16 @@ class Reviver:
             variable.regularizer = standins.TracedRegularizer(function)
 
     def bind(self, layer: keras.layers.Layer, record: dict[str, Any], *, strict: bool) -> bool:
-        """Point every Keras variable of ``layer`` at the loaded storage, by position."""
+        """Point every Keras variable of ``layer`` at the loaded storage: by name within
+        the layer where the names tell (``records.rebuilt_order``), else by position."""
         variables = list(layer.variables)
         saved = record["variables"]
+        order = rebuilt_order(
+            [(v.name, v.path) for v in variables],
+            [(self.var_records[i].get("name"), self.var_records[i].get("path")) for i in saved],
+        )
+        if order is not None:
+            saved = [saved[i] for i in order]
         problem = None
         if len(variables) != len(saved):
             problem = f"{len(variables)} variables rebuilt, {len(saved)} saved"

@@ -91,8 +91,8 @@ def _keras_own_layer(layer: keras.layers.Layer) -> bool:
 
 def _rebuilds_alike(layer: keras.layers.Layer, config: dict[str, Any]) -> bool:
     """Whether the loader's config path (deserialize, ``build_from_config``) rebuilds the
-    layer with the variables it has, compared as the loader binds them: by position,
-    shape and dtype."""
+    layer with the variables it has, compared as the loader binds them: by name within
+    the layer where the names tell, else by position; then shape and dtype."""
     config = copy.deepcopy(config)
     config.pop("build_config", None)
     build_config = layer.get_build_config()
@@ -101,8 +101,14 @@ def _rebuilds_alike(layer: keras.layers.Layer, config: dict[str, Any]) -> bool:
             clone = keras.saving.deserialize_keras_object(config, safe_mode=True)
             if not clone.built and build_config:
                 clone.build_from_config(build_config)
-            rebuilt = [(tuple(v.shape), v.dtype) for v in clone.variables]
+            rebuilt = list(clone.variables)
     except Exception as err:  # Keras' own from_config / build failing: keep the traces
         log.debug("Layer %r keeps its traced calls: %s: %s", layer.name, type(err).__name__, err)
         return False
-    return rebuilt == [(tuple(v.shape), v.dtype) for v in layer.variables]
+    live = list(layer.variables)
+    order = records.rebuilt_order(
+        [(v.name, v.path) for v in rebuilt], [(v.name, v.path) for v in live]
+    )
+    if order is not None:  # the loader binds by name then (a float8-quantized Dense)
+        live = [live[i] for i in order]
+    return [(tuple(v.shape), v.dtype) for v in rebuilt] == [(tuple(v.shape), v.dtype) for v in live]
