@@ -29,11 +29,11 @@ from trainer.model_state.kit import checkpoint_state
 from trainer.save_backends import legacy
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.save_backends.savedmodel import layout
-from trainer.save_backends.savedmodel.features import float8, layer_state, training_logic
+from trainer.save_backends.savedmodel.features import layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
 from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
 from trainer.save_backends.savedmodel.records import check_json
-from trainer.save_backends.savedmodel.save import endpoints, trace_cache
+from trainer.save_backends.savedmodel.save import endpoints, float8, trace_cache
 from trainer.state import TrainingState
 from trainer.storage import integrity, limits
 from trainer.storage.integrity import MANIFEST_FILE
@@ -78,7 +78,7 @@ class SavedModelBackend(SaveBackend):
     # ---------------------------------------------------------------------- save
     def check_savable(self, model: keras.Model) -> None:
         """Also refuses float8-quantized layers that a load could not rebuild
-        (``features.float8``)."""
+        (``save.float8``)."""
         super().check_savable(model)
         float8.check_savable(model)
 

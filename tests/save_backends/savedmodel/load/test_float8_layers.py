@@ -7,7 +7,7 @@ The loader bound a rebuilt layer's variables by position, so the save refused su
 bound by name (``records.rebuilt_order``): the model comes back as Keras's own float8
 layers with every variable, serves, and trains on as the original does. A float8 layer
 inside a layer that creates its sublayers itself is still refused at save time: a load
-rebuilds it unquantized (``features/float8.py``).
+rebuilds it unquantized (``save/float8.py``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 from trainer._compat import tensorflow as tf_compat
 
 # Every function of a layer's node that a training step can differentiate.
-_FUNCTIONS = ("call_infer", "call_train", "compute_mask")
+_FUNCTIONS = ("call_infer", "call_train", "call_default", "compute_mask")
 
 
 def prepare(node: Any) -> None:
