@@ -177,3 +177,34 @@ def test_outputs_and_next_training_step_are_the_saved_ones(loaded):
         each.train_on_batch(x, y)
     for a, b in zip(original.weights, model.weights, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, err_msg=a.path)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class Bucketed(keras.layers.Layer):
+    """No ``build()``, and a call that takes integers only: the build config records the
+    shape of its inputs but not their dtype, so a call on it fails."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = keras.layers.Embedding(8, 3)
+
+    def call(self, ids):
+        return self.embed(keras.ops.bitwise_and(ids, 7))
+
+
+def test_a_layer_its_build_config_cannot_build_is_built_from_its_traced_specs(tmp_path):
+    """The shapes alone do not build it (its call rejects float inputs): it is built from
+    its traced input specs, as before, still as its own class, quietly and exactly."""
+    inputs = keras.Input((3,), dtype="int32")
+    model = keras.Model(inputs, Bucketed(name="bucketed")(inputs))
+    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint = get_backend("savedmodel").load(path)
+    assert not [w for w in caught if "build" in str(w.message)]
+    assert type(checkpoint.model.get_layer("bucketed")) is Bucketed
+    assert checkpoint.metadata["traced_functions_loaded"] is True
+    ids = np.array([[1, 9, 30], [4, 5, 6]], "int32")
+    np.testing.assert_array_equal(
+        checkpoint.model.predict(ids, verbose=0), model.predict(ids, verbose=0)
+    )

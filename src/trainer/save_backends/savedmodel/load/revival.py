@@ -218,8 +218,7 @@ class Reviver:
         if not layer.built and record.get("build_config"):
             with contextlib.suppress(Exception):
                 if symbolic_build.builds_by_call(layer):
-                    args, kwargs = symbolic_build.inputs_from_build_config(record["build_config"])
-                    symbolic_build.call(layer, args, kwargs)
+                    symbolic_build.build_by_call(layer, record["build_config"])
                 else:
                     layer.build_from_config(record["build_config"])
                     built_from_config = True

@@ -18,6 +18,7 @@ layer that does not match is revived the previous way, from its traced input spe
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import keras
@@ -46,6 +47,16 @@ def inputs_from_build_config(build_config: Any) -> tuple[tuple[Any, ...], dict[s
     if isinstance(shapes, dict) and shapes and all(k.endswith("_shape") for k in shapes):
         return (), {k[: -len("_shape")]: _symbolic(s) for k, s in shapes.items()}
     raise ValueError(f"build config without input shapes: {sorted(build_config)!r:.200}")
+
+
+def build_by_call(layer: keras.layers.Layer, build_config: Any) -> None:
+    """Build ``layer`` by a call on the shapes of its build config; raises what the call
+    raises. Quietly: when Keras cannot trace the call it warns and the caller, seeing the
+    variables missing, builds the layer from its traced input specs instead."""
+    args, kwargs = inputs_from_build_config(build_config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call(layer, args, kwargs)
 
 
 def _symbolic(shapes: Any) -> Any:
