@@ -129,6 +129,10 @@ def test_layers_without_build_are_rebuilt_from_their_classes(loaded):
     assert [type(b) for b in revived] == [type(b) for b in _blocks(original)]
     assert len(revived) == 4  # block, outer and outer's two inner blocks
     assert all(b.built for b in revived)
+    # Built as by their first call: a save of the loaded model records how to build them
+    assert [b.get_build_config() for b in revived] == [
+        b.get_build_config() for b in _blocks(original)
+    ]
     how = checkpoint.metadata["revived_from"]
     if "block" in how:  # graph models revive each of their layers themselves
         assert how["block"] == how["outer"] == "config"

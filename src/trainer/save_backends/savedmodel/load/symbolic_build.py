@@ -50,13 +50,14 @@ def inputs_from_build_config(build_config: Any) -> tuple[tuple[Any, ...], dict[s
 
 
 def build_by_call(layer: keras.layers.Layer, build_config: Any) -> None:
-    """Build ``layer`` by a call on the shapes of its build config; raises what the call
-    raises. Quietly: when Keras cannot trace the call it warns and the caller, seeing the
-    variables missing, builds the layer from its traced input specs instead."""
+    """Build ``layer`` as a call on the shapes of its build config would (the build only:
+    the call's output is not needed); raises what the call raises. Quietly: when Keras
+    cannot trace the call it warns, and the caller, seeing the variables missing, builds
+    the layer from its traced input specs instead."""
     args, kwargs = inputs_from_build_config(build_config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        call(layer, args, kwargs)
+        keras_compat.build_as_first_call(layer, args, kwargs)
 
 
 def _symbolic(shapes: Any) -> Any:
