@@ -172,7 +172,7 @@ def savedmodel_rows(size: Size, model: keras.Model, repeats: int, root: Path, lo
     )
     rows[-1].note = rows[-1].note or notes.get("load", "")
     if size.has_custom_class:
-        with models.block_class_missing():
+        with models.block_class_missing(size):
             missing = timed(
                 size.name,
                 "savedmodel.load_missing",

@@ -10,7 +10,15 @@ import keras
 import numpy as np
 from keras import layers
 
-from benchmarks.specs import BATCH, BLOCK_NAME, NUM_CLASSES, PACKAGE, Size, input_shape
+from benchmarks.specs import (
+    BATCH,
+    BLOCK_NAME,
+    NO_BUILD_BLOCK_NAME,
+    NUM_CLASSES,
+    PACKAGE,
+    Size,
+    input_shape,
+)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE, name=BLOCK_NAME)
@@ -38,6 +46,24 @@ class DenseResidualBlock(layers.Layer):
         return {**super().get_config(), "width": self.width}
 
 
+@keras.saving.register_keras_serializable(package=PACKAGE, name=NO_BUILD_BLOCK_NAME)
+class DenseResidualBlockNoBuild(layers.Layer):
+    """``DenseResidualBlock`` without ``build()``, as Keras's guides write blocks: Keras
+    builds its sublayers by running its call on symbolic inputs (at load too)."""
+
+    def __init__(self, width: int, **kwargs):
+        super().__init__(**kwargs)
+        self.width = width
+        self.inner = layers.Dense(width, activation="relu")
+        self.outer = layers.Dense(width)
+
+    def call(self, inputs):
+        return keras.ops.relu(inputs + self.outer(self.inner(inputs)))
+
+    def get_config(self):
+        return {**super().get_config(), "width": self.width}
+
+
 def build(size: Size, seed: int = 0, *, train: bool = True) -> keras.Model:
     """The model of ``size``, compiled with Adam and trained on one batch.
 
@@ -48,8 +74,9 @@ def build(size: Size, seed: int = 0, *, train: bool = True) -> keras.Model:
     if size.kind == "dense":
         inputs = keras.Input(shape=input_shape(size), name="features")
         x = layers.Dense(size.width, activation="relu", name="stem")(inputs)
+        block = DenseResidualBlock if size.block_build else DenseResidualBlockNoBuild
         for index in range(size.blocks):
-            x = DenseResidualBlock(size.width, name=f"block{index}")(x)
+            x = block(size.width, name=f"block{index}")(x)
         outputs = layers.Dense(NUM_CLASSES, name="logits")(x)
         model = keras.Model(inputs, outputs, name=f"bench_{size.name}")
     elif size.kind == "mobilenetv2":
@@ -86,11 +113,12 @@ def train_step(model: keras.Model, size: Size, seed: int = 0) -> None:
 
 
 @contextlib.contextmanager
-def block_class_missing() -> Iterator[None]:
-    """Unregister ``DenseResidualBlock`` for the duration, as in a process that never
-    imported the module defining it."""
+def block_class_missing(size: Size | None = None) -> Iterator[None]:
+    """Unregister the custom block of ``size`` (``DenseResidualBlock`` by default) for the
+    duration, as in a process that never imported the module defining it."""
     objects = keras.saving.get_custom_objects()
-    key = f"{PACKAGE}>{BLOCK_NAME}"
+    name = BLOCK_NAME if size is None or size.block_build else NO_BUILD_BLOCK_NAME
+    key = f"{PACKAGE}>{name}"
     removed = objects.pop(key)
     try:
         yield

@@ -46,7 +46,7 @@ def prepare(size_name: str, op: str, root: Path):
         return lambda: backend.load(root / "first")
 
     def load_missing():
-        with models.block_class_missing():
+        with models.block_class_missing(size):
             return backend.load(root / "first")
 
     return load_missing

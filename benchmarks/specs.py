@@ -15,6 +15,9 @@ BATCH = 32
 # Registration package of the custom block: "class missing" loads unregister it.
 PACKAGE = "trainer_bench"
 BLOCK_NAME = "DenseResidualBlock"
+# The same block without a build() of its own (its sublayers are built by its first call):
+# how most custom blocks are written, and a different path through every loader.
+NO_BUILD_BLOCK_NAME = "DenseResidualBlockNoBuild"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Size:
     alpha: float = 0.35
     repeats: int | None = None  # overrides --repeats when set (slow models)
     description: str = ""
+    block_build: bool = True  # "dense": whether its custom block defines build()
 
     @property
     def has_custom_class(self) -> bool:
@@ -39,6 +43,22 @@ class Size:
 SIZES: dict[str, Size] = {
     "small": Size("small", "dense", blocks=4, width=64, description="4 blocks of width 64"),
     "large": Size("large", "dense", blocks=16, width=512, description="16 blocks of width 512"),
+    "small_nobuild": Size(
+        "small_nobuild",
+        "dense",
+        blocks=4,
+        width=64,
+        description="4 blocks of width 64, the block without build()",
+        block_build=False,
+    ),
+    "large_nobuild": Size(
+        "large_nobuild",
+        "dense",
+        blocks=16,
+        width=512,
+        description="16 blocks of width 512, the block without build()",
+        block_build=False,
+    ),
     "deep": Size("deep", "dense", blocks=64, width=16, description="64 blocks of width 16"),
     "applications": Size(
         "applications",
@@ -50,7 +70,7 @@ SIZES: dict[str, Size] = {
     # --quick: a tiny model so the whole command runs in well under a minute.
     "tiny": Size("tiny", "dense", blocks=2, width=16, description="2 blocks of width 16"),
 }
-DEFAULT_SIZES = ("small", "large", "deep", "applications")
+DEFAULT_SIZES = ("small", "large", "small_nobuild", "large_nobuild", "deep", "applications")
 QUICK_SIZES = ("tiny",)
 
 

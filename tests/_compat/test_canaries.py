@@ -147,6 +147,28 @@ def test_forget_call_nodes():
     assert dense._inbound_nodes == [] and dense._outbound_nodes == []
 
 
+class _NoBuild(keras.layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.Dense(3)
+
+    def call(self, x):
+        return self.inner(x)
+
+
+def test_build_as_first_call_builds_like_the_first_call():
+    """Same variables, paths, build config and built flag as a first call, and no graph
+    node (the call's output is never computed)."""
+    called, built_here = _NoBuild(name="called"), _NoBuild(name="built_here")
+    called(keras.Input((4,)))
+    keras_compat.build_as_first_call(built_here, (keras.KerasTensor((None, 4)),), {})
+    assert built_here.built and built_here.inner.built
+    assert [v.path.split("/", 1)[0] for v in built_here.weights] == ["built_here"] * 2
+    assert [v.shape for v in built_here.weights] == [v.shape for v in called.weights]
+    assert built_here.get_build_config() == called.get_build_config()
+    assert built_here._inbound_nodes == []
+
+
 def test_unchanged_object_names_puts_the_name_counters_back():
     first = keras.layers.Dense(1).name
     with keras_compat.unchanged_object_names():

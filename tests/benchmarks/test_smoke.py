@@ -204,3 +204,16 @@ def test_repeat_pages_reports_both_kinds_of_repeat_save():
         "after a deletion",
     ]
     assert all(len(line.split("(")[1].split(",")) == 2 for line in lines)  # two saves each
+
+
+@pytest.mark.slow
+def test_load_pair_reports_both_loads_and_how_the_blocks_came_back(tmp_path, monkeypatch):
+    """``benchmarks.load_pair``: ours and ``.keras`` timed each repeat, the blocks from config."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import load_pair
+
+    out = tmp_path / "pair.json"
+    assert load_pair.main(["--sizes", "tiny", "--repeats", "2", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert len(row["times"]["ours"]) == len(row["times"]["keras"]) == 2
+    assert row["ratio"] > 0 and "revived from config: 2" in row["note"]

@@ -134,6 +134,33 @@ def is_functional(layer: Any) -> bool:
     return isinstance(layer, Functional)
 
 
+def build_as_first_call(layer: keras.layers.Layer, args: tuple[Any, ...], kwargs: dict) -> None:
+    """Build ``layer`` exactly as its first ``__call__`` on ``args``/``kwargs`` would (for a
+    layer without ``build()``: one symbolic run of its call, which builds its sublayers under
+    its name scope, then its build shapes recorded and the layer marked built), without then
+    running the call once more for its output.
+
+    Uses ``Layer._maybe_build`` inside ``Layer._open_name_scope``, with the
+    ``keras.src.layers.layer.CallSpec`` that ``__call__`` makes from ``_call_signature`` and
+    ``_call_context_args``. Keras has no public API to build a layer from sample inputs:
+    ``build_from_config`` calls ``build()``, which builds nothing for such a layer, and a
+    public call traces the layer's call twice (to build it, then for its output); on the
+    benchmark's blocks that second trace was a third of a load. Checked: Keras 3.15.1.
+    """
+    from keras.src.layers.layer import CallSpec
+
+    policy = layer.dtype_policy
+
+    def convert(value: Any) -> Any:  # as ``__call__`` converts its inputs first
+        return policy.convert_input(value, layer.autocast, layer.input_dtype)
+
+    args = keras.tree.map_structure(convert, args)
+    kwargs = keras.tree.map_structure(convert, dict(kwargs))
+    spec = CallSpec(layer._call_signature, layer._call_context_args, args, kwargs)
+    with layer._open_name_scope():
+        layer._maybe_build(spec)
+
+
 def forget_call_nodes(layer: keras.layers.Layer) -> None:
     """Forget every symbolic call of ``layer`` (its inbound and outbound graph nodes), so a
     Functional model later built around it numbers its nodes from zero.

@@ -47,7 +47,7 @@ from trainer.save_backends.savedmodel.features import (
     rnn_states,
     standins,
 )
-from trainer.save_backends.savedmodel.load import graph_revival
+from trainer.save_backends.savedmodel.load import graph_revival, symbolic_build
 from trainer.save_backends.savedmodel.load.stored_variables import Stored
 from trainer.save_backends.savedmodel.records import is_graph_config, rebuilt_order
 
@@ -214,14 +214,19 @@ class Reviver:
         return []
 
     def _build(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
-        """Build like Keras would from the build config; if that leaves weights missing
-        (layers creating sublayer weights lazily in ``call``), build by a symbolic call with
-        the recorded input specs, as the original was built by the functional API."""
+        """Build like Keras would: a layer without ``build()`` of its own by a symbolic call
+        on the shapes its build config records (``symbolic_build``), any other layer from
+        its build config. If that leaves weights missing (layers creating sublayer weights
+        lazily in ``call``), build by a symbolic call with the traced input specs, as the
+        original was built by the functional API."""
         built_from_config = False
         if not layer.built and record.get("build_config"):
             with contextlib.suppress(Exception):
-                layer.build_from_config(record["build_config"])
-                built_from_config = True
+                if symbolic_build.builds_by_call(layer):
+                    symbolic_build.build_by_call(layer, record["build_config"])
+                else:
+                    layer.build_from_config(record["build_config"])
+                    built_from_config = True
         if len(layer.variables) != len(record["variables"]):
             self._require_functions(record, "built by a call on its traced input specs")
             self._call_symbolically(layer, record, rebuild=True)
@@ -249,23 +254,7 @@ class Reviver:
         if rebuild:
             layer.built = False
         args, kwargs = concretes[0].structured_input_signature[0]
-
-        def to_keras(spec: Any) -> Any:
-            if isinstance(spec, tf.TensorSpec):
-                return keras.KerasTensor(spec.shape, spec.dtype.name)
-            if isinstance(spec, tf.SparseTensorSpec):
-                return keras.KerasTensor(spec.shape, spec.dtype.name, sparse=True)
-            if isinstance(spec, tf.RaggedTensorSpec):
-                return keras.KerasTensor(spec.shape, spec.dtype.name, ragged=True)
-            return spec
-
-        layer(
-            *tf.nest.map_structure(to_keras, tuple(args)),
-            **tf.nest.map_structure(to_keras, dict(kwargs)),
-        )
-        # The build call is not part of any graph; forget its node so that a Functional
-        # rebuilt around this layer numbers its nodes like the saved config does.
-        keras_compat.forget_call_nodes(layer)
+        symbolic_build.call(layer, *symbolic_build.inputs_from_specs(args, kwargs))
 
     def _load_vocabulary(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         words = layout.read_vocabulary(
