@@ -294,7 +294,9 @@ def compare_training(original, loaded, flat, outputs) -> tuple[list[str], str | 
     diffs = []
     if not np.allclose(loss_a, loss_b, atol=1e-5, rtol=1e-5):
         diffs.append(f"training step: loss {loss_a} vs {loss_b} loaded")
-    diffs += [f"after one step: {d}" for d in compare_variables(original, loaded, "model", "variables")]
+    diffs += [
+        f"after one step: {d}" for d in compare_variables(original, loaded, "model", "variables")
+    ]
     return diffs, None
 
 
@@ -362,8 +364,9 @@ def _round_trip(case: dict, backend: str, mode: str, workdir: Path) -> dict:
     if revived is None:
         diffs.append(f"no layer named {layer.name!r} in the loaded model")
     elif mode != "revived" and type(revived) is not type(layer):
-        diffs.append(f"class {type(layer).__name__} came back as {type(revived).__module__}."
-                     f"{revived_class}")
+        diffs.append(
+            f"class {type(layer).__name__} came back as {type(revived).__module__}.{revived_class}"
+        )
 
     try:
         reference = _seeded(lambda: model(flat, training=False))
