@@ -36,6 +36,10 @@ import numpy as np
 ATOL = 1e-6
 RTOL = 1e-6
 SEED = 1337
+# A run of its own in every case's functional group: Keras's .keras save and load, the
+# reference that tells which differences trainer adds (a difference Keras's own round
+# trip shows too is marked "(keras too)" in the detail).
+KERAS = "keras"
 
 
 class NotApplicable(Exception):
@@ -153,14 +157,14 @@ def hidden_classes():
         if module is None or not (name.startswith("keras.src.") and name.endswith("_test")):
             continue
         for attr, value in list(vars(module).items()):
-            if isinstance(value, type) and issubclass(value, keras.layers.Layer):
-                if value.__module__ == name:
-                    hidden.append((module, attr, value))
-                    delattr(module, attr)
+            is_layer = isinstance(value, type) and issubclass(value, keras.layers.Layer)
+            if is_layer and value.__module__ == name:
+                hidden.append((module, attr, value))
+                delattr(module, attr)
     registry = object_registration.GLOBAL_CUSTOM_OBJECTS
     names = object_registration.GLOBAL_CUSTOM_NAMES
     removed = {k: v for k, v in registry.items() if getattr(v, "__module__", "").endswith("_test")}
-    for key, cls in removed.items():
+    for key in removed:
         registry.pop(key)
     saved_names = {cls: names.pop(cls) for cls in removed.values() if cls in names}
     try:
@@ -208,22 +212,26 @@ def _path(variable) -> str:
     return re.sub(r"(^|/)seed_generator_\d+/", r"\1seed_generator/", variable.path)
 
 
-def compare_variables(original, loaded, what: str, collection: str) -> list[str]:
-    """Differences between two lists of variables: count, order, path, shape, dtype, value."""
-    a, b = getattr(original, collection), getattr(loaded, collection)
+def snapshot(variables) -> list[tuple[str, str, tuple, str, np.ndarray]]:
+    """(comparable path, path, shape, dtype, value) of each variable, in order."""
+    return [
+        (_path(v), v.path, tuple(v.shape), str(v.dtype), np.array(v.numpy())) for v in variables
+    ]
+
+
+def compare_variables(a: list, b: list, what: str) -> list[str]:
+    """Differences between two snapshots: count, order, path, shape, dtype, value."""
     if len(a) != len(b):
-        return [
-            f"{what}.{collection}: {len(a)} in the original, {len(b)} loaded "
-            f"({[v.path for v in a]} vs {[v.path for v in b]})"
-        ]
+        paths = f"{[x[1] for x in a]} vs {[y[1] for y in b]}"
+        return [f"{what}: {len(a)} in the original, {len(b)} loaded ({paths})"]
     diffs = []
-    for x, y in zip(a, b):
-        if _path(x) != _path(y):
-            diffs.append(f"{what}.{collection}: path {x.path!r} became {y.path!r}")
-        if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
-            diffs.append(f"{x.path}: {x.dtype}{list(x.shape)} became {y.dtype}{list(y.shape)}")
-        elif not _close(x.numpy(), y.numpy()):
-            diffs.append(f"{what}.{collection} {x.path}: values differ")
+    for x, y in zip(a, b, strict=True):
+        if x[0] != y[0]:
+            diffs.append(f"{what}: path {x[1]!r} became {y[1]!r}")
+        if x[2:4] != y[2:4]:
+            diffs.append(f"{what} {x[1]}: {x[3]}{list(x[2])} became {y[3]}{list(y[2])}")
+        elif not _close(x[4], y[4]):
+            diffs.append(f"{what} {x[1]}: values differ")
     return diffs
 
 
@@ -234,7 +242,7 @@ def compare_outputs(a, b, what: str) -> list[str]:
     if len(fa) != len(fb):
         return [f"{what}: {len(fa)} output tensors, loaded gives {len(fb)}"]
     diffs = []
-    for i, (x, y) in enumerate(zip(fa, fb)):
+    for i, (x, y) in enumerate(zip(fa, fb, strict=True)):
         if not _close(x, y):
             detail = f"{_describe(x)} vs {_describe(y)}"
             if _dense(x).shape == _dense(y).shape and _dense(x).dtype.kind in "fc":
@@ -270,55 +278,61 @@ def _trainable(model, outputs) -> str | None:
     return None
 
 
-def compare_training(original, loaded, flat, outputs) -> tuple[list[str], str | None]:
-    """One SGD step on both models; differences, and why the step was not compared."""
+def _as_function(model):
+    import tensorflow as tf
+
+    return tf.function(lambda inputs: model(inputs, training=False))
+
+
+def _step(model, flat, targets):
     import keras
 
-    why_not = _trainable(original, outputs)
-    if why_not:
-        return [], why_not
-    targets = keras.tree.map_structure(lambda x: np.zeros_like(_dense(x)), outputs)
-
-    def step(model):
-        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", jit_compile=False)
-        return _seeded(lambda: model.train_on_batch(flat, targets))
-
-    try:
-        loss_a = step(original)
-    except Exception as error:  # Keras cannot train the wrapped original either
-        return [], f"the original does not train: {type(error).__name__}: {str(error)[:200]}"
-    try:
-        loss_b = step(loaded)
-    except Exception as error:
-        raise Loud("train", error) from error
-    diffs = []
-    if not np.allclose(loss_a, loss_b, atol=1e-5, rtol=1e-5):
-        diffs.append(f"training step: loss {loss_a} vs {loss_b} loaded")
-    diffs += [
-        f"after one step: {d}" for d in compare_variables(original, loaded, "model", "variables")
-    ]
-    return diffs, None
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", jit_compile=False)
+    return _seeded(lambda: model.train_on_batch(flat, targets))
 
 
 # ------------------------------------------------------------------------- one case
-def round_trip(case: dict, backend: str, mode: str, workdir: Path) -> dict:
-    """Route one case; the outcome record (never raises for the case's own failures)."""
-    started = time.monotonic()
-    try:
-        record = _round_trip(case, backend, mode, workdir)
-    except NotApplicable as na:
-        record = {"outcome": "not_applicable", "rule": na.rule, "detail": na.detail[:600]}
-    except Loud as loud:
-        error = loud.error
-        record = {
-            "outcome": "loud",
-            "stage": loud.stage,
-            "error": type(error).__name__,
-            "trainer_error": _is_trainer_error(error),
-            "detail": f"{loud.stage}: {type(error).__name__}: {str(error)[:800]}",
-        }
-    record["seconds"] = round(time.monotonic() - started, 3)
-    return record
+def route_case(case: dict, runs: dict[str, tuple[str, str]], workdir: Path) -> dict[str, dict]:
+    """Route one case through every run (``run -> (backend, mode)``); a record per run.
+
+    One original per mode serves all its backends: every save is written before anything
+    calls the original, and each loaded model repeats exactly what the original does
+    (one inference call, then one training step), so random layers, whose generator
+    states are part of the checkpoint, advance alike."""
+    records: dict[str, dict] = {}
+    for mode in ("functional", "revived"):
+        group = {run: backend for run, (backend, m) in runs.items() if m == mode}
+        if group and mode == "functional":
+            group[KERAS] = KERAS
+        if group:
+            records.update(_route_group(case, mode, group, workdir))
+    reference = records.pop(KERAS, None)
+    if reference is not None:
+        known = set(reference.get("diffs", []))
+        for record in records.values():
+            if record.get("diffs"):
+                marked = [f"{d} (keras too)" if d in known else d for d in record["diffs"]]
+                record["detail"] = "; ".join(marked)[:1500]
+                record["keras_too"] = all(d in known for d in record["diffs"])
+        records["_keras"] = {k: v for k, v in reference.items() if k != "diffs"}
+    for record in records.values():
+        record.pop("diffs", None)
+    return records
+
+
+def _na(error: NotApplicable) -> dict:
+    return {"outcome": "not_applicable", "rule": error.rule, "detail": error.detail[:600]}
+
+
+def _loud(loud: Loud) -> dict:
+    error = loud.error
+    return {
+        "outcome": "loud",
+        "stage": loud.stage,
+        "error": type(error).__name__,
+        "trainer_error": _is_trainer_error(error),
+        "detail": f"{loud.stage}: {type(error).__name__}: {str(error)[:800]}",
+    }
 
 
 def _is_trainer_error(error: BaseException) -> bool:
@@ -327,62 +341,141 @@ def _is_trainer_error(error: BaseException) -> bool:
     return isinstance(error, TrainerError)
 
 
-def _round_trip(case: dict, backend: str, mode: str, workdir: Path) -> dict:
+def _build(case: dict, mode: str):
     import keras
-
-    from trainer.save_backends import get_backend
 
     if case["input_data"] is None:
         raise NotApplicable("no_input", "the test gives no input shape or data")
-    if mode == "revived" and backend != "savedmodel":
-        raise NotApplicable("revived_needs_savedmodel", backend)
     try:
         keras.utils.set_random_seed(SEED)
         build = build_subclassed if mode == "revived" else build_functional
-        model, layer, flat = build(case)
+        return build(case)
     except Exception as error:
         raise NotApplicable("keras_cannot_wrap", f"{type(error).__name__}: {error}") from error
+
+
+def _save_load(model, case: dict, backend: str, mode: str, workdir: Path):
+    from trainer.save_backends import get_backend
 
     custom = dict(case.get("custom_objects") or {})
     if mode != "revived" and is_test_class(case["layer_cls"]):
         custom.setdefault(case["layer_cls"].__name__, case["layer_cls"])
+    if backend == KERAS:  # the reference: Keras's own .keras round trip
+        import keras
+
+        path = workdir / "case.keras"
+        model.save(path)
+        return keras.saving.load_model(path, custom_objects=custom, compile=False)
     try:
-        path = get_backend(backend).save(model, workdir / "case")
+        path = get_backend(backend).save(model, workdir / f"case-{backend}")
     except Exception as error:
         raise Loud("save", error) from error
     hide = hidden_classes() if mode == "revived" else contextlib.nullcontext()
     try:
         with hide:
-            loaded = get_backend(backend).load(path, custom_objects=custom, compile=False).model
+            return get_backend(backend).load(path, custom_objects=custom, compile=False).model
     except Exception as error:
         raise Loud("load", error) from error
 
-    diffs = compare_variables(model, loaded, "model", "weights")
-    diffs += compare_variables(model, loaded, "model", "non_trainable_variables")
+
+def _static_diffs(model, loaded, layer, mode: str) -> tuple[list[str], str | None]:
+    """Weights and variables right after load, and the revived layer's class."""
+    diffs = compare_variables(snapshot(model.weights), snapshot(loaded.weights), "weights")
+    diffs += compare_variables(
+        snapshot(model.non_trainable_variables),
+        snapshot(loaded.non_trainable_variables),
+        "non_trainable_variables",
+    )
     revived = _find_layer(loaded, layer)
-    revived_class = type(revived).__name__ if revived is not None else None
     if revived is None:
-        diffs.append(f"no layer named {layer.name!r} in the loaded model")
-    elif mode != "revived" and type(revived) is not type(layer):
-        diffs.append(
-            f"class {type(layer).__name__} came back as {type(revived).__module__}.{revived_class}"
-        )
+        return [*diffs, f"no layer named {layer.name!r} in the loaded model"], None
+    name = type(revived).__name__
+    if mode != "revived" and type(revived) is not type(layer):
+        diffs.append(f"class {type(layer).__name__} came back as {type(revived).__module__}.{name}")
+    return diffs, name
+
+
+def _route_group(case: dict, mode: str, group: dict[str, str], workdir: Path) -> dict:
+    import keras
+
+    started = time.monotonic()
+    records: dict[str, dict] = {}
+    seconds = dict.fromkeys(group, 0.0)
+    loaded, diffs, classes = {}, {}, {}
+
+    def timed(run, fn):
+        t = time.monotonic()
+        try:
+            return fn()
+        finally:
+            seconds[run] += time.monotonic() - t
 
     try:
-        reference = _seeded(lambda: model(flat, training=False))
-    except Exception as error:
-        raise NotApplicable("keras_cannot_call", f"{type(error).__name__}: {error}") from error
-    try:
-        result = _seeded(lambda: loaded(flat, training=False))
-    except Exception as error:
-        raise Loud("call", error) from error
-    diffs += compare_outputs(reference, result, "outputs")
-    train_diffs, untrained = compare_training(model, loaded, flat, reference)
-    diffs += train_diffs
-    record = {
-        "outcome": "silent" if diffs else "identical",
-        "detail": "; ".join(diffs)[:1500],
-        "revived_class": revived_class,
-        "training": untrained or "compared",
-    }
-    return record
+        model, layer, flat = _build(case, mode)
+        for run, backend in group.items():
+            if mode == "revived" and backend != "savedmodel":
+                records[run] = _na(NotApplicable("revived_needs_savedmodel", backend))
+                continue
+            try:
+                loaded[run] = timed(
+                    run, lambda b=backend: _save_load(model, case, b, mode, workdir)
+                )
+            except Loud as loud:
+                records[run] = _loud(loud)
+        for run, m in loaded.items():
+            diffs[run], classes[run] = _static_diffs(model, m, layer, mode)
+        try:
+            reference = _seeded(lambda: model(flat, training=False))
+        except Exception as error:
+            raise NotApplicable("keras_cannot_call", f"{type(error).__name__}: {error}") from error
+        graph_reference = None
+        for run, m in list(loaded.items()):
+            try:
+                result = timed(run, lambda m=m: _seeded(lambda: m(flat, training=False)))
+            except Exception as error:
+                records[run] = _loud(Loud("call", error))
+                del loaded[run]
+                continue
+            found = compare_outputs(reference, result, "outputs")
+            if found and mode == "revived":
+                # Traced functions compute as the original does inside a tf.function,
+                # whose float results may differ from eager ones by rounding (fused ops).
+                if graph_reference is None:
+                    graph_reference = _seeded(lambda: _as_function(model)(flat))
+                if not compare_outputs(graph_reference, result, "outputs"):
+                    found = []
+            diffs[run] += found
+        why_not = _trainable(model, reference) if loaded else "nothing loaded"
+        if why_not is None:
+            targets = keras.tree.map_structure(lambda x: np.zeros_like(_dense(x)), reference)
+            try:
+                loss = _step(model, flat, targets)
+                after = snapshot(model.variables)
+            except Exception as error:  # Keras cannot train the wrapped original either
+                why_not = f"the original does not train: {type(error).__name__}: {str(error)[:200]}"
+        for run, m in loaded.items():
+            if why_not is None:
+                try:
+                    loss_b = timed(run, lambda m=m: _step(m, flat, targets))
+                except Exception as error:
+                    records[run] = _loud(Loud("train", error))
+                    continue
+                if not np.allclose(loss, loss_b, atol=1e-5, rtol=1e-5):
+                    diffs[run].append(f"training step: loss {loss} vs {loss_b} loaded")
+                diffs[run] += compare_variables(
+                    after, snapshot(m.variables), "after one step: variables"
+                )
+            records[run] = {
+                "outcome": "silent" if diffs[run] else "identical",
+                "detail": "; ".join(diffs[run])[:1500],
+                "diffs": diffs[run],
+                "revived_class": classes[run],
+                "training": why_not or "compared",
+            }
+    except NotApplicable as na:
+        for run in group:
+            records.setdefault(run, _na(na))
+    shared = (time.monotonic() - started - sum(seconds.values())) / len(group)
+    for run in group:
+        records[run]["seconds"] = round(seconds[run] + shared, 3)
+    return records

@@ -109,17 +109,17 @@ def _install() -> None:
             "layer": f"{case['layer_cls'].__module__}.{case['layer_cls'].__qualname__}",
             "runs": {},
         }
-        for run in _state["runs"]:
-            backend, mode = RUNS[run]
-            workdir = Path(tempfile.mkdtemp(prefix="layerpeer-"))
-            try:
-                from layer_round_trip import round_trip
+        workdir = Path(tempfile.mkdtemp(prefix="layerpeer-"))
+        try:
+            from layer_round_trip import route_case
 
-                record["runs"][run] = round_trip(case, backend, mode, workdir)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-            seconds = record["runs"][run]["seconds"]
-            _state["run_seconds"][run] = _state["run_seconds"].get(run, 0.0) + seconds
+            runs = {run: RUNS[run] for run in _state["runs"]}
+            record["runs"] = route_case(case, runs, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        record["keras_reference"] = record["runs"].pop("_keras", None)
+        for run, outcome in record["runs"].items():
+            _state["run_seconds"][run] = _state["run_seconds"].get(run, 0.0) + outcome["seconds"]
         _state["cases"][key] = record
         _write()
         return result
