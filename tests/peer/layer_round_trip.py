@@ -331,8 +331,13 @@ def _loud(loud: Loud) -> dict:
         "stage": loud.stage,
         "error": type(error).__name__,
         "trainer_error": _is_trainer_error(error),
-        "detail": f"{loud.stage}: {type(error).__name__}: {str(error)[:800]}",
+        "detail": f"{loud.stage}: {type(error).__name__}: {_clip(str(error))}",
     }
+
+
+def _clip(text: str) -> str:
+    """The head (what failed) and the tail (the innermost error) of a long message."""
+    return text if len(text) <= 900 else f"{text[:400]} [...] {text[-500:]}"
 
 
 def _is_trainer_error(error: BaseException) -> bool:
