@@ -94,7 +94,7 @@ def test_the_attribute_names_are_those_trainer_always_set():
         _trainer_opaque_defaults _trainer_compute_mask _trainer_takes_masks
         _trainer_input_structure _trainer_frozen_flags _trainer_loaded _trainer_input_names
         _trainer_input_dtypes _trainer_legacy_revived _trainer_function _trainer_extra
-        _trainer_config _trainer_regularizers"""
+        _trainer_config _trainer_regularizers _trainer_call_default"""
     assert set(always.split()) == live_objects.MARKERS
 
 

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import h5py
 import keras
 
+from trainer._compat import live_objects
 from trainer.errors import ConfigMismatchError, LayerStateError
 from trainer.model_state import kit, layer_protocol
 from trainer.model_state.readiness import check_model_ready
@@ -205,7 +206,7 @@ def _recording_load_failures(model: keras.Model):
     up on the instance. The class is never touched and the attributes go away afterwards,
     also when the load fails."""
     failures: dict[int, tuple[keras.layers.Layer, BaseException]] = {}
-    shadowed = []
+    restorers: list = []
     for layer in layer_protocol.stateful_layers(model):
         hook = getattr(layer, "load_own_variables", None)
         if hook is None or "load_own_variables" in vars(layer):
@@ -218,14 +219,13 @@ def _recording_load_failures(model: keras.Model):
                 failures[id(_layer)] = (_layer, error)
                 raise
 
-        # object.__setattr__: a bound function is no state for Keras's attribute tracking.
-        object.__setattr__(layer, "load_own_variables", recording)
-        shadowed.append(layer)
+        # An untracked instance attribute: a function is no state for Keras's tracking.
+        restorers.append(live_objects.patch_method(layer, "load_own_variables", recording))
     try:
         yield failures
     finally:
-        for layer in shadowed:
-            object.__delattr__(layer, "load_own_variables")
+        while restorers:
+            restorers.pop()()
 
 
 def _load_weights(model: keras.Model, path: Path, *, given: bool) -> None:
