@@ -1,6 +1,7 @@
-"""The drop-in ``trainer.callbacks.Checkpoint`` (issue 15, items 1, 2): the README's plain-Keras
-script, killed with SIGKILL and run again, ends with bitwise the same weights, optimizer and
-RNG states as a run never stopped, for every backend; and ``CheckpointManager`` on its own."""
+"""The drop-in ``trainer.callbacks.Checkpoint`` (issue 15, items 1, 2): the plain-Keras script
+of docs/tutorials/keras-script.md, killed with SIGKILL and run again, ends with bitwise the
+same weights, optimizer and RNG states as a run never stopped, for every backend; and
+``CheckpointManager`` on its own."""
 
 from __future__ import annotations
 

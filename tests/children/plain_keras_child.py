@@ -1,11 +1,11 @@
-"""Runs the README's plain-Keras example exactly as written, in this process.
+"""Runs the plain-Keras tutorial (docs/tutorials/keras-script.md) as written, in this process.
 
 ``python plain_keras_child.py OUT [--kill-at STEP] [--replace OLD NEW]...``: extracts the
-block after the ``plain-keras-example`` marker from README.md, applies the textual
-replacements (the backend, the policy), optionally adds a callback that SIGKILLs this process
-after global step STEP (``faults.SignalAtStep``, appended to the callbacks of every ``fit``),
-runs the block in the current directory and writes every variable of its ``model`` (weights,
-RNG seed states, optimizer) to ``OUT`` (.npz).
+block after the ``plain-keras-example`` marker from docs/tutorials/keras-script.md, applies
+the textual replacements (the backend, the policy), optionally adds a callback that
+SIGKILLs this process after global step STEP (``faults.SignalAtStep``, appended to the
+callbacks of every ``fit``), runs the block in the current directory and writes every
+variable of its ``model`` (weights, RNG seed states, optimizer) to ``OUT`` (.npz).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-README = Path(__file__).resolve().parents[2] / "README.md"  # tests/children/ -> root
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "keras-script.md"
 MARKER = "<!-- plain-keras-example"
 
 
 def example() -> str:
-    text = README.read_text()
+    text = TUTORIAL.read_text()
     block = text[text.index(MARKER) :]
     start = block.index("```python\n") + len("```python\n")
     return block[start : block.index("```", start)]
@@ -54,7 +54,7 @@ def main() -> None:
 
         keras.Model.fit = fit_then_die
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "keras-script.md", "exec"), namespace)
     model = namespace["model"]
     variables = [*model.variables, *model.optimizer.variables]
     np.savez(args.out, *[keras.ops.convert_to_numpy(v) for v in variables])

@@ -5,7 +5,8 @@ structured configs; every command of ``python -m trainer`` from its argument par
 Why generated and committed rather than built by an mkdocs hook: the pages stay readable on
 GitHub and in a diff (a changed default shows up in review next to the code that changed it),
 and ``mkdocs build`` needs neither Hydra's composition nor TensorFlow. This test fails when a
-page is out of step with the code; regenerate both with ``python tests/package/test_docs_reference.py``.
+page is out of step with the code; regenerate both with
+``python tests/package/test_docs_reference.py``.
 """
 
 from __future__ import annotations
@@ -127,9 +128,10 @@ def config_block() -> str:
     """Every option of every group of ``conf/``, composed as ``python train.py`` composes
     it, with each key's default, type (from the structured configs, else ``any`` for plain
     YAML) and the comment the code or YAML gives it."""
-    import trainer.training.config as schemas
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
+
+    import trainer.training.config as schemas
 
     top_comments = _yaml_comments(CONF / "config.yaml")
     out = [BEGIN, ""]
@@ -138,7 +140,7 @@ def config_block() -> str:
         out += ["## Top-level keys", "", "| key | default | type | notes |", "|---|---|---|---|"]
         for key in base:
             node = base._get_node(key)
-            if key in schemas.SCHEMAS or OmegaConf.is_dict(node) and key != "callbacks":
+            if key in schemas.SCHEMAS or (OmegaConf.is_dict(node) and key != "callbacks"):
                 continue
             note = top_comments.get(key, "").replace("|", "\\|")
             out.append(f"| `{key}` | `{_value(node)}` | {_type(node)} | {note} |")
@@ -154,7 +156,9 @@ def config_block() -> str:
                 if dataclasses.is_dataclass(object_type):
                     comments[group] = {**_dataclass_comments(object_type), **comments[group]}
                 source = f"conf/{group}/{option}.yaml"
-                typed = f", schema `{object_type.__name__}`" if object_type not in (None, dict) else ""
+                typed = (
+                    f", schema `{object_type.__name__}`" if object_type not in (None, dict) else ""
+                )
                 about = _header(CONF / group / f"{option}.yaml")[0]
                 out += [f"### `{override}`", "", f"From `{source}`{typed}. {about}".rstrip(), ""]
                 out += ["| key | default | type | notes |", "|---|---|---|---|"]
