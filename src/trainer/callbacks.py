@@ -25,9 +25,19 @@ log = logging.getLogger(__name__)
 
 
 class CSVLogger(keras.callbacks.CSVLogger):
-    """``keras.callbacks.CSVLogger`` for runs: a relative ``filename`` lives in the run
-    directory, and a resumed run drops the rows logged after its checkpoint (a crash between
-    the row and the checkpoint would otherwise log those epochs twice)."""
+    """``keras.callbacks.CSVLogger`` for runs whose rows follow the checkpoints.
+
+    A relative ``filename`` lives in the run directory (``train(cfg)``), and a resumed run
+    drops the rows logged after its checkpoint (a crash between the row and the checkpoint
+    would otherwise log those epochs twice). Its state (``state_dict``) is saved with every
+    checkpoint.
+
+    Args:
+        filename: The CSV file; relative: inside the run directory.
+        separator: The column separator.
+        append: Append to an existing file (a resumed run does); ``False`` empties it when
+            training begins.
+    """
 
     def __init__(self, filename: str = "metrics.csv", separator: str = ",", append: bool = True):
         super().__init__(filename, separator=separator, append=append)
@@ -49,11 +59,14 @@ class CSVLogger(keras.callbacks.CSVLogger):
     _in_run_dir = False  # the file is the run's own (a relative filename)
 
     def start_afresh(self) -> None:
-        """A new run (step 0) whose own file already holds rows: a session of this run
-        directory that ended before its first checkpoint (a resume then starts anew) left
-        them, and appended to, its epochs showed twice (0, 0, 1, 2). They are moved to
-        ``<file>.abandoned-<n>`` beside it, nothing deleted, and the file starts again. A
-        file outside the run directory (an absolute filename) is the user's: left as is."""
+        """Start a new run's file again, moving rows an earlier session left aside.
+
+        A new run (step 0) whose own file already holds rows: a session of this run directory
+        that ended before its first checkpoint (a resume then starts anew) left them, and
+        appended to, its epochs showed twice (0, 0, 1, 2). They are moved to
+        ``<file>.abandoned-<n>`` beside it, nothing deleted, and the file starts again. A file
+        outside the run directory (an absolute filename) is the user's: left as is.
+        """
         path = Path(self.filename)
         if not (self._in_run_dir and self.append and path.is_file()):
             return
@@ -80,11 +93,24 @@ class CSVLogger(keras.callbacks.CSVLogger):
         self.rows += 1
 
     def state_dict(self) -> dict[str, Any]:
+        """The state saved with each checkpoint.
+
+        Returns:
+            ``{"rows": N}``: the rows logged up to this checkpoint.
+        """
         return {"rows": self.rows}
 
     def check_state_dict(self, state: dict[str, Any]) -> None:
-        """Refuse a saved state ``load_state_dict`` cannot take (checked when the run is
-        built, before its session writes anything)."""
+        """Refuse a saved state ``load_state_dict`` cannot take.
+
+        Checked when the run is built, before its session writes anything.
+
+        Args:
+            state: What ``state_dict`` returned when the checkpoint was saved.
+
+        Raises:
+            CorruptCheckpointError: ``rows`` is not a count.
+        """
         if not is_count(state.get("rows", 0)):
             raise CorruptCheckpointError(
                 f"The checkpoint's CSVLogger state is damaged: 'rows' must be a count of the "
@@ -92,8 +118,17 @@ class CSVLogger(keras.callbacks.CSVLogger):
             )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Keep the header and the first ``rows`` rows. Runs after ``on_train_begin``
-        opened the file for appending, so the file is rewritten through that handle."""
+        """Keep the header and the first ``rows`` rows of the file.
+
+        Runs after ``on_train_begin`` opened the file for appending, so the file is rewritten
+        through that handle.
+
+        Args:
+            state: What ``state_dict`` returned when the checkpoint was saved.
+
+        Raises:
+            CorruptCheckpointError: ``rows`` is not a count.
+        """
         self.check_state_dict(state)
         self.rows = state.get("rows", 0)
         path = Path(self.filename)

@@ -47,12 +47,37 @@ RESUME = ("auto", "never")
 class Checkpoint(keras.callbacks.Callback):
     """Checkpoints for ``model.fit``; resumes a re-run script where it stopped.
 
-    ``Checkpoint(directory, backend="savedmodel", every_n_steps=None, every_n_epochs=1,
-    keep_last=3, keep_best=1, monitor="val_loss", mode="min", async_save=None,
-    resume="auto")``, plus any other ``CheckpointPolicy`` field (``name``,
-    ``keep_every_n_epochs``, ``on_train_end``, ``on_save_error``). ``track``: callbacks by
-    name (e.g. ``{"early_stopping": early_stopping}``) whose state (see
-    ``trainer.checkpointing.callback_state``) travels with every checkpoint.
+    Also ``trainer.callbacks.Checkpoint``. Restored on a re-run (``resume="auto"``): the
+    weights, every optimizer variable, Keras's RNG seed states, NumPy's global RNG, the
+    epoch and the step; a mid-epoch checkpoint replays the epoch's first batches and puts
+    the checkpoint's values back after them.
+
+    Args:
+        directory: The checkpoint directory (or give ``manager``).
+        backend: A registered backend name or a backend instance.
+        resume: ``"auto"`` (continue from the newest whole checkpoint, if any) or
+            ``"never"``.
+        track: Callbacks by name (``{"early_stopping": early_stopping}``) whose state travels
+            with every checkpoint: ``EarlyStopping``, ``ReduceLROnPlateau`` or any class
+            with ``state_dict()`` / ``load_state_dict(state)``, placed before this callback
+            in ``fit(callbacks=[...])``.
+        manager: A ``CheckpointManager`` to save through, instead of ``directory``,
+            ``backend`` and the policy options.
+        state: The training state to continue (``train(cfg)`` passes its own).
+        progress: ``train(cfg)``'s step counter; None in a plain script.
+        callback_state: Returns the state of other callbacks to save (``train(cfg)``).
+        **policy: ``CheckpointPolicy`` fields: ``every_n_steps``, ``every_n_epochs`` (1),
+            ``keep_last`` (3), ``keep_best`` (1), ``monitor``, ``mode``,
+            ``keep_every_n_epochs``, ``name``, ``async_save``, ``on_save_error``,
+            ``on_train_end``, ``on_interrupt``.
+
+    Raises:
+        ConfigError: Both or neither of ``directory`` and ``manager``; ``resume`` not
+            ``"auto"`` or ``"never"``; a policy value of the wrong type; a tracked callback
+            that keeps no readable state or comes after this one (when training starts); a
+            ``monitor`` the run does not log (when training starts, unless ``keep_best=0``).
+        TrainingDivergedError: The loss became NaN or infinite: nothing more is saved and
+            training stops, naming the newest finite checkpoint.
     """
 
     def __init__(

@@ -70,7 +70,16 @@ def _note(damaged: list[tuple[Path, str]] | None, path: Path, error: Exception) 
 def complete_checkpoints(
     directory: Path, configured: type[SaveBackend] | None = None
 ) -> list[Path]:
-    """The complete checkpoints in ``directory``, oldest step first (``complete``)."""
+    """The complete checkpoints of a directory (hidden temporaries left out).
+
+    Args:
+        directory: A checkpoint directory.
+        configured: A backend class to try when no registered backend claims an entry (the
+            run's own ``save._target_``).
+
+    Returns:
+        Their paths, oldest step first.
+    """
     return [path for _key, path in complete(Path(directory), configured)]
 
 
@@ -94,11 +103,24 @@ def newest_whole(
 
 
 def find_latest(directory: Path, configured: type[SaveBackend] | None = None) -> Path:
-    """The newest whole checkpoint in ``directory`` (``newest_whole``; raises if there is
-    none). Damaged checkpoints are skipped with a warning naming each and why: the run
-    continues from the one before (``CheckpointManager.set_aside_after`` then moves the
-    damaged newer ones out of the way, whole). If every checkpoint is damaged, nothing is
-    chosen (``CorruptCheckpointError``): a fresh start would write over them."""
+    """The newest whole checkpoint of a directory.
+
+    Damaged checkpoints are skipped with a warning naming each and why: the run continues
+    from the one before (``CheckpointManager.set_aside_after`` then moves the damaged newer
+    ones out of the way, whole).
+
+    Args:
+        directory: A checkpoint directory.
+        configured: See ``complete_checkpoints``.
+
+    Returns:
+        The path of the newest checkpoint whose files match their manifest.
+
+    Raises:
+        NotACheckpointError: The directory holds no complete checkpoint.
+        CorruptCheckpointError: Every checkpoint is damaged: nothing is chosen, since a fresh
+            start would write over them.
+    """
     chosen, damaged = newest_whole(Path(directory), configured)
     for path, why in damaged:
         log.warning("Skipping damaged checkpoint %s (%s)", path, why)
@@ -120,7 +142,12 @@ def find_latest(directory: Path, configured: type[SaveBackend] | None = None) ->
 
 
 def point_latest(directory: Path, checkpoint: Path) -> None:
-    """Atomically repoint ``directory/latest`` (a relative symlink) at ``checkpoint``."""
+    """Atomically repoint ``directory/latest`` (a relative symlink) at a checkpoint.
+
+    Args:
+        directory: The checkpoint directory.
+        checkpoint: A checkpoint inside it.
+    """
     link = directory / LATEST
     tmp = temporary_sibling(link)
     os.symlink(checkpoint.name, tmp)

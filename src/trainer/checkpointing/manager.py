@@ -57,13 +57,28 @@ ABANDONED = "abandoned-"
 
 
 class CheckpointManager:
-    """Saves, lists, restores and prunes the checkpoints in ``directory``.
+    """Saves, lists, restores and prunes the checkpoints of one directory.
 
-    ``backend``: a registered name (``"savedmodel"``, ``"h5"``, ``"weights"``) or a backend
-    instance, wrappers included. ``policy``: names and retention (its trigger fields are the
-    callback's business). Async writing (``policy.async_save``; None = the backend's default)
-    wraps the backend in ``AsyncBackend``. ``metadata`` goes into every checkpoint; ``board``
-    (a ``RunBoard``) gets a card and a link per checkpoint.
+    It owns naming, retention (last N, best K by a monitored value, every M-th epoch), the
+    ``latest`` link, async writes and the cleanup of temporaries a crash left behind (done
+    when it is made). No Hydra needed; ``train(cfg)`` and the ``Checkpoint`` callback use it.
+    A context manager: leaving the ``with`` block waits for the writes in flight.
+
+    Args:
+        directory: The checkpoint directory (created on the first save).
+        backend: A registered name (``"savedmodel"``, ``"h5"``, ``"weights"``) or a backend
+            instance, wrappers included.
+        policy: Names and retention (its trigger fields are the callback's business). Async
+            writing (``policy.async_save``; None = the backend's default) wraps the backend
+            in ``AsyncBackend``.
+        metadata: Added to every checkpoint's metadata.
+        board: A run's TensorBoard log (``RunBoard``), which gets a card and a link per
+            checkpoint.
+
+    Raises:
+        ConfigError: An argument of the wrong type.
+        UnknownBackendError: ``backend`` names no registered backend.
+        UnsupportedLocationError: ``directory`` is a URL, not a local path.
     """
 
     def __init__(
@@ -102,18 +117,33 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ queries
     def all(self) -> list[Path]:
-        """Every complete checkpoint in the directory, oldest (lowest step) first."""
+        """Every complete checkpoint in the directory.
+
+        Returns:
+            Their paths, oldest (lowest step) first.
+        """
         return [path for _, path in complete(self.directory, self._configured())]
 
     def latest(self) -> Path | None:
-        """The complete checkpoint with the highest step, or None."""
+        """The complete checkpoint with the highest step, its digests unchecked.
+
+        Returns:
+            Its path, or None if there is none.
+        """
         found = complete(self.directory, self._configured())
         return found[-1][1] if found else None
 
     def latest_whole(self) -> Path | None:
-        """The newest checkpoint whose files match their manifest, or None if there is no
-        checkpoint; damaged newer ones are skipped with a warning (``find_latest``, which
-        raises if every checkpoint is damaged)."""
+        """The newest checkpoint whose files match their manifest.
+
+        Damaged newer ones are skipped with a warning (``find_latest``).
+
+        Returns:
+            Its path, or None if the directory holds no checkpoint.
+
+        Raises:
+            CorruptCheckpointError: Every checkpoint in the directory is damaged.
+        """
         try:
             return find_latest(self.directory, self._configured())
         except NotACheckpointError:
@@ -134,14 +164,33 @@ class CheckpointManager:
         wait: bool = False,
         called: float | None = None,
     ) -> Path | None:
-        """Save ``model`` with ``state`` (default: step = the optimizer's iterations); None if
-        this step is saved already. Async: returns once the snapshot is taken.
+        """Save a model as the next checkpoint of the directory, then apply retention.
 
-        The time this call holds the caller (the training loop) is reported per save next to
-        the write's own time (TensorBoard ``checkpoint/blocking_seconds``): for an async save
-        the wait for the previous write plus the snapshot, for a synchronous one the save.
-        ``called``: the ``time.perf_counter()`` at which the caller began the save (e.g. the
-        callback, gathering the state), if before this call: counted as held too."""
+        Async (``AsyncBackend``): returns once the snapshot is taken; the write goes on in the
+        background. The time this call holds the caller (the training loop) is reported per
+        save next to the write's own time (TensorBoard ``checkpoint/blocking_seconds``): for an
+        async save the wait for the previous write plus the snapshot, for a synchronous one the
+        save.
+
+        Args:
+            model: The model to save.
+            state: Its training state; default: step = the optimizer's iterations.
+            metrics: Values for the name pattern and the ``monitor`` of ``keep_best``.
+            wait: Return only once the write is on disk.
+            called: The ``time.perf_counter()`` at which the caller began the save (e.g. the
+                callback, gathering the state), if before this call: counted as held too.
+
+        Returns:
+            The checkpoint's path, or None if this step is saved already.
+
+        Raises:
+            ConfigError: ``state`` is not a ``TrainingState``, or the name pattern needs a
+                value this save does not have.
+            SaveError: The write failed (with ``policy.on_save_error="raise"``), or a
+                background write before it did; ``DiskFullError`` and ``SavePermissionError``
+                are ``SaveError``s. The previous checkpoints are intact.
+            ModelNotReadyError: The backend refuses the model (never built, ...).
+        """
         called = time.perf_counter() if called is None else called
         if state is not None and not isinstance(state, TrainingState):
             raise ConfigError(
@@ -269,9 +318,25 @@ class CheckpointManager:
     def restore(
         self, model: keras.Model | None = None, path: str | os.PathLike | None = None
     ) -> LoadedCheckpoint:
-        """Load ``path`` (default: the newest complete checkpoint): into ``model`` (every
-        variable, the optimizer's included, and NumPy's global RNG), or as a new model.
-        Retention continues from the checkpoint's records."""
+        """Load a checkpoint into a model, or as a new model, and continue from it.
+
+        Retention continues from the checkpoint's records.
+
+        Args:
+            model: A model of the same architecture to copy every variable into (the
+                optimizer's included, and NumPy's global RNG); None: the loaded model.
+            path: The checkpoint; default: the newest whole one (``latest_whole``).
+
+        Returns:
+            The ``LoadedCheckpoint``, its ``model`` being ``model`` when one was given.
+
+        Raises:
+            NotACheckpointError: The directory holds no complete checkpoint.
+            CorruptCheckpointError: Every checkpoint is damaged, or its retention records name
+                paths outside the directory.
+            ConfigMismatchError: ``model`` does not have the checkpoint's variables.
+            TrainerError: Whatever ``load_checkpoint`` raises for it.
+        """
         self.backend.wait()
         if path is None:
             path = self.latest_whole()
@@ -343,13 +408,22 @@ class CheckpointManager:
         self.backend.prepare(model)
 
     def wait(self) -> None:
-        """Return once every write is on disk; raises a failed background write."""
+        """Return once every write is on disk.
+
+        Raises:
+            SaveError: A background write failed.
+        """
         try:
             self.backend.wait()
         finally:
             self.report_saved()
 
     def close(self) -> None:
+        """No more saves: wait for the writes in flight (``wait``).
+
+        Raises:
+            SaveError: A background write failed.
+        """
         self.wait()
         deleted = self._apply_retention()  # what a reader's lease kept during the last pass
         if self.board is not None and deleted:

@@ -20,7 +20,29 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class CheckpointPolicy:
-    """When to save and what to keep (``conf/checkpoint``)."""
+    """When to save and what to keep (``conf/checkpoint``), validated when built.
+
+    Attributes:
+        every_n_epochs: Save at the end of every N-th epoch; None: not by epoch.
+        every_n_steps: Save every N optimizer steps (mid-epoch too); None: not by step.
+        on_train_end: Save when training ends.
+        on_interrupt: Save when SIGTERM or SIGINT stops training (after the batch in flight).
+        keep_last: Keep the newest N; None: keep all.
+        keep_best: Keep the best K by ``monitor``; 0: none kept for being best.
+        monitor: The logged metric ``keep_best`` ranks by (``val_loss``).
+        mode: ``"min"`` or ``"max"``: how ``monitor`` improves.
+        keep_every_n_epochs: Keep every M-th epoch end forever; None: none.
+        name: The name pattern: ``{step}``, ``{epoch}`` and any logged metric, with format
+            specs (``"epoch-{epoch:03d}-{loss:.3f}"``).
+        async_save: Write in a background thread; None: the backend's default (on for
+            ``savedmodel`` and ``weights``).
+        on_save_error: ``"raise"`` stops training on a failed save; ``"continue"`` logs it
+            and keeps training.
+
+    Raises:
+        ConfigError: A value of the wrong type or out of range (``keep_last=2.5``,
+            ``mode="up"``), or a ``name`` that is a path, hidden, ``latest`` or malformed.
+    """
 
     every_n_epochs: int | None = 1
     every_n_steps: int | None = None
@@ -64,9 +86,15 @@ class CheckpointPolicy:
     def check_name(self, metrics: Iterable[str], *, validation: bool) -> None:
         """Refuse, before training, a ``name`` pattern that some save could not fill.
 
-        ``metrics`` are the names the model logs at every batch (``loss``, ``accuracy``);
-        ``val_*`` ones exist only at epoch ends, and only with validation data. Step and
-        interrupt saves can fall mid-epoch, before validation.
+        Step and interrupt saves can fall mid-epoch, before validation, so ``val_*`` fields
+        are allowed only when every save is an epoch end.
+
+        Args:
+            metrics: The names the model logs at every batch (``loss``, ``accuracy``).
+            validation: Whether the run has validation data (``val_*`` exist at epoch ends).
+
+        Raises:
+            ConfigError: A field no save knows, or a ``val_*`` field some save lacks.
         """
         known = set(metrics)
         fields = name_fields(self.name)
@@ -161,7 +189,17 @@ def check_plain_name(pattern: str) -> None:
 
 
 def name_fields(pattern: str) -> list[str]:
-    """The placeholders of a name pattern; a malformed one is a ``ConfigError``."""
+    """The placeholders of a name pattern.
+
+    Args:
+        pattern: A ``CheckpointPolicy.name`` such as ``"step-{step:08d}"``.
+
+    Returns:
+        The field names, in order (``["step"]``).
+
+    Raises:
+        ConfigError: The pattern is malformed.
+    """
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
         pattern.format(**{f: 0 if f in NAME_FIELDS else 0.0 for f in fields if f.isidentifier()})
@@ -178,7 +216,20 @@ def name_fields(pattern: str) -> list[str]:
 
 
 def format_name(pattern: str, *, step: int, epoch: int, metrics: dict[str, float]) -> str:
-    """The name of one checkpoint; a placeholder this save lacks is a ``ConfigError``."""
+    """The name of one checkpoint.
+
+    Args:
+        pattern: A ``CheckpointPolicy.name``.
+        step: The global step.
+        epoch: The epoch.
+        metrics: The logged values the pattern may use.
+
+    Returns:
+        The checkpoint's name.
+
+    Raises:
+        ConfigError: The pattern uses a placeholder this save lacks.
+    """
     try:
         return pattern.format(step=step, epoch=epoch, **metrics)
     except KeyError as error:
@@ -190,7 +241,16 @@ def format_name(pattern: str, *, step: int, epoch: int, metrics: dict[str, float
 
 
 def retained(records: list[dict[str, Any]], policy: CheckpointPolicy) -> set[str]:
-    """Names to keep: the newest always, the last N, the best K, every Mth epoch end."""
+    """The checkpoints retention keeps.
+
+    Args:
+        records: One retention record per checkpoint (``name``, ``step``, ``epoch``,
+            ``monitor``, ``epoch_end``).
+        policy: The ``keep_*`` settings.
+
+    Returns:
+        The names to keep: the newest always, the last N, the best K, every M-th epoch end.
+    """
     if not records:
         return set()
     by_step = sorted(records, key=lambda r: r["step"])

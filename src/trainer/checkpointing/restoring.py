@@ -16,9 +16,22 @@ from trainer.state import TrainingState
 
 
 def restore_into(model: keras.Model, checkpoint: LoadedCheckpoint) -> TrainingState:
-    """Copy every variable of the loaded checkpoint into ``model`` by position (weights, RNG
-    seed states, optimizer slots and counters), which layers are trainable, and NumPy's
-    global RNG; return its state."""
+    """Copy a loaded checkpoint into an existing model of the same architecture.
+
+    Every variable by position (weights, RNG seed states, optimizer slots and counters),
+    which layers are trainable, and NumPy's global RNG.
+
+    Args:
+        model: The model to restore into; its optimizer is built if it is not yet.
+        checkpoint: What ``load_checkpoint`` returned.
+
+    Returns:
+        The checkpoint's ``TrainingState``.
+
+    Raises:
+        ConfigMismatchError: ``model`` does not have the checkpoint's variables (another
+            architecture or optimizer), or its layers cannot take the saved trainable flags.
+    """
     _build_optimizer_like(model, checkpoint)
     source, target = all_variables(checkpoint.model), all_variables(model)
     shapes = [tuple(v.shape) for v in source], [tuple(v.shape) for v in target]
@@ -80,7 +93,11 @@ def _built(model: keras.Model) -> bool:
 
 
 def numpy_rng_record() -> list[Any]:
-    """NumPy's global RNG state as JSON values (``set_numpy_rng`` puts it back)."""
+    """NumPy's global RNG state as JSON values, for a checkpoint's state.
+
+    Returns:
+        The state, a list of JSON values (``set_numpy_rng`` puts it back).
+    """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
 

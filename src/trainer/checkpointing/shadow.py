@@ -18,7 +18,15 @@ from trainer.model_state import dtype_policy, kit, readiness
 
 
 def all_variables(model: keras.Model) -> list:
-    """Every variable whose value a checkpoint holds: weights, RNG seeds, optimizer, metrics."""
+    """Every variable whose value a checkpoint holds.
+
+    Args:
+        model: A built Keras model.
+
+    Returns:
+        Its weights, RNG seed states, optimizer variables and metric variables, in a fixed
+        order (two models of one architecture pair up by position).
+    """
     optimizer = getattr(model, "optimizer", None)
     optimizer_variables = list(optimizer.variables) if optimizer is not None else []
     return [*model.variables, *optimizer_variables]
@@ -37,8 +45,20 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
     The config is the live model's, serialized a moment ago in this process: it is rebuilt
     outside safe mode (a ``Lambda``'s code is the model's own), unless a layer was revived
     from traced functions (its config is the one its checkpoint stored), and with every
-    class of the model at hand, registered or not. A model that still
-    cannot be copied raises ``SnapshotUnavailable`` (its saves are then synchronous)."""
+    class of the model at hand, registered or not.
+
+    Args:
+        model: A built (and usually compiled) Keras model.
+
+    Returns:
+        The copy, built and compiled as ``model`` is; its values are not copied
+        (``refresh_snapshot`` does that).
+
+    Raises:
+        SnapshotUnavailable: The model cannot be rebuilt from its config (a layer holding a
+            plain Python object, ...); a ``SaveError``. ``AsyncBackend`` catches it and
+            writes that model's saves synchronously, with one warning.
+    """
     try:
         with dtype_policy.global_policy(getattr(model, "dtype_policy", None)):
             clone = _rebuilt_and_compiled(model)

@@ -66,9 +66,18 @@ def refresh_snapshot(
     """Copy into ``shadow`` everything a backend would save from ``model``: every variable
     (weights, RNG seeds, optimizer, metrics), then the state that layers keep their own way
     (adapted preprocessing, lookup vocabularies: ``save_own_variables`` / assets), so that
-    a write of the shadow holds what a synchronous save would. ``copier``: from
-    ``variable_copier`` for these two models; ``pairs``: ``layer_protocol.own_state_pairs`` of
-    the two, if known."""
+    a write of the shadow holds what a synchronous save would.
+
+    Args:
+        model: The live model.
+        shadow: Its copy from ``clone_for_snapshot``.
+        copier: From ``variable_copier`` for these two models, if made already.
+        pairs: ``layer_protocol.own_state_pairs`` of the two, if known.
+
+    Raises:
+        LayerStateError: A layer's own state methods (``save_own_variables``,
+            ``load_own_variables``, assets) raised.
+    """
     take_snapshot(model, shadow, copier, pairs)()
 
 
@@ -219,6 +228,15 @@ class AsyncWriter:
         self._pid = 0  # the process whose thread serves ``_jobs``
 
     def submit(self, job: Callable[[], None]) -> None:
+        """Hand a write to the writer thread, after the previous one has finished.
+
+        Args:
+            job: The write, called with no arguments in the writer thread.
+
+        Raises:
+            BaseException: Whatever the previous write raised (a ``SaveError`` for a failed
+                checkpoint write), raised here rather than lost.
+        """
         self.wait()
         done = self._done = threading.Event()
         if self._jobs is None or self._pid != os.getpid():
@@ -233,6 +251,12 @@ class AsyncWriter:
         return self._done is not None and not self._done.is_set()
 
     def wait(self) -> None:
+        """Return once the write in flight has finished.
+
+        Raises:
+            BaseException: Whatever that write raised (a ``SaveError`` for a failed checkpoint
+                write).
+        """
         if self._done is not None:
             self._done.wait()
             self._done = None

@@ -60,8 +60,17 @@ def _read_through(cls: type[WrappingBackend]) -> type[WrappingBackend]:
 
 @_read_through
 class WrappingBackend(SaveBackend):
-    """Delegates to ``inner``; subclasses override ``save`` (and the write lifecycle:
-    ``prepare``, ``submit``, ``wait``, ``close``)."""
+    """A backend around another: the base of ``AsyncBackend`` and the multi-worker
+    ``ScratchBackend``.
+
+    Every part of the contract not overridden is the inner backend's; subclasses override
+    ``save`` and the write lifecycle (``prepare``, ``submit``, ``wait``, ``close``). The
+    manager asks any backend the same ``prepare``, ``submit`` and ``wait``, never which
+    wrapper it is.
+
+    Args:
+        inner: The backend that writes (itself possibly a wrapper).
+    """
 
     def __init__(self, inner: SaveBackend):
         self.inner = inner
@@ -73,13 +82,36 @@ class WrappingBackend(SaveBackend):
         return getattr(self.inner, name)
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
+        """Save through the inner backend (see ``SaveBackend.save``).
+
+        Args:
+            model: The model.
+            path: Where the checkpoint goes.
+            **kwargs: ``state`` and ``metadata``, as ``SaveBackend.save`` takes them.
+
+        Returns:
+            The checkpoint's path.
+
+        Raises:
+            SaveError: The write failed.
+            ModelNotReadyError: The inner backend refuses the model.
+        """
         return Path(self.inner.save(model, path, **kwargs))
 
     def prepare(self, model: keras.Model) -> None:
+        """Training of ``model`` starts: the inner backend's ``prepare``.
+
+        Args:
+            model: The model about to train.
+        """
         self.inner.prepare(model)
 
     def wait(self) -> None:
-        """Return once every write handed to this backend is finished (raises a failure)."""
+        """Return once every write handed to this backend is finished.
+
+        Raises:
+            SaveError: A write failed.
+        """
         self.inner.wait()
 
     def __repr__(self) -> str:
@@ -87,7 +119,14 @@ class WrappingBackend(SaveBackend):
 
 
 def innermost(backend: Any) -> SaveBackend:
-    """The real backend under any number of wrappers."""
+    """The real backend under any number of wrappers.
+
+    Args:
+        backend: A backend, wrapped or not.
+
+    Returns:
+        The innermost ``SaveBackend`` (``backend`` itself if it wraps nothing).
+    """
     while isinstance(backend, WrappingBackend):
         backend = backend.inner
     return backend
@@ -101,7 +140,11 @@ class AsyncBackend(WrappingBackend):
     the state at the moment of the call. At most one write is in flight (the next ``save``
     waits); a failed write is raised by the next ``save``, ``wait`` or ``close``, never lost.
     ``prepare`` (the checkpoint callback calls it when training starts) builds the shadow and
-    warms the writes ahead of the first save, outside the checkpoint directory.
+    warms the writes ahead of the first save, outside the checkpoint directory. A model that
+    cannot be copied (``SnapshotUnavailable``) is saved synchronously, with one warning.
+
+    Args:
+        inner: The backend that writes the shadow.
     """
 
     writes_in_background: ClassVar[bool] = True
@@ -123,6 +166,22 @@ class AsyncBackend(WrappingBackend):
         self._warned_synchronous: keras.Model | None = None
 
     def save(self, model: keras.Model, path: str | Path, **kwargs: Any) -> Path:
+        """Take a snapshot of ``model`` now and write it in the background.
+
+        Args:
+            model: The model.
+            path: Where the checkpoint goes.
+            **kwargs: ``state`` and ``metadata``, as ``SaveBackend.save`` takes them.
+
+        Returns:
+            The path the checkpoint will have once written (``wait`` for it).
+
+        Raises:
+            SaveError: The previous background write failed (``DiskFullError``,
+                ``SavePermissionError``...).
+            ModelNotReadyError: The inner backend refuses the model (checked before the copy).
+            LayerStateError: A layer's own state could not be copied into the shadow.
+        """
         target = Path(self.inner.checkpoint_path(path))
         self.submit(model, lambda writer, snapshot: writer.save(snapshot, target, **kwargs))
         return target
@@ -259,6 +318,11 @@ class AsyncBackend(WrappingBackend):
         return [tuple(v.shape) for v in mine] == [tuple(v.shape) for v in theirs]
 
     def wait(self) -> None:
+        """Return once the write in flight is on disk.
+
+        Raises:
+            SaveError: That write failed; the previous checkpoints are intact.
+        """
         self.writer.wait()
         super().wait()
 

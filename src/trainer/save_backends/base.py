@@ -39,9 +39,18 @@ from trainer.version import __version__
 
 @dataclasses.dataclass
 class LoadedCheckpoint:
-    """What a backend returns from ``load``. Named apart from the Keras callback
-    ``trainer.callbacks.Checkpoint``: both were ``Checkpoint``, and code using the two
-    had to rename one on import."""
+    """What ``load`` returns: the model and the state it was saved with.
+
+    Named apart from the Keras callback ``trainer.callbacks.Checkpoint``; its former name
+    ``trainer.save_backends.Checkpoint`` is kept as an alias.
+
+    Attributes:
+        model: The Keras model, compiled as saved (unless loaded with ``compile=False``).
+        state: The ``TrainingState``: epoch, global step, step in the epoch, metrics, history.
+        metadata: Everything else the checkpoint records: backend, format version, versions,
+            the run's config, ``revived_from`` (savedmodel), the TensorBoard link.
+        path: The checkpoint actually read (a link such as ``latest`` resolved).
+    """
 
     model: keras.Model
     state: TrainingState
@@ -107,10 +116,32 @@ class SaveBackend(abc.ABC):
         state: TrainingState | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Path:
-        """Write ``model`` (weights, optimizer, compile config) and ``state`` to ``path``.
+        """Write a model and its training state as a checkpoint.
 
-        ``metadata`` adds caller information (for example the run's Hydra config) to the
-        checkpoint's metadata. The checkpoint appears at ``path`` complete or not at all.
+        The checkpoint is written into a hidden temporary sibling, sealed with its manifest and
+        renamed into place: it appears at ``path`` complete or not at all.
+
+        Args:
+            model: A built Keras model; its weights, optimizer variables and compile config are
+                saved.
+            path: Where the checkpoint goes (a file backend adds its ``suffix`` if missing). It
+                may replace a trainer checkpoint or an empty directory, nothing else.
+            state: The training state to record (epoch, step, metrics); a fresh one if omitted.
+            metadata: Caller information added to the checkpoint's metadata (for example the
+                run's Hydra config under ``"config"``).
+
+        Returns:
+            The path of the checkpoint written.
+
+        Raises:
+            ModelNotReadyError: The model could not be loaded back as it is (never built, a
+                layer whose config does not hold its attributes, ...): refused before anything
+                is written.
+            SaveError: ``path`` holds something that is not a trainer checkpoint, or the
+                optimizer cannot be rebuilt.
+            DiskFullError: The disk is full or a file-size limit was reached (a ``SaveError``).
+            SavePermissionError: Writing there is not permitted (a ``SaveError``).
+            LayerStateError: A layer's own ``save_own_variables`` or ``save_assets`` raised.
         """
         path = self.checkpoint_path(path)
         targets.check_replaceable(path, type(self))
@@ -133,9 +164,22 @@ class SaveBackend(abc.ABC):
         state: TrainingState | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
-        """Write into a new ``directory`` that the caller publishes itself (serving exports
-        add files, seal and rename their own temporary: a second one would double its
-        name). Not sealed: the caller calls ``seal`` when the directory is complete."""
+        """Write a checkpoint into a new directory that the caller publishes itself.
+
+        For serving exports, which add files, seal and rename their own temporary. Not sealed:
+        the caller calls ``seal`` when the directory is complete.
+
+        Args:
+            model: A built Keras model.
+            directory: A directory that does not exist yet.
+            state: The training state to record; a fresh one if omitted.
+            metadata: Caller information added to the metadata.
+
+        Raises:
+            SaveError: This backend writes single files, not directories.
+            ModelNotReadyError: The model could not be loaded back as it is.
+            FileExistsError: ``directory`` exists already.
+        """
         if not self.is_directory:
             raise SaveError(f"{self.name!r} writes files, not directories. Received {directory}")
         self.check_savable(model)
@@ -154,24 +198,35 @@ class SaveBackend(abc.ABC):
         verify: bool = True,
         **options: Any,
     ) -> LoadedCheckpoint:
-        """Read a checkpoint written by this backend; the model comes back compiled as saved.
+        """Read a checkpoint written by this backend.
 
-        Every file is checked against the checkpoint's manifest (size and SHA-256) before
-        its bytes reach the model; ``verify=False`` checks sizes only, for a caller who
-        accepts the risk. ``safe_mode=False`` lets the backend run Python code the
-        checkpoint stores (a ``Lambda``'s bytecode) for a caller who trusts its source: an
-        argument of each load, never a state of the backend, so that concurrent loads of
-        one instance cannot see each other's choice. ``options`` are backend-specific (for
-        example ``model``) and are passed on to ``_read``; a backend that takes none
-        rejects them with a TypeError.
+        Every file is checked against the checkpoint's manifest (size and SHA-256) before its
+        bytes reach the model. ``safe_mode`` is an argument of each load, never a state of the
+        backend, so that concurrent loads of one instance cannot see each other's choice.
+
+        Args:
+            path: The checkpoint.
+            custom_objects: Classes and functions by the name the checkpoint records.
+            compile: Compile the model as it was compiled when saved.
+            safe_mode: ``False`` lets the backend run Python code the checkpoint stores (a
+                ``Lambda``'s bytecode), for a caller who trusts its source.
+            verify: ``False`` checks sizes only, not digests, for a caller who accepts the risk.
+            **options: Backend-specific (for example ``model``), passed on to ``_read``; a
+                backend that takes none rejects them with a ``TypeError``.
+
+        Returns:
+            The ``LoadedCheckpoint`` (model compiled as saved, state, metadata, path).
 
         Raises:
-            IntegrityError: a file is missing, has another size or another digest.
-            CorruptCheckpointError: the content is damaged or inconsistent in a way the
+            NotACheckpointError: ``path`` is not a complete checkpoint of this backend (the
+                message names the backend that wrote it, if another did).
+            IntegrityError: A file is missing, has another size or another digest.
+            CorruptCheckpointError: The content is damaged or inconsistent in a way the
                 manifest cannot tell (written so, or a checkpoint without one).
-            NotACheckpointError: ``path`` is not a complete checkpoint of this backend.
-            TrainerError: anything else that goes wrong while reading (a missing class,
-                a newer format, ...).
+            IncompatibleFormatError: A newer format version than this backend reads.
+            MissingClassError: A class the checkpoint needs is not available.
+            RebuildError: A class is found but cannot rebuild from its saved config.
+            UnsafeCheckpointError: It stores code and ``safe_mode`` is true.
         """
         path = local_path(path, "checkpoint path")
         targets.check_exists(path)
@@ -250,9 +305,15 @@ class SaveBackend(abc.ABC):
             )
 
     def check_savable(self, model: keras.Model) -> None:
-        """Refuse, before anything is written, a model this backend could not load back as
-        it is: unbuilt, re-applied ``__call__`` overrides, what ``check_rebuildable``
-        refuses."""
+        """Refuse, before anything is written, a model this backend could not load back.
+
+        Args:
+            model: The model about to be saved.
+
+        Raises:
+            ModelNotReadyError: Unbuilt, a ``__call__`` override that changes its inputs inside a
+                Functional model, or what ``check_rebuildable`` refuses.
+        """
         readiness.check_model_ready(model)
         readiness.refuse_reapplied_overrides(model)  # loads would compute something else
         config_check.check(model)  # state a rebuild from the config would lose
@@ -272,13 +333,30 @@ class SaveBackend(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def can_load(cls, path: Path) -> bool:
-        """Cheap check (no model built) whether ``path`` is a complete checkpoint of ours."""
+        """Whether ``path`` is a complete checkpoint of this backend (no model built).
+
+        Args:
+            path: A file or directory.
+
+        Returns:
+            True if this backend's ``load`` reads it.
+        """
 
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
-        """The checkpoint's metadata (including ``state``) without building the model.
+        """The checkpoint's metadata without building the model.
 
         Backends override this with a cheap reader; the fallback loads the checkpoint.
+
+        Args:
+            path: A checkpoint of this backend.
+
+        Returns:
+            Its metadata, with the training state under ``"state"``.
+
+        Raises:
+            CorruptCheckpointError: The metadata cannot be read or has the wrong types.
+            NotACheckpointError: ``path`` is not a checkpoint of this backend.
         """
         return cls().load(path, compile=False).metadata
 
@@ -305,8 +383,13 @@ class SaveBackend(abc.ABC):
         job(self, model)
 
     def wait(self) -> None:  # noqa: B027  (a no-op by design)
-        """Return once every write handed to this backend is on disk; raise a failed one.
-        A backend that writes in the caller's thread has none pending."""
+        """Return once every write handed to this backend is on disk.
+
+        A backend that writes in the caller's thread has none pending.
+
+        Raises:
+            SaveError: A background write failed (the previous checkpoints are intact).
+        """
 
     def close(self) -> None:
         """No more saves: finish the pending writes (``wait``)."""

@@ -67,8 +67,23 @@ def _read_entry_points() -> None:
         _origins[entry.name] = origin
 
 
-def register_backend(name: str, backend: str | type[SaveBackend], *, overwrite=False) -> None:
-    """Register ``backend`` (a class or a ``"module:Class"`` string) under ``name``."""
+def register_backend(
+    name: str, backend: str | type[SaveBackend], *, overwrite: bool = False
+) -> None:
+    """Register a save backend under a name, for ``get_backend`` and format detection.
+
+    Names registered in code win over entry points of the same name; the built-in backends
+    are registered this way.
+
+    Args:
+        name: The name to select it by (``get_backend(name)``, ``python -m trainer`` commands).
+        backend: The ``SaveBackend`` subclass, or ``"module:Class"`` to import it only when a
+            checkpoint of its format is read or the name is asked for.
+        overwrite: Replace a backend already registered under ``name``.
+
+    Raises:
+        ValueError: ``name`` is already registered and ``overwrite`` is false.
+    """
     _read_entry_points()
     if name in _registry and not overwrite:
         raise ValueError(
@@ -79,14 +94,31 @@ def register_backend(name: str, backend: str | type[SaveBackend], *, overwrite=F
 
 
 def available_backends() -> types.MappingProxyType:
-    """Read-only view of registered names and their targets (classes or import paths),
-    entry points of installed distributions included (not imported)."""
+    """Every registered backend name and its target, without importing any.
+
+    Returns:
+        A read-only mapping of name to class or ``"module:Class"`` path, entry points of
+        installed distributions (group ``trainer.save_backends``) included.
+    """
     _read_entry_points()
     return types.MappingProxyType(_registry)
 
 
 def backend_class(name: str) -> type[SaveBackend]:
-    """The class registered under ``name``, imported now if it was registered by path."""
+    """The class registered under a name, imported now if it was registered by path.
+
+    Args:
+        name: A registered backend name (``available_backends()``).
+
+    Returns:
+        The ``SaveBackend`` subclass.
+
+    Raises:
+        UnknownBackendError: No backend is registered under ``name``; the message lists the
+            valid names (also a ``KeyError``).
+        BackendUnavailableError: The registered target cannot be imported or is not a
+            ``SaveBackend`` subclass (also an ``ImportError``).
+    """
     _read_entry_points()
     try:
         target = _registry[name]
@@ -133,17 +165,47 @@ def _import_backend(name: str, target: str) -> type[SaveBackend]:
 
 
 def get_backend(name: str, **options: Any) -> SaveBackend:
-    """Instantiate the backend registered under ``name`` with ``options``."""
+    """An instance of the backend registered under a name.
+
+    Args:
+        name: A registered backend name: ``"savedmodel"``, ``"h5"``, ``"weights"`` or one of
+            yours.
+        **options: Passed to the backend's constructor.
+
+    Returns:
+        The backend, ready to ``save`` and ``load``.
+
+    Raises:
+        UnknownBackendError: No backend is registered under ``name``.
+        BackendUnavailableError: Its class cannot be imported.
+    """
     return backend_class(name)(**options)
 
 
 def detect_backend(
     path: str | os.PathLike, *, configured: type[SaveBackend] | None = None
 ) -> type[SaveBackend]:
-    """The registered backend whose format ``path`` is in; else ``configured`` if it claims
-    it. ``configured``: the backend class a run's own config selected (``save._target_``,
-    code the user chose, so using it runs nothing a file names), which a run resuming its
-    own checkpoints reads with even when it is not registered."""
+    """The backend whose format a checkpoint is in.
+
+    Every registered backend is asked in turn (``SaveBackend.can_load``); one whose module
+    cannot be imported is skipped and named if nothing claims the path.
+
+    Args:
+        path: A checkpoint (a directory or a file).
+        configured: The backend class a run's own config selected (``save._target_``: code
+            the user chose, so using it runs nothing a file names); a run resuming its own
+            checkpoints reads them with it even when it is not registered.
+
+    Returns:
+        The ``SaveBackend`` subclass that reads ``path``.
+
+    Raises:
+        UnsupportedLocationError: ``path`` is a URL (``s3://...``), not a local path.
+        NotACheckpointError: Nothing is at ``path``, no backend claims it (the message says
+            what it is instead: a run directory, a ``.keras`` file...), or an unregistered
+            backend wrote it (the message gives the ``register_backend`` call).
+        IntegrityError: It is a damaged trainer checkpoint; the message names the file.
+    """
     path = local_path(path, "checkpoint path")
     check_exists(path)
     _read_entry_points()
@@ -223,16 +285,42 @@ def load_checkpoint(
     configured: type[SaveBackend] | None = None,
     **options: Any,
 ) -> LoadedCheckpoint:
-    """Detect the format of ``path`` and load it with the matching backend (``configured``:
-    see ``detect_backend``). The arguments are ``SaveBackend.load``'s: ``safe_mode=False``
-    runs code the checkpoint stores, for a caller who trusts its source; ``options`` are
-    backend-specific.
+    """Load a checkpoint of any backend, detecting its format.
 
     Safe while a trainer writes next to it: a symlink such as ``checkpoints/latest`` is
     resolved once and the checkpoint it names is leased for the read, so retention leaves
     it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
-    taken, the read starts over from where the link points now. The returned
-    ``LoadedCheckpoint.path`` is the checkpoint actually read.
+    taken, the read starts over from where the link points now.
+
+    Args:
+        path: A checkpoint, or a link to one (``<run>/checkpoints/latest``).
+        custom_objects: Classes and functions by the name the checkpoint records, for custom
+            classes that were not registered when saved.
+        compile: Compile the model as it was compiled when saved.
+        safe_mode: ``False`` runs code the checkpoint stores (a ``Lambda``'s bytecode), for a
+            caller who trusts its source.
+        verify: Check every file's SHA-256 against the manifest (the default); ``False``
+            checks sizes only.
+        configured: See ``detect_backend``.
+        **options: Backend-specific options of ``SaveBackend.load``.
+
+    Returns:
+        The ``LoadedCheckpoint``: ``model``, ``state``, ``metadata`` and ``path`` (the
+        checkpoint actually read).
+
+    Raises:
+        NotACheckpointError: ``path`` is not a checkpoint of a registered backend, or kept
+            changing while it was read.
+        IntegrityError: A file does not match the manifest (size or digest), or the
+            manifest is missing.
+        CorruptCheckpointError: The content is damaged or out of bounds.
+        IncompatibleFormatError: A newer format version than this trainer reads.
+        MissingClassError: A custom class it needs is neither registered nor in
+            ``custom_objects`` (h5, weights; savedmodel revives it from its traces).
+        RebuildError: A class is found but cannot rebuild from its saved config.
+        UnsafeCheckpointError: It holds code (a ``Lambda``) and ``safe_mode`` is true (h5,
+            weights; savedmodel revives it from its traces).
+        UnsupportedLocationError: ``path`` is a URL, not a local path.
     """
     path = local_path(path, "checkpoint path")
     kwargs = dict(
@@ -298,6 +386,19 @@ def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
 
 
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """Metadata (with the training state) of the checkpoint at ``path``, model not built."""
+    """The metadata of a checkpoint, without building its model.
+
+    Args:
+        path: A checkpoint of any registered backend.
+
+    Returns:
+        Its metadata: backend, format version, versions, the run's config, and the training
+        state under ``"state"``.
+
+    Raises:
+        NotACheckpointError: ``path`` is not a checkpoint of a registered backend.
+        CorruptCheckpointError: Its metadata cannot be read or has the wrong types.
+        IncompatibleFormatError: A newer format version than this trainer reads.
+    """
     path = local_path(path, "checkpoint path")
     return detect_backend(path).read_metadata(path)

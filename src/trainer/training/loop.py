@@ -33,11 +33,36 @@ log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Train the configured model and return the final validation (or training) metrics;
-    after an interrupt, the last completed epoch's (empty in the first epoch).
+    """Train the configured model: what ``python train.py`` runs, callable from Python.
 
-    SIGTERM/SIGINT end it cleanly at any point (``run_end.signals_raise``), from the
-    strategy's set-up on: building a multi-worker strategy can wait for its peers."""
+    Builds the model, data, optimizer, schedule and save backend from ``cfg``, resumes if
+    asked, fits with checkpointing and TensorBoard, and writes the final metrics and the
+    serving export. SIGTERM/SIGINT end it cleanly at any point (``run_end.signals_raise``),
+    from the strategy's set-up on: building a multi-worker strategy can wait for its peers.
+    Code that composes ``conf/`` itself imports ``trainer.training.config`` first.
+
+    Args:
+        cfg: The composed config of ``conf/config.yaml`` (``hydra.compose`` or Hydra's
+            ``@hydra.main``); ``run_dir`` set, or a Hydra run directory.
+
+    Returns:
+        The final validation (or training) metrics; after an interrupt, the last completed
+        epoch's (empty in the first epoch).
+
+    Raises:
+        ConfigError: A value no run can use (``trainer.epochs=0``, a ``_target_`` that cannot
+            be imported or built, a URL for a path, ``resume_dir`` without ``resume``...),
+            before anything is written; ``DataError`` for NaN or out-of-range data.
+        ConfigMismatchError: A resume whose config changes the model, optimizer, schedule,
+            wrapping, or (unless ``resume_allow_inexact``) the data order.
+        NotACheckpointError: ``resume=latest`` with no checkpoint to resume.
+        CorruptCheckpointError: Every checkpoint to resume from is damaged.
+        DirectoryInUseError: Another process is writing to the run directory.
+        TrainingDivergedError: The loss became NaN or infinite.
+        SaveError: A checkpoint or TensorBoard write failed (with
+            ``checkpoint.policy.on_save_error=raise``).
+        ExportError: The serving export could not be written.
+    """
     dist: distribute.Distribution | None = None
     try:
         with run_end.signals_raise():
