@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 # Sub-directory prefix of a checkpoint directory for the checkpoints of a continuation that
 # a resume from an older checkpoint abandoned (``CheckpointManager.set_aside_after``).
 ABANDONED = "abandoned-"
+"""Prefix of ``abandoned-<n>/``, where a resume from an older checkpoint moves the newer ones."""
 
 
 class CheckpointManager:

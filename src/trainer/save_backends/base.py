@@ -60,6 +60,7 @@ class LoadedCheckpoint:
 
 # Its former name, kept as an alias: code importing ``trainer.save_backends.Checkpoint`` runs.
 Checkpoint = LoadedCheckpoint
+"""The former name of ``LoadedCheckpoint``, kept so that code importing it runs."""
 
 
 class SaveBackend(abc.ABC):

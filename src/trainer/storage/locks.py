@@ -36,6 +36,7 @@ from trainer.storage.atomic import process_alive, remove_path, temporary_sibling
 LOCK_NAME = ".trainer.lock"
 LEASE_PREFIX = ".reading-"
 LATEST = "latest"  # the link a managed checkpoint directory keeps to its newest checkpoint
+"""Name of the symlink a checkpoint directory keeps to its newest checkpoint."""
 _LEASE_SUFFIX = re.compile(r"\.(\d+)-[0-9a-f]{8}$")
 
 try:
