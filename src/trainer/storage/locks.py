@@ -41,7 +41,7 @@ _LEASE_SUFFIX = re.compile(r"\.(\d+)-[0-9a-f]{8}$")
 
 try:
     import fcntl
-except ImportError:  # not POSIX: no lock (documented in the README)
+except ImportError:  # not POSIX: no lock
     fcntl = None
 
 

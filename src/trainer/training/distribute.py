@@ -1,7 +1,7 @@
 """tf.distribute for ``train``: building the strategy (``conf/strategy``), who is chief, the
 batch-size and learning-rate rule, and where each worker writes.
 
-Rules (also in the README):
+Rules (also in docs/how-to/multi-worker.md):
 
 * ``trainer.batch_size`` is the **global** batch: every optimizer step consumes that many
   examples, split evenly over ``num_replicas`` (each replica sees ``batch_size /

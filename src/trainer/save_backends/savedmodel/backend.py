@@ -3,7 +3,8 @@
 Servable by anyone (``tf.saved_model.load``, ``TFSMLayer``, ``saved_model_cli``), and
 revivable by trainer: per-layer records in ``assets.extra/trainer_metadata.json`` say how
 to rebuild each layer from config, or from its traced functions when its class is gone.
-Layout and record fields: ``trainer.save_backends.savedmodel.layout`` and the README.
+Layout and record fields: ``trainer.save_backends.savedmodel.layout`` and
+docs/explanation/savedmodel-format.md.
 
 Saving is traced once per model structure: later saves of the same model only write the
 variables checkpoint and the metadata next to the cached graph (``trace_cache``).

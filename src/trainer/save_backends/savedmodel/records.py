@@ -272,8 +272,9 @@ def layer_record(
     call_specs: list[str],
     serialized: tuple[dict[str, Any] | None, str | None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record of one layer (see the README's on-disk layout); ``serialized`` is
-    ``keras_config(layer)`` if the caller already has it."""
+    """The JSON record of one layer (see the on-disk layout in
+    docs/explanation/savedmodel-format.md); ``serialized`` is ``keras_config(layer)`` if the
+    caller already has it."""
     from trainer.save_backends.savedmodel.features.keras_objects import takes_training, tf_variable
 
     config, config_error = serialized if serialized is not None else keras_config(layer)
