@@ -1,12 +1,14 @@
 """Every code block of the tutorials (docs/tutorials/) runs as written, and every console
 sample in them matches what its command prints (issue 41; issue 39, item 6).
 
-Each tutorial runs in a fresh directory laid out like a clone (``train.py`` and ``conf/``
-linked in), its blocks in order, as a reader would type them:
+The tutorials build on each other (the resume tutorial continues the first run), so they run
+in the order of the site's navigation (mkdocs.yml), in one fresh directory laid out like a
+clone (``train.py`` and ``conf/`` linked in), their blocks in order, as a reader would type
+them:
 
 * a ``bash`` block runs with ``bash -e`` (``python`` is this interpreter);
-* a ``python`` block runs, with the tutorial's earlier ``python`` blocks, as one script in a
-  child process (a reader continuing one script);
+* the ``python`` blocks of a tutorial run as one script (a reader continuing one script), in
+  this process, in that directory: TensorFlow is imported once for the suite, not once more;
 * a block after ``<!-- file: NAME -->`` is written to ``NAME``;
 * a ``console`` block is a sample of the output of the ``bash`` block before it: each of its
   log lines (``[time][logger][LEVEL] - message``) must match a line the command printed, in
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
@@ -104,33 +107,45 @@ def tutorial_env() -> dict[str, str]:
     return env
 
 
+def tutorial_pages() -> list[str]:
+    """The tutorials in the order of the site's navigation (mkdocs.yml), which is the order
+    they build on each other; every page of docs/tutorials/ must be in it."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    section = next(entry["Tutorials"] for entry in nav if "Tutorials" in entry)
+    pages = [Path(page).name for page in section]
+    assert sorted(pages) == sorted(p.name for p in TUTORIALS.glob("*.md")), pages
+    return pages
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", sorted(p.name for p in TUTORIALS.glob("*.md")))
-def test_tutorial_runs_as_written(page, tmp_path):
+def test_tutorials_run_as_written(tmp_path, monkeypatch):
     (tmp_path / "train.py").symlink_to(ROOT / "train.py")
     (tmp_path / "conf").symlink_to(ROOT / "conf")
-    env, script, printed, ran = tutorial_env(), [], None, 0
-    for number, (marker, lang, body) in enumerate(blocks(TUTORIALS / page), 1):
-        where = f"{page}, block {number}"
-        if marker.startswith("not run:"):
-            continue
-        if marker.startswith("file:"):
-            (tmp_path / marker.split(":", 1)[1].strip()).write_text(body)
-        elif lang == "bash":
-            printed = run(["bash", "-e", "-c", body], tmp_path, env, where)
+    env = tutorial_env()
+    for page in tutorial_pages():
+        script, printed, ran = [], None, 0
+        for number, (marker, lang, body) in enumerate(blocks(TUTORIALS / page), 1):
+            where = f"{page}, block {number}"
+            if marker.startswith("not run:"):
+                continue
+            if marker.startswith("file:"):
+                (tmp_path / marker.split(":", 1)[1].strip()).write_text(body)
+            elif lang == "bash":
+                printed = run(["bash", "-e", "-c", body], tmp_path, env, where)
+                ran += 1
+            elif lang == "console":
+                assert printed is not None, f"{where}: a console sample before any command"
+                check_sample(body, printed, where)
+            elif lang == "python":
+                script.append(body)
+            elif lang not in ("text", "toml", "yaml"):
+                raise AssertionError(f"{where}: a ```{lang} block the test does not know")
+        if script:
+            monkeypatch.chdir(tmp_path)
+            code = compile("\n".join(script), f"docs/tutorials/{page}", "exec")
+            exec(code, {"__name__": "__tutorial__"})
             ran += 1
-        elif lang == "console":
-            assert printed is not None, f"{where}: a console sample before any command"
-            check_sample(body, printed, where)
-        elif lang == "python":
-            script.append(body)
-        elif lang not in ("text", "toml", "yaml"):
-            raise AssertionError(f"{where}: a ```{lang} block the test does not know")
-    if script:
-        (tmp_path / "tutorial_script.py").write_text("\n".join(script))
-        run([sys.executable, "tutorial_script.py"], tmp_path, env, f"{page}'s python blocks")
-        ran += 1
-    assert ran, f"{page} has no block the test runs"
+        assert ran, f"{page} has no block the test runs"
 
 
 def test_console_samples_check_the_words_not_the_figures():
