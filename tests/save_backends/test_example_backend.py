@@ -1,4 +1,5 @@
-"""The README's custom backend (tests/example_backend/mybackend.py) works end to end."""
+"""The custom backend of docs/how-to/writing-a-backend.md (tests/example_backend/mybackend.py)
+works end to end."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def example_importable(monkeypatch):
 
 
 class TestExampleBackendThroughTheRegistry(BackendSuite):
-    """The shared suite, run exactly as the README tells a third-party backend to run it."""
+    """The shared suite, run exactly as docs/how-to/writing-a-backend.md tells a third-party
+    backend to."""
 
     # The nested-custom-layer model is enough here; test_contract_suite.py runs all three kinds.
     model_kinds = ("functional",)
@@ -55,7 +57,8 @@ def test_example_backend_from_a_hydra_target(example_importable, tmp_path):
 
 @pytest.mark.slow
 def test_train_py_runs_with_the_example_backend(example_importable, compose_cfg, tmp_path):
-    """``python train.py save._target_=mybackend.NpzBackend`` as the README shows it."""
+    """``python train.py save._target_=mybackend.NpzBackend`` as
+    docs/how-to/writing-a-backend.md shows it."""
     from trainer import train as run_training
 
     cfg = compose_cfg("model=mlp", "save._target_=mybackend.NpzBackend")

@@ -65,7 +65,7 @@ class MaskedTokenModel(keras.Model):
 def test_ids_with_a_zero_mask_are_served_as_integers(tmp_path):
     """``Embedding(mask_zero=True)`` first: its mask compares the ids with 0 before they are
     cast, and the ids were served as float32 (found by a probe; ``mask_zero=False`` gave
-    int32, as README says an Embedding first does)."""
+    int32, as the docs say an Embedding first does)."""
     keras.utils.set_random_seed(1)
     ids = np.array([[1, 2, 0, 0], [4, 5, 6, 7]], "int32")
     model = MaskedTokenModel()
