@@ -66,8 +66,24 @@ Checkpoint = LoadedCheckpoint
 class SaveBackend(abc.ABC):
     """Abstract save backend: ``save`` a model with its training state, ``load`` it back.
 
-    Subclasses set ``name`` and ``format_version`` and say whether a checkpoint is one file
-    (``is_directory = False``, with ``suffix``) or a directory.
+    Subclasses set ``name`` and ``format_version``, say whether a checkpoint is one file
+    (``is_directory = False``, with ``suffix``) or a directory, and implement ``_write``,
+    ``_read`` and the class-level ``can_load``. The base class does validation, metadata,
+    the manifest and the atomic rename. See docs/how-to/writing-a-backend.md.
+
+    Attributes:
+        name: The registered name, recorded in every checkpoint.
+        format_version: The format version this backend writes (a major version).
+        min_format_version: The oldest format version ``load`` still reads.
+        manifest_file: Where a directory checkpoint keeps its manifest; None: none.
+        is_directory: Whether a checkpoint is a directory (else one file).
+        suffix: A single-file checkpoint's suffix (``".h5"``).
+        async_by_default: Whether the checkpoint callback writes in a background thread
+            unless told otherwise.
+        read_late: Files (``fnmatch`` patterns) ``_read`` reads only after
+            ``integrity.await_digests()``: their digests are checked in a thread meanwhile.
+        writes_in_background: Whether ``save`` may return before the checkpoint is written
+            (the async wrapper); a backend itself never does.
     """
 
     name: ClassVar[str]
