@@ -388,8 +388,9 @@ class Reviver:
     def _restore_path(self, variable: keras.Variable, index: int) -> None:
         """The saved path back on a variable rebuilt from config: a sublayer Keras builds
         while deserializing its parent (a wrapper's layer, a ``Bidirectional``'s forward and
-        backward layers, an RNN's cell) loses every prefix above it otherwise, and code that
-        pairs weights by path (an h5 file, ``set_weights`` by name) would not find it."""
+        backward layers, an RNN's cell) loses every prefix above it otherwise, and what is
+        keyed by path (a user's ``{v.path: v}``, the optimizer slot names Keras derives from
+        it) would change with the load."""
         saved = self.var_records[index].get("path")
         if isinstance(saved, str) and saved and saved != variable.path:
             keras_compat.restore_variable_path(variable, saved)
