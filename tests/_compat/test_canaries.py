@@ -254,6 +254,22 @@ def test_set_variable_storage_shares_the_tf_variable():
     assert layer.weights == [variable] and layer.trainable_weights == [variable]
 
 
+def test_restore_variable_path_sets_what_path_reads():
+    """Keras still builds a wrapped layer outside its wrapper's scope when deserializing,
+    and ``path`` still reads the attribute the helper sets; a path not ending with the
+    variable's name is refused."""
+    wrapper = keras.layers.TimeDistributed(keras.layers.Dense(2, name="inner"), name="outer")
+    wrapper.build((1, 3, 4))
+    config = keras.saving.serialize_keras_object(wrapper)
+    kernel = keras.saving.deserialize_keras_object(config).layer.kernel
+    assert wrapper.layer.kernel.path == "outer/inner/kernel"
+    assert kernel.path == "inner/kernel"  # the loss the helper repairs
+    assert keras_compat.restore_variable_path(kernel, "outer/inner/kernel")
+    assert kernel.path == "outer/inner/kernel"
+    assert not keras_compat.restore_variable_path(kernel, "elsewhere/bias")
+    assert kernel.path == "outer/inner/kernel"
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_public_value_is_the_storage_keras_holds(policy):
     """``keras_objects.variable_storage`` reads the public ``variable.value``: the same object as

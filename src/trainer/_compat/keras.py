@@ -315,6 +315,27 @@ def variable_over_storage(
     return variable
 
 
+def restore_variable_path(variable: keras.Variable, path: str) -> bool:
+    """Give a variable rebuilt from its layer's config the path it was saved under;
+    whether it did (only a path ending with the variable's own name is taken).
+
+    A Keras variable's path is fixed when it is created, from the name scopes open then.
+    Keras's deserialization builds a nested layer (the layer of a ``Wrapper``, the forward
+    and backward layers of a ``Bidirectional``, an RNN's cell) from its build config
+    before its parent builds, so outside the parent's scope: rebuilt, ``kernel`` of
+    ``wrapper/dense`` becomes ``dense/kernel`` (Keras's own ``.keras`` load does the
+    same), at any depth of nesting and whether or not the layer was built before it was
+    wrapped. Assigns ``KerasVariable._path``: no public API sets a path, and recreating
+    the variable under the saved scopes would need the layer's build to run again.
+    Checked: Keras 3.15.1.
+    """
+    parts = path.split("/")
+    if parts[-1] != variable.name or not all(parts):
+        return False
+    variable._path = path
+    return True
+
+
 def _scopes_of(path: str | None, name: str) -> list[str]:
     """The name scopes a variable saved at ``path`` was created under (none when the path
     does not end with the variable's own name: then only the name is kept)."""

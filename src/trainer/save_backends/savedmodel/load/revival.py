@@ -382,7 +382,18 @@ class Reviver:
                 keras_compat.set_variable_storage(variable, self.storage[index])
             elif bound is not variable:  # two rebuilt variables, one saved storage
                 self._require_functions(record, "shares a variable with another layer")
+            self._restore_path(variable, index)
         return True
+
+    def _restore_path(self, variable: keras.Variable, index: int) -> None:
+        """The saved path back on a variable rebuilt from config: a sublayer Keras builds
+        while deserializing its parent (a wrapper's layer, a ``Bidirectional``'s forward and
+        backward layers, an RNN's cell) loses every prefix above it otherwise, and what is
+        keyed by path (a user's ``{v.path: v}``, the optimizer slot names Keras derives from
+        it) would change with the load."""
+        saved = self.var_records[index].get("path")
+        if isinstance(saved, str) and saved and saved != variable.path:
+            keras_compat.restore_variable_path(variable, saved)
 
     def _bind_states(self, layer: keras.layers.Layer, record: dict[str, Any]) -> None:
         """A stateful RNN rebuilt from its class keeps the loaded states that the traced
