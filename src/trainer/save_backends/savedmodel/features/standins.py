@@ -29,6 +29,7 @@ from trainer.save_backends.savedmodel.features import (
     keras_objects,
     masks,
     python_gradients,
+    unmatched_calls,
 )
 
 
@@ -156,7 +157,7 @@ class _RevivedMixin:
             except (TypeError, ValueError) as err:  # no trace takes these tensors
                 error = err
         else:
-            raise _unmatched_call(self, function, args, kwargs, error) from error
+            raise unmatched_calls.unmatched_call(self, function, args, kwargs, error) from error
         outputs, losses = masks.received(result)
         for loss in losses:
             self.add_loss(loss)
@@ -190,31 +191,6 @@ class _RevivedMixin:
 
 
 live_objects.set_marker(_RevivedMixin, live_objects.REVIVED_FROM, "a trainer SavedModel")
-
-
-def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exception) -> Exception:
-    """The error for a call no traced function of a revived layer matches: a layer
-    traced on ragged rows called with a dense tensor, a sparse one with another rank. A
-    traced function only takes the kinds of tensors (dense, ragged, sparse), ranks and
-    dtypes it was traced with."""
-    traced = [repr(c.structured_input_signature[0][0]) for c in _concretes(function)]
-    given = tf.nest.map_structure(
-        lambda v: tf.type_spec_from_value(v) if tf.is_tensor(v) else v, (tuple(args), kwargs)
-    )
-    return RevivedCallError(
-        f"Layer {layer.name!r} ({type(layer).__name__}) was revived from its traced functions "
-        f"(its class was not available at load time), and none of them takes these "
-        f"arguments: it was traced with the inputs {'; '.join(traced)[:1000]}. Call it with "
-        f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
-        f"same rank and dtype), or make its class importable to load it from its config. "
-        f"A subclassed model is traced on the inputs Keras records for it, shapes only, in "
-        f"its input dtype, or in the integer dtypes its ops show it takes: one called on "
-        f"other dtypes revives only with its class, or declare them before saving "
-        f"(self.input_spec = keras.InputSpec(dtype=...)), or build it as a Functional model "
-        f"on keras.Input(dtype=...). "
-        f"Received: args={repr(given[0])[:500]}, kwargs={repr(given[1])[:300]} "
-        f"({type(err).__name__})"
-    )
 
 
 def _no_training_trace(layer: Any) -> Exception:
