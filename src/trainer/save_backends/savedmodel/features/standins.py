@@ -302,6 +302,27 @@ class RevivedModel(_RevivedMixin, keras.Model):
     """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
 
 
+class RevivedLambda(RevivedLayer, keras.layers.Lambda):
+    """Stand-in for a ``keras.layers.Lambda`` loaded in safe mode: its Python function is
+    not run from the file, so the layer runs its traced function, but it stays a
+    ``Lambda`` (``isinstance`` checks hold). ``function`` is the inference trace; its
+    config is the saved one, marked as revived (``REVIVED_CONFIG_KEY``), so it can never
+    pass for a Lambda rebuilt from its code."""
+
+    def __init__(self, **kwargs):
+        super().__init__(function=self._inference_trace, **kwargs)
+
+    def _inference_trace(self, inputs):
+        return self._call_traced((inputs,), False, {})
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), REVIVED_CONFIG_KEY: "traced functions"}
+
+
+# In a revived Lambda's config: what it runs instead of the saved function's code.
+REVIVED_CONFIG_KEY = "trainer_revived_from"
+
+
 class RevivedStatefulRNN(RevivedLayer):
     """Stand-in for a stateful RNN (a ``keras.layers.RNN`` subclass) whose class is
     unknown at load time: its ``states`` are the loaded variables its traced functions
@@ -408,6 +429,8 @@ def make_revived(
     base = RevivedModel if record["model_kind"] else RevivedLayer
     if base is RevivedLayer and record.get("rnn_states"):
         base = RevivedStatefulRNN
+    if base is RevivedLayer and _is_keras_lambda(record):
+        base = RevivedLambda
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
     layer = cls(
@@ -415,6 +438,12 @@ def make_revived(
     )
     layer._setup_from_saved(record, node, children, own_variables)
     return layer
+
+
+def _is_keras_lambda(record: dict[str, Any]) -> bool:
+    """Whether the saved layer was Keras' own ``Lambda`` (not a subclass of it)."""
+    module = record.get("module") or ""
+    return record["class_name"] == "Lambda" and module.startswith("keras.")
 
 
 def _autocast(record: dict[str, Any]) -> bool:
