@@ -113,6 +113,28 @@ def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
     return candidates
 
 
+def declared_batch(model: keras.Model, structure: Any) -> Any | None:
+    """The structure with the first dimension each ``keras.Input`` of a Functional or
+    Sequential model declares (``batch_shape=(h, w, c)``), for a model that cannot be
+    traced with that dimension free: a layer on one unbatched image (``RandomCrop`` on
+    rank 3) needs its static size. None if no input declares one. Tried only after the
+    free-batch trace failed, so no model that runs on any batch size is narrowed."""
+    if not (keras_compat.is_functional(model) or isinstance(model, keras.Sequential)):
+        return None
+    flat = tf.nest.flatten(structure)
+    inputs = list(getattr(model, "inputs", None) or [])
+    if len(inputs) != len(flat) or not all(isinstance(s, tf.TensorSpec) for s in flat):
+        return None
+    declared = [tuple(x.shape) for x in inputs]
+    if not any(shape and shape[0] is not None for shape in declared):
+        return None
+    typed = [
+        tf.TensorSpec(shape, spec.dtype, name=spec.name) if shape else spec
+        for spec, shape in zip(flat, declared, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(structure, typed)
+
+
 def composite_inputs(model: keras.Model, structure: Any) -> Any:
     """The structure with a ``tf.RaggedTensorSpec`` / ``tf.SparseTensorSpec`` for every
     ``keras.Input(ragged=True)`` / ``keras.Input(sparse=True)`` of a Functional or

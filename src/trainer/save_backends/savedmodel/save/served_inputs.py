@@ -31,6 +31,9 @@ def record_served_specs(
         concrete = record_call_specs(model, recorder, args)
     except ModelNotReadyError as error:
         recorder.restore(empty)  # the layers the failed trace reached recorded floats
+        declared = input_signature.declared_batch(model, args)
+        if declared is not None and first_tracing(model, recorder, [declared]) is not None:
+            return declared
         integer = first_tracing(model, recorder, input_signature.id_candidates(model, args))
         if integer is None:
             raise error
