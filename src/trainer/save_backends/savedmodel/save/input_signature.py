@@ -113,6 +113,31 @@ def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
     return candidates
 
 
+def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
+    """For a subclassed model that declares no input dtypes: the structure with every
+    float input as int64 (NumPy's default), then as int32 (``keras.Input``'s, TensorFlow's
+    default), to trace besides the floats Keras' signature gives it. Keras records no
+    dtype for the calls of a subclassed model; one called on integer images would
+    otherwise be revived taking floats only. Each is kept only where the model traces on it
+    (its own code on those dtypes, as a tf.function of the original would run)."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:
+        return []
+    flat = tf.nest.flatten(structure)
+    if not any(isinstance(s, tf.TensorSpec) and s.dtype.is_floating for s in flat):
+        return []
+    variants = []
+    for dtype in (tf.int64, tf.int32):
+        typed = [
+            tf.TensorSpec(s.shape, dtype, name=s.name)
+            if isinstance(s, tf.TensorSpec) and s.dtype.is_floating
+            else s
+            for s in flat
+        ]
+        variants.append(tf.nest.pack_sequence_as(structure, typed))
+    return variants
+
+
 def declared_batch(model: keras.Model, structure: Any) -> Any | None:
     """The structure with the first dimension each ``keras.Input`` of a Functional or
     Sequential model declares (``batch_shape=(h, w, c)``), for a model that cannot be
