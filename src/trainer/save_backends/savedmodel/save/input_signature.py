@@ -140,14 +140,19 @@ def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
 
 def declared_batch(model: keras.Model, structure: Any) -> Any | None:
     """The structure with the first dimension each ``keras.Input`` of a Functional or
-    Sequential model declares (``batch_shape=(h, w, c)``), for a model that cannot be
-    traced with that dimension free: a layer on one unbatched image (``RandomCrop`` on
-    rank 3) needs its static size. None if no input declares one. Tried only after the
+    Sequential model declares (``batch_shape=(h, w, c)``), or a subclassed model was
+    built on, for a model that cannot be traced with that dimension free: a layer on one
+    unbatched image (``RandomCrop`` on rank 3) needs its static size. None if no input declares one. Tried only after the
     free-batch trace failed, so no model that runs on any batch size is narrowed."""
-    if not (keras_compat.is_functional(model) or isinstance(model, keras.Sequential)):
-        return None
     flat = tf.nest.flatten(structure)
-    inputs = list(getattr(model, "inputs", None) or [])
+    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
+        inputs = list(getattr(model, "inputs", None) or [])
+    else:  # a subclassed model on one input: the shape it was built on, first dim included
+        shape = (model.get_build_config() or {}).get("input_shape")
+        plain = isinstance(shape, tuple | list) and all(
+            d is None or isinstance(d, int) for d in shape
+        )
+        inputs = [tf.TensorSpec(tuple(shape))] if plain else []
     if len(inputs) != len(flat) or not all(isinstance(s, tf.TensorSpec) for s in flat):
         return None
     declared = [tuple(x.shape) for x in inputs]
