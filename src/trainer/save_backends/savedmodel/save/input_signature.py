@@ -142,8 +142,9 @@ def declared_batch(model: keras.Model, structure: Any) -> Any | None:
     """The structure with the first dimension each ``keras.Input`` of a Functional or
     Sequential model declares (``batch_shape=(h, w, c)``), or a subclassed model was
     built on, for a model that cannot be traced with that dimension free: a layer on one
-    unbatched image (``RandomCrop`` on rank 3) needs its static size. None if no input declares one. Tried only after the
-    free-batch trace failed, so no model that runs on any batch size is narrowed."""
+    unbatched image (``RandomCrop`` on rank 3) needs its static size. None if no input
+    declares one. Tried only after the free-batch trace failed, so no model that runs on
+    any batch size is narrowed."""
     flat = tf.nest.flatten(structure)
     if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
         inputs = list(getattr(model, "inputs", None) or [])
