@@ -715,3 +715,20 @@ def test_restore_loop_handle_data_lets_a_loaded_loop_be_differentiated_both_ways
     eager = gradient(loaded).numpy()
     np.testing.assert_allclose(tf.function(gradient)(loaded).numpy(), eager)
     np.testing.assert_allclose(eager, [3.0, 12.0])  # d/dv sum(v**3 * 1 + 1) = 3 v**2
+
+
+def test_an_error_raised_as_is_comes_through_a_keras_call_as_the_same_object():
+    """Keras' call wrapper re-raises a marked error itself (its attributes kept), where it
+    would raise a new one of the same class built from the message alone."""
+    raised = []
+
+    class Failing(keras.layers.Layer):
+        def call(self, x):
+            error = keras_compat.raised_as_is(ValueError("refused"))
+            error.detail = "kept"
+            raised.append(error)
+            raise error
+
+    with pytest.raises(ValueError, match=r"^refused$") as caught:
+        Failing()(np.ones((1, 2), "float32"))
+    assert caught.value is raised[0] and caught.value.detail == "kept"

@@ -631,3 +631,18 @@ def unchanged_object_names() -> Iterator[None]:
         yield
     finally:
         global_state.set_global_attribute("object_name_uids", saved)
+
+
+def raised_as_is(error: BaseException) -> BaseException:
+    """``error``, marked so that Keras' call wrapper lets it through unchanged.
+
+    Uses ``_keras_call_info_injected``, the mark ``keras.src.utils.traceback_utils.
+    inject_argument_info_in_traceback`` sets on errors it already annotated. Without it,
+    that wrapper (on by default: traceback filtering) raises a *new* error of the same
+    class built from the message alone, ``from None``: the cause trainer chained (the
+    TensorFlow error behind a refused call) is lost. No public API keeps it;
+    ``keras.config.disable_traceback_filtering()`` is a process-wide user setting.
+    Checked: Keras 3.15.1.
+    """
+    error._keras_call_info_injected = True
+    return error

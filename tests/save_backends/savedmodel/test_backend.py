@@ -153,6 +153,13 @@ def test_lambda_is_traced_in_safe_mode_and_rebuilt_only_when_unsafe(tmp_path):
     safe = get_backend("savedmodel").load(path)
     assert safe.metadata["revived_from"]["affine"] == "traced"
     np.testing.assert_allclose(safe.model.predict(x, verbose=0), model.predict(x, verbose=0))
+    # Still a Lambda (isinstance checks hold), running its trace, and saying so.
+    revived = safe.model.get_layer("affine")
+    assert isinstance(revived, keras.layers.Lambda)
+    np.testing.assert_allclose(revived.function(x).numpy(), x * 2.0 + 1.0, rtol=1e-6)
+    assert revived.get_config()["trainer_revived_from"] == "traced functions"
+    with pytest.raises(ValueError, match="trainer_revived_from"):  # no Lambda passes for it
+        keras.layers.Lambda.from_config(revived.get_config(), safe_mode=False)
     unsafe = get_backend("savedmodel").load(path, safe_mode=False)
     assert unsafe.metadata["revived_from"]["affine"] == "config"
     assert isinstance(unsafe.model.get_layer("affine"), keras.layers.Lambda)

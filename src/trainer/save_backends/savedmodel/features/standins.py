@@ -29,6 +29,7 @@ from trainer.save_backends.savedmodel.features import (
     keras_objects,
     masks,
     python_gradients,
+    unmatched_calls,
 )
 
 
@@ -156,7 +157,7 @@ class _RevivedMixin:
             except (TypeError, ValueError) as err:  # no trace takes these tensors
                 error = err
         else:
-            raise _unmatched_call(self, function, args, kwargs, error) from error
+            raise unmatched_calls.unmatched_call(self, function, args, kwargs, error) from error
         outputs, losses = masks.received(result)
         for loss in losses:
             self.add_loss(loss)
@@ -190,31 +191,6 @@ class _RevivedMixin:
 
 
 live_objects.set_marker(_RevivedMixin, live_objects.REVIVED_FROM, "a trainer SavedModel")
-
-
-def _unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Exception) -> Exception:
-    """The error for a call no traced function of a revived layer matches: a layer
-    traced on ragged rows called with a dense tensor, a sparse one with another rank. A
-    traced function only takes the kinds of tensors (dense, ragged, sparse), ranks and
-    dtypes it was traced with."""
-    traced = [repr(c.structured_input_signature[0][0]) for c in _concretes(function)]
-    given = tf.nest.map_structure(
-        lambda v: tf.type_spec_from_value(v) if tf.is_tensor(v) else v, (tuple(args), kwargs)
-    )
-    return RevivedCallError(
-        f"Layer {layer.name!r} ({type(layer).__name__}) was revived from its traced functions "
-        f"(its class was not available at load time), and none of them takes these "
-        f"arguments: it was traced with the inputs {'; '.join(traced)[:1000]}. Call it with "
-        f"the kind of tensors the original layer was called with (dense, ragged or sparse, "
-        f"same rank and dtype), or make its class importable to load it from its config. "
-        f"A subclassed model is traced on the inputs Keras records for it, shapes only, in "
-        f"its input dtype, or in the integer dtypes its ops show it takes: one called on "
-        f"other dtypes revives only with its class, or declare them before saving "
-        f"(self.input_spec = keras.InputSpec(dtype=...)), or build it as a Functional model "
-        f"on keras.Input(dtype=...). "
-        f"Received: args={repr(given[0])[:500]}, kwargs={repr(given[1])[:300]} "
-        f"({type(err).__name__})"
-    )
 
 
 def _no_training_trace(layer: Any) -> Exception:
@@ -326,6 +302,27 @@ class RevivedModel(_RevivedMixin, keras.Model):
     """Stand-in for a subclassed ``keras.Model`` whose class is unknown at load time."""
 
 
+class RevivedLambda(RevivedLayer, keras.layers.Lambda):
+    """Stand-in for a ``keras.layers.Lambda`` loaded in safe mode: its Python function is
+    not run from the file, so the layer runs its traced function, but it stays a
+    ``Lambda`` (``isinstance`` checks hold). ``function`` is the inference trace; its
+    config is the saved one, marked as revived (``REVIVED_CONFIG_KEY``), so it can never
+    pass for a Lambda rebuilt from its code."""
+
+    def __init__(self, **kwargs):
+        super().__init__(function=self._inference_trace, **kwargs)
+
+    def _inference_trace(self, inputs):
+        return self._call_traced((inputs,), False, {})
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), REVIVED_CONFIG_KEY: "traced functions"}
+
+
+# In a revived Lambda's config: what it runs instead of the saved function's code.
+REVIVED_CONFIG_KEY = "trainer_revived_from"
+
+
 class RevivedStatefulRNN(RevivedLayer):
     """Stand-in for a stateful RNN (a ``keras.layers.RNN`` subclass) whose class is
     unknown at load time: its ``states`` are the loaded variables its traced functions
@@ -432,6 +429,8 @@ def make_revived(
     base = RevivedModel if record["model_kind"] else RevivedLayer
     if base is RevivedLayer and record.get("rnn_states"):
         base = RevivedStatefulRNN
+    if base is RevivedLayer and _is_keras_lambda(record):
+        base = RevivedLambda
     takes_mask = "mask" in _kwarg_names(getattr(node, "call_infer", None))
     cls = revived_class(record["class_name"], base, call_signature(record, takes_mask))
     layer = cls(
@@ -439,6 +438,12 @@ def make_revived(
     )
     layer._setup_from_saved(record, node, children, own_variables)
     return layer
+
+
+def _is_keras_lambda(record: dict[str, Any]) -> bool:
+    """Whether the saved layer was Keras' own ``Lambda`` (not a subclass of it)."""
+    module = record.get("module") or ""
+    return record["class_name"] == "Lambda" and module.startswith("keras.")
 
 
 def _autocast(record: dict[str, Any]) -> bool:

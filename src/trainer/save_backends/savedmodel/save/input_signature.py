@@ -113,6 +113,59 @@ def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
     return candidates
 
 
+def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
+    """For a subclassed model that declares no input dtypes: the structure with every
+    float input as int64 (NumPy's default), then as int32 (``keras.Input``'s, TensorFlow's
+    default), to trace besides the floats Keras' signature gives it. Keras records no
+    dtype for the calls of a subclassed model; one called on integer images would
+    otherwise be revived taking floats only. Each is kept only where the model traces on it
+    (its own code on those dtypes, as a tf.function of the original would run)."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:
+        return []
+    flat = tf.nest.flatten(structure)
+    if not any(isinstance(s, tf.TensorSpec) and s.dtype.is_floating for s in flat):
+        return []
+    variants = []
+    for dtype in (tf.int64, tf.int32):
+        typed = [
+            tf.TensorSpec(s.shape, dtype, name=s.name)
+            if isinstance(s, tf.TensorSpec) and s.dtype.is_floating
+            else s
+            for s in flat
+        ]
+        variants.append(tf.nest.pack_sequence_as(structure, typed))
+    return variants
+
+
+def declared_batch(model: keras.Model, structure: Any) -> Any | None:
+    """The structure with the first dimension each ``keras.Input`` of a Functional or
+    Sequential model declares (``batch_shape=(h, w, c)``), or a subclassed model was
+    built on, for a model that cannot be traced with that dimension free: a layer on one
+    unbatched image (``RandomCrop`` on rank 3) needs its static size. None if no input
+    declares one. Tried only after the free-batch trace failed, so no model that runs on
+    any batch size is narrowed."""
+    flat = tf.nest.flatten(structure)
+    if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
+        inputs = list(getattr(model, "inputs", None) or [])
+    else:  # a subclassed model on one input: the shape it was built on, first dim included
+        shape = (model.get_build_config() or {}).get("input_shape")
+        plain = isinstance(shape, tuple | list) and all(
+            d is None or isinstance(d, int) for d in shape
+        )
+        inputs = [tf.TensorSpec(tuple(shape))] if plain else []
+    if len(inputs) != len(flat) or not all(isinstance(s, tf.TensorSpec) for s in flat):
+        return None
+    declared = [tuple(x.shape) for x in inputs]
+    if not any(shape and shape[0] is not None for shape in declared):
+        return None
+    typed = [
+        tf.TensorSpec(shape, spec.dtype, name=spec.name) if shape else spec
+        for spec, shape in zip(flat, declared, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(structure, typed)
+
+
 def composite_inputs(model: keras.Model, structure: Any) -> Any:
     """The structure with a ``tf.RaggedTensorSpec`` / ``tf.SparseTensorSpec`` for every
     ``keras.Input(ragged=True)`` / ``keras.Input(sparse=True)`` of a Functional or

@@ -274,8 +274,11 @@ def _trace_node(
     rnn_states.record(layer, plan.state[li], record)  # which node state_variables they are
     # After the record: this mutes its regularizer. A layer overriding __call__ is not
     # dispatched: its traced function holds its __call__ Python, which the parent's call
-    # runs too before reaching ``call`` (the override would be applied twice).
-    if hasattr(node, "call_infer") and not readiness.overrides_call(layer):
+    # runs too before reaching ``call`` (the override would be applied twice). Nor is an
+    # RNN cell reading the dropout masks its RNN drew (``uses_parent_dropout_masks``).
+    dispatched = not readiness.overrides_call(layer)
+    dispatched = dispatched and not tracing.uses_parent_dropout_masks(layer)
+    if hasattr(node, "call_infer") and dispatched:
         default = getattr(node, "call_default", None)
         dispatcher.add(layer, node.call_infer, getattr(node, "call_train", None), default)
     return node, record

@@ -31,6 +31,9 @@ def record_served_specs(
         concrete = record_call_specs(model, recorder, args)
     except ModelNotReadyError as error:
         recorder.restore(empty)  # the layers the failed trace reached recorded floats
+        declared = input_signature.declared_batch(model, args)
+        if declared is not None and first_tracing(model, recorder, [declared]) is not None:
+            return declared
         integer = first_tracing(model, recorder, input_signature.id_candidates(model, args))
         if integer is None:
             raise error
@@ -39,6 +42,9 @@ def record_served_specs(
         if integer is not None:
             record_call_specs(model, recorder, integer)
     if integer is None:
+        if _converts_its_inputs(model):
+            for variant in input_signature.integer_variants(model, args):
+                first_tracing(model, recorder, [variant])
         return args
     other = input_signature.other_integer_width(integer)
     if other is not None:
@@ -86,3 +92,11 @@ def record_call_specs(
             f"Received {type(model).__name__}"
         ) from err
     return concrete
+
+
+def _converts_its_inputs(model: keras.Model) -> bool:
+    """Whether the model holds one of Keras' layers that convert whatever dtype they get
+    (``tracing.converts_before_call``: image augmentations, ``Rescaling``): such a model
+    is as likely called on integer images as on floats, and Keras records no dtype for a
+    subclassed model's calls, so its revival is traced on both (see ``integer_variants``)."""
+    return any(tracing.converts_before_call(x) for x in tracing.all_layers(model))

@@ -12,11 +12,12 @@ shapes from build configs (which miss masks, multiple inputs and nested structur
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import textwrap
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -235,6 +236,30 @@ def converts_before_call(layer: keras.layers.Layer) -> bool:
     return own is not keras.layers.Layer.__call__ and not readiness.overrides_call(layer)
 
 
+def is_dropout_cell(layer: keras.layers.Layer) -> bool:
+    """Whether ``layer`` is an RNN cell with dropout (Keras' ``DropoutRNNCell`` mixin,
+    which caches the masks it draws on the cell)."""
+    rates = (getattr(layer, "dropout", 0), getattr(layer, "recurrent_dropout", 0))
+    is_cell = hasattr(layer, "reset_recurrent_dropout_mask")
+    return is_cell and any(isinstance(r, int | float) and r > 0 for r in rates)
+
+
+def uses_parent_dropout_masks(layer: keras.layers.Layer) -> bool:
+    """Whether the layer's ``call`` reads dropout masks a parent drew for it: an RNN draws
+    its cell's dropout masks once per call and leaves them on the cell (Python state, read
+    at every step). Dispatched to its own traced function, a cell cannot see them: that
+    function draws fresh masks at every step (more draws from the seed generator, other
+    masks than the original's). Such a cell (or a layer holding one outside an RNN, such
+    as ``StackedRNNCells``) is left out of dispatch, so its parent's trace holds its Python
+    code and the masks the parent drew."""
+    if is_dropout_cell(layer):
+        return True
+    if isinstance(layer, keras.layers.RNN):  # draws its cells' masks in its own call
+        return False
+    children = keras_compat.sublayers(layer, recursive=False)
+    return any(uses_parent_dropout_masks(child) for child in children)
+
+
 # ----------------------------------------------------------------------- function makers
 def _read_variables(structure: Any) -> Any:
     """Variables passed as call arguments, read into tensors: a traced function takes
@@ -343,14 +368,29 @@ def make_call_function(
         if training is not None or unresolved:
             kwargs["training"] = training
         active = dispatcher_ref() if dispatcher_ref is not None else None
-        if active is None:
+        own = contextlib.nullcontext() if active is None else active.own_call(target)
+        with own, _fresh_dropout_masks(target):
             outputs = target(*args, **kwargs)
-        else:
-            with active.own_call(target):
-                outputs = target(*args, **kwargs)
         return masks.returned(outputs, keras_compat.take_losses(target))
 
     return tf.function(call)
+
+
+@contextlib.contextmanager
+def _fresh_dropout_masks(layer: keras.layers.Layer) -> Iterator[None]:
+    """A dropout cell traced on its own draws its masks in its own graph and caches them
+    on the cell; left there, they would be found by its RNN's next trace (a tensor of
+    another graph, which the save refuses). Cleared before and after its own trace."""
+    if not is_dropout_cell(layer):
+        yield
+        return
+    layer.reset_dropout_mask()
+    layer.reset_recurrent_dropout_mask()
+    try:
+        yield
+    finally:
+        layer.reset_dropout_mask()
+        layer.reset_recurrent_dropout_mask()
 
 
 def make_regularizer_function(variable: Any) -> Any:
