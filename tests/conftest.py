@@ -11,11 +11,10 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 import trainer.training.config  # noqa: F401  (registers the config schemas conf/ extends)
-from tests.helpers.config import TINY
-from tests.helpers.paths import CONF_DIR, PLUGINS_DIR
+from tests.helpers.config import compose_run
+from tests.helpers.paths import PLUGINS_DIR
 
 # The test plugins (``faults.SignalAtStep``, ...) importable by the names that runs
 # select them with from config; child processes get them from ``subprocess_env()``.
@@ -28,10 +27,6 @@ def compose_cfg(tmp_path):
     """``compose_cfg(*overrides)`` -> the run config with tiny defaults, writing to tmp_path."""
 
     def _compose(*overrides: str, tiny: bool = True):
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            return compose(
-                "config",
-                overrides=[*(TINY if tiny else []), f"run_dir={tmp_path / 'run'}", *overrides],
-            )
+        return compose_run(tmp_path / "run", *overrides, tiny=tiny)
 
     return _compose

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers.config import compose_run
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from trainer import train
@@ -60,6 +61,15 @@ def assert_same_run(got, want):
         np.testing.assert_array_equal(mine, theirs)
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """What the PLATEAU run never stopped leaves: trained once for both tests that compare
+    an interrupted run with it (they only read it)."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    train(compose_run(run, *PLATEAU))
+    return finished(run)
+
+
 def test_early_stopping_ends_the_run_and_reduce_lr_lowers_the_rate(compose_cfg, tmp_path):
     run = tmp_path / "run"
     cfg = compose_cfg(*PLATEAU)
@@ -76,9 +86,8 @@ def test_early_stopping_ends_the_run_and_reduce_lr_lowers_the_rate(compose_cfg, 
     assert load_checkpoint(run / "checkpoints" / "latest").state.global_step == 12
 
 
-def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path):
-    train(compose_cfg(*PLATEAU, f"run_dir={tmp_path / 'straight'}"))
-    expected = finished(tmp_path / "straight")
+def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path, straight):
+    expected = straight
 
     broken = tmp_path / "broken"
     # 3 steps per epoch: stopped after step 8, in the middle of epoch 3.
@@ -94,11 +103,10 @@ def test_sigterm_and_resume_stops_at_the_same_epoch(compose_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_and_rerun_stops_at_the_same_epoch(compose_cfg, tmp_path):
+def test_sigkill_and_rerun_stops_at_the_same_epoch(tmp_path, straight):
     """``python train.py`` killed by SIGKILL in epoch 3, after the epoch-2 checkpoint (and
     its CSV row), then run again with resume=latest: same stop, rates, rows and weights."""
-    train(compose_cfg(*PLATEAU, f"run_dir={tmp_path / 'straight'}"))
-    expected = finished(tmp_path / "straight")
+    expected = straight
 
     run = tmp_path / "killed"
     command = [

@@ -28,40 +28,29 @@ def run(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("save", config_options("save"))
-def test_train_py_runs_for_each_backend(tmp_path, save):
+def test_train_py_runs_for_each_backend_and_multirun_sweeps_them(tmp_path):
+    """One ``python train.py -m save=<every backend>`` process: each job is a whole run of
+    its backend (Hydra config, event file, two checkpoints, "Run directory:" printed), and
+    the sweep gives each job its own directory. One process, not one per backend plus a
+    sweep (each start-up imports TensorFlow): a job of a sweep runs the same task function
+    as a plain run, and plain ``python train.py`` runs are in tests/workflows/."""
+    backends = config_options("save")
     result = run(
-        [str(ROOT / "train.py"), f"save={save}", "model=mlp", *TINY, f"hydra.run.dir={tmp_path}"],
+        [str(ROOT / "train.py"), "-m", f"save={','.join(backends)}", "model=mlp", *TINY,
+         f"hydra.sweep.dir={tmp_path}"],
         cwd=tmp_path,
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / ".hydra" / "config.yaml").is_file()
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-    checkpoints = list_checkpoints(tmp_path / "checkpoints")
-    assert len(checkpoints) == 2
-    assert load_checkpoint(checkpoints[-1]).state.epoch == 2
-    # It says where things went.
-    assert f"Run directory: {tmp_path}" in result.stderr + result.stdout
-
-
-@pytest.mark.slow
-def test_multirun_sweeps_backends(tmp_path):
-    result = run(
-        [
-            str(ROOT / "train.py"),
-            "-m",
-            "save=h5,weights",
-            "model=mlp",
-            *TINY,
-            "trainer.epochs=1",
-            f"hydra.sweep.dir={tmp_path}",
-        ],
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    for job, backend in (("0", "h5"), ("1", "weights")):
-        (checkpoint,) = list_checkpoints(tmp_path / job / "checkpoints")
-        assert load_checkpoint(checkpoint).metadata["backend"] == backend
+    for job, backend in enumerate(backends):
+        job_dir = tmp_path / str(job)
+        assert (job_dir / ".hydra" / "config.yaml").is_file()
+        assert list((job_dir / "tb").glob("events.out.tfevents.*"))
+        checkpoints = list_checkpoints(job_dir / "checkpoints")
+        assert len(checkpoints) == 2
+        checkpoint = load_checkpoint(checkpoints[-1])
+        assert checkpoint.state.epoch == 2 and checkpoint.metadata["backend"] == backend
+        # It says where things went.
+        assert f"Run directory: {job_dir}" in result.stderr + result.stdout
 
 
 def test_inspect_reports_a_checkpoint(compose_cfg, tmp_path, capsys):
@@ -87,18 +76,36 @@ def test_inspect_reports_a_checkpoint(compose_cfg, tmp_path, capsys):
     assert link["resolves"] is True and link["step"] == 3 and "source checkpoint" in link["via"]
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty_dir", "junk_file"])
-def test_inspect_bad_path_is_one_line_exit_2(tmp_path, kind):
-    target = tmp_path / "thing"
+def bad_path(tmp_path, kind):
+    target = tmp_path / kind
     if kind == "empty_dir":
         target.mkdir()
     elif kind == "junk_file":
         target.write_text("not a checkpoint")
+    return target
+
+
+def one_error_line(stderr: str, target) -> None:
+    assert "Traceback" not in stderr
+    error_lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and str(target) in error_lines[0]
+
+
+def test_inspect_bad_path_is_one_line_exit_2(tmp_path, capsys):
+    """``python -m trainer inspect`` on a path that is no checkpoint: one ``error:`` line,
+    exit 2. The process once (the entry point's exit code); each kind of bad path through
+    ``main`` in-process, the function that process runs (an exception escaping it would
+    fail the test here as the traceback would there)."""
+    target = bad_path(tmp_path, "junk_file")
     result = run(["-m", "trainer", "inspect", str(target)], cwd=tmp_path, timeout=600)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and str(target) in error_lines[0]
+    one_error_line(result.stderr, target)
+    (tmp_path / "in-process").mkdir()
+    capsys.readouterr()
+    for kind in ("missing", "empty_dir", "junk_file"):
+        target = bad_path(tmp_path / "in-process", kind)
+        assert cli_main(["inspect", str(target)]) == 2, kind
+        one_error_line(capsys.readouterr().err, target)
 
 
 def test_train_py_refuses_a_bad_early_stopping_setting_with_exit_2(tmp_path):

@@ -18,3 +18,14 @@ TINY = [
 def config_options(group: str) -> list[str]:
     """Every option of a config group, read from ``conf/<group>/``."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def compose_run(run_dir, *overrides: str, tiny: bool = True):
+    """The run config writing to ``run_dir`` (the ``compose_cfg`` fixture's, without its
+    function scope): for module-scoped fixtures that train one run several tests read."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return compose(
+            "config", overrides=[*(TINY if tiny else []), f"run_dir={run_dir}", *overrides]
+        )

@@ -29,7 +29,18 @@ from trainer.checkpointing import all_variables
 from trainer.errors import TrainerError
 from trainer.save_backends import load_checkpoint, read_checkpoint_metadata
 
-KILLS = {"weights": 7, "h5": 7, "savedmodel": 6}  # 20 SIGKILLs in all
+# The phases each backend is killed in, in order: one kill in each phase, whose code paths
+# differ (start-up: a re-run that finds no checkpoint and starts fresh; training: resuming
+# mid-epoch or at an epoch end, from a save or retention cut short; end: the final save or
+# the export cut short, or a finished run re-run), a second mid-run one for the default
+# backend. 10 SIGKILLs in all, each at a random moment of its phase; it was 20 spread at
+# random (about 14 of them mid-run), and every kill costs a TensorFlow start-up. Kills aimed
+# at saves in flight are tests/checkpointing/test_resume_and_retention.py's.
+KILLS = {
+    "weights": ("start-up", "training", "training", "end"),
+    "h5": ("start-up", "training", "end"),
+    "savedmodel": ("start-up", "training", "end"),
+}
 HANG_GUARD = 600  # seconds for one process; only stops a hang
 TOTAL_STEPS = 40  # 4 epochs x 10 steps; a checkpoint every 3 steps and at each epoch end
 
@@ -92,9 +103,6 @@ def outcome(run):
     }
 
 
-PHASES = ("start-up", "training", "end")  # before any checkpoint; mid-run; final save/export
-
-
 def kill_moment(proc, run, phase, rng) -> None:
     """Wait until the process reaches ``phase`` (by what it has written, not by the clock),
     then a short random delay; returns early if the process exits."""
@@ -118,8 +126,8 @@ def test_killed_anywhere_and_rerun_ends_like_a_run_never_stopped(tmp_path, refer
     rng = np.random.default_rng(sorted(KILLS).index(backend))
     run = tmp_path / "run"
     kills, finished_early = [], 0  # (phase, newest checkpoint step when killed)
-    while len(kills) < KILLS[backend]:
-        phase = PHASES[rng.choice(3, p=[0.15, 0.7, 0.15])]
+    while len(kills) < len(KILLS[backend]):
+        phase = KILLS[backend][len(kills)]
         proc = subprocess.Popen(
             command(run, backend), env=subprocess_env(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

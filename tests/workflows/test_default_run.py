@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import savedmodel_zoo as zoo
+from tests.helpers.config import compose_run
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from trainer import train
@@ -191,10 +192,13 @@ def test_help_is_plain_text_with_every_argument_described_and_examples():
 
 
 # ------------------------------------------------- inspect / verify on the wrong path
-@pytest.fixture
-def run_dir(compose_cfg, tmp_path) -> Path:
-    train(compose_cfg("model=mlp", "save=h5"))
-    return tmp_path / "run"
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One run for the tests below, which only point the commands at it (once per test
+    it cost a training run each)."""
+    run = tmp_path_factory.mktemp("default") / "run"
+    train(compose_run(run, "model=mlp", "save=h5"))
+    return run
 
 
 @pytest.mark.parametrize("command", ["inspect", "verify"])
