@@ -87,6 +87,9 @@ class _Router:
             "fallthrough_exports": 0,
             "trainer_errors": [],
             "calls": [],
+            # A fall-through decided by the backend (a load of a file it cannot read, an
+            # export it writes no SavedModel for): another run's backend might take it.
+            "backend_dependent": False,
         }
 
     @contextlib.contextmanager
@@ -146,6 +149,7 @@ class _Router:
             return original(*args, **kwargs)
         if why_not is None and self.backend != "savedmodel":
             why_not = f"the {self.backend} backend writes no SavedModel"
+            self.counts["backend_dependent"] = True
         if why_not is None and not isinstance(filepath, (str, os.PathLike)):
             why_not = f"target is a {type(filepath).__name__}, not a path"
         if why_not is not None:
@@ -202,6 +206,7 @@ class _Router:
                 self._note(f"trainer load via {api}: {mapped.name}")
                 return model
             why_not = "not a trainer checkpoint"
+            self.counts["backend_dependent"] = True
         return self._fallthrough("loads", api, why_not, original, *args, **kwargs)
 
 
@@ -440,12 +445,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session):
-    """Each run in turn over the items of its suites (pytest's own loop, once per run)."""
+    """Each run in turn over the items of its suites (pytest's own loop, once per run).
+
+    A test that reached no backend in an earlier run, and whose every fall-through was
+    decided by its arguments alone (not by what the backend can read or write), runs the
+    same Keras code with the same routing in every run: it is not run again, its entry is
+    carried over (``carried_from``) and classified as if it had run."""
     global _run
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         raise session.Interrupted(f"{session.testsfailed} errors during collection")
     if session.config.option.collectonly:
         return True
+    neutral: dict[str, tuple[str, dict[str, Any]]] = {}  # key -> (run, entry)
     for name, spec in _runs.items():
         suites = spec.get("suites")
         items = [
@@ -454,6 +465,10 @@ def pytest_runtestloop(session: pytest.Session):
         _run = name
         _router.switch(spec["backend"], bool(spec.get("revive")))
         _results[name] = {}
+        for key in [_key(item) for item in items if _key(item) in neutral]:
+            first, entry = neutral[key]
+            _results[name][key] = {**entry, "carried_from": first}
+        items = [item for item in items if _key(item) not in neutral]
         started = time.monotonic()
         for i, item in enumerate(items):
             nextitem = items[i + 1] if i + 1 < len(items) else None
@@ -463,6 +478,9 @@ def pytest_runtestloop(session: pytest.Session):
             if session.shouldstop:
                 raise session.Interrupted(session.shouldstop)
         _seconds[name] = round(time.monotonic() - started, 1)
+        for key, entry in _results[name].items():
+            if not (entry["reached_trainer"] or entry["backend_dependent"] or key in neutral):
+                neutral[key] = (name, entry)
         _write()
     return True
 

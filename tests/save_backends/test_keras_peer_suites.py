@@ -8,7 +8,9 @@ routed to its save: the other backends write no SavedModel, so it would be all N
 All runs share ONE child pytest (TensorFlow, Keras and the Keras test modules are
 imported once; the plugin switches its routing to each run's backend and runs that run's
 tests, run after run); the plugin reports per run and test whether trainer's save/load was
-reached. A Keras test is
+reached. A test that reached no backend, with fall-throughs its arguments alone decided, is
+run in the first run only: the later runs would run the same Keras code with the same
+routing, and take its entry (``carried_from``). A Keras test is
 
 * *not applicable* if it never reached trainer or ``tests/peer/expectations.json`` lists
   it as such (assertions about ``.keras`` zip internals, BytesIO targets, Keras's own
@@ -201,12 +203,14 @@ def test_keras_saving_suites_through_every_backend(tmp_path, capsys):
         groups, found = classify(result, expectations, run)
         problems += [f"[{run}] {problem}" for problem in found]
         reached = sum(entry["reached_trainer"] for entry in result["tests"].values())
+        carried = sum("carried_from" in entry for entry in result["tests"].values())
         with capsys.disabled():
             print(
                 f"\n[peer {run}] keras {report['keras_version']}: "
                 f"{len(groups['passed'])} passed, {len(groups['known_failure'])} failed, "
                 f"{len(groups['not_applicable'])} not applicable "
-                f"({len(result['tests'])} run, {reached} reached trainer, "
+                f"({len(result['tests'])} run, {reached} reached trainer, {carried} carried over "
+                f"from an earlier run, "
                 f"{len(expectations.get('deselect', {}))} patterns deselected) "
                 f"in {result['seconds']:.0f}s of the child's {seconds:.0f}s"
             )
