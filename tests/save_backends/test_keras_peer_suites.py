@@ -294,3 +294,79 @@ def test_classify_reports_stale_entries():
     expect = _expect(known={KEY.format("gone"): _known("x")}, shared={KEY.format("old*"): "why"})
     _, problems = classify({"tests": {KEY.format("a"): _entry()}}, expect, "h5")
     assert len(problems) == 2 and all("matches no test" in p for p in problems), problems
+
+
+# ------------------------------------------- the plugin's runs, on a module of its own
+RUNS_MODULE = """
+import io
+import keras
+import numpy as np
+
+
+def _model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model(np.zeros((1, 3), "float32"))
+    return model
+
+
+def test_reaches(tmp_path):
+    path = str(tmp_path / "m.keras")
+    keras.saving.save_model(_model(), path)
+    keras.saving.load_model(path)
+
+
+def test_to_a_file_object():
+    keras.saving.save_model(_model(), io.BytesIO())
+
+
+def test_loads_a_file_keras_wrote(tmp_path):
+    path = str(tmp_path / "m.weights.h5")
+    model = _model()
+    model.save_weights(path)
+    try:  # Keras refuses a weights file as a model: the outcome does not matter here
+        keras.saving.load_model(path)
+    except Exception:
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_runs_share_one_child_and_carry_over_what_never_reaches_a_backend(tmp_path):
+    """Two runs in one child: each run's tests reach its own backend; a test whose only
+    fall-through its arguments decided (a BytesIO target) runs in the first run only and
+    is carried over; one a backend's reader decided (a file Keras wrote) runs in both."""
+    (tmp_path / "peer_runs_probe_test.py").write_text(RUNS_MODULE)
+    specs = {
+        "h5": {"backend": "h5", "revive": False, "suites": ["peer_runs_probe_test"]},
+        "weights": {"backend": "weights", "revive": False, "suites": ["peer_runs_probe_test"]},
+    }
+    report_path = tmp_path / "report.json"
+    env = {"TRAINER_PEER_RUNS": json.dumps(specs), "TRAINER_PEER_REPORT": str(report_path)}
+    report, _, log = child_runs.run_child(
+        "routing_plugin",
+        [str(tmp_path / "peer_runs_probe_test.py")],
+        tmp_path,
+        env=env,
+        report_path=report_path,
+        timeout=CHILD_TIMEOUT,
+    )
+    key = "peer_runs_probe_test::{}".format
+    first, second = report["runs"]["h5"]["tests"], report["runs"]["weights"]["tests"]
+    assert (
+        set(first)
+        == set(second)
+        == {
+            key("test_reaches"),
+            key("test_to_a_file_object"),
+            key("test_loads_a_file_keras_wrote"),
+        }
+    ), log
+    for run, tests in (("h5", first), ("weights", second)):
+        reached = tests[key("test_reaches")]
+        assert reached["outcome"] == "passed" and reached["saves"] == 1, (run, reached, log)
+        assert "carried_from" not in reached
+    assert not first[key("test_to_a_file_object")]["reached_trainer"]
+    assert second[key("test_to_a_file_object")]["carried_from"] == "h5"
+    for tests in (first, second):
+        keras_wrote = tests[key("test_loads_a_file_keras_wrote")]
+        assert keras_wrote["backend_dependent"] and "carried_from" not in keras_wrote
