@@ -134,12 +134,21 @@ def test_async_cost_compares_each_saves_epochs_with_the_clean_pair_after_them(mo
     assert costs == pytest.approx([0.10] * 5)
 
 
-def test_async_cost_quick_run_reports_a_figure(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "benchmarks.async_cost", "--quick", "--epochs", "24"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    line = proc.stdout.strip().splitlines()[-1]
+def _main_output(module, argv, capsys) -> str:
+    """``module.main(argv)`` in this process (the command's whole path but its
+    ``__main__`` line, which ``python -m benchmarks.run`` above covers: a child would
+    only add a TensorFlow import); returns what it printed."""
+    capsys.readouterr()
+    assert module.main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_async_cost_quick_run_reports_a_figure(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import async_cost
+
+    out = _main_output(async_cost, ["--quick", "--epochs", "24"], capsys)
+    line = out.strip().splitlines()[-1]
     assert line.startswith("writer=real: 6 saves"), line  # two runs of 3
     assert "% of an epoch (median)" in line, line
 
@@ -169,12 +178,11 @@ def test_async_cost_files_floor_writes_the_checkpoints_files_and_keeps_the_last_
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RUSAGE_THREAD is Linux only")
-def test_writer_cpu_reports_the_cpu_of_repeat_saves(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "benchmarks.writer_cpu", "--saves", "8"]
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    line = proc.stdout.strip().splitlines()[-1]
+def test_writer_cpu_reports_the_cpu_of_repeat_saves(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import writer_cpu
+
+    line = _main_output(writer_cpu, ["--saves", "8"], capsys).strip().splitlines()[-1]
     assert line.startswith("writer CPU per repeat savedmodel save: "), line
     assert "(median of 3)" in line and "system" in line, line
     assert float(line.split(": ")[1].split(" ms")[0]) > 0, line
@@ -192,13 +200,13 @@ def test_side_by_side_child_reports_a_runs_figures(monkeypatch, capsys):
     assert figures["blocking"] and all(b >= 0 for b in figures["blocking"])
 
 
-def test_repeat_pages_reports_both_kinds_of_repeat_save():
+def test_repeat_pages_reports_both_kinds_of_repeat_save(monkeypatch, capsys):
     """``benchmarks.repeat_pages`` times the same repeat save kept and after a deletion."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "benchmarks.repeat_pages", "--size", "tiny", "--saves", "2"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = [line for line in result.stdout.splitlines() if "repeat save" in line]
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import repeat_pages
+
+    out = _main_output(repeat_pages, ["--size", "tiny", "--saves", "2"], capsys)
+    lines = [line for line in out.splitlines() if "repeat save" in line]
     assert [line.split(",")[1].split(":")[0].strip() for line in lines] == [
         "kept",
         "after a deletion",

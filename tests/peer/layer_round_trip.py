@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hiding import WRAPPER_MODULE, is_test_class, test_classes_hidden
 
 ATOL = 1e-6
 RTOL = 1e-6
@@ -142,45 +142,10 @@ def build_subclassed(case: dict):
             extra = {} if "training" in constants or training is None else {"training": training}
             return _call_layer(self.inner, data, tensor_kwargs, {**constants, **extra}, inputs)
 
-    PeerWrapper.__module__ = "peer_hidden_test"  # hidden: see hidden_classes()
+    PeerWrapper.__module__ = WRAPPER_MODULE  # hidden: see hiding.test_classes_hidden()
     model = PeerWrapper(name="peer_model")
     model(flat)
     return model, model.inner, flat
-
-
-@contextlib.contextmanager
-def hidden_classes():
-    """Hide every Layer class a Keras test module defines (module attributes and registry
-    entries), so that the load cannot find them and revives them from traces."""
-    import keras
-    from keras.src.saving import object_registration
-
-    hidden: list[tuple[Any, str, Any]] = []
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name.startswith("keras.src.") and name.endswith("_test")):
-            continue
-        for attr, value in list(vars(module).items()):
-            is_layer = isinstance(value, type) and issubclass(value, keras.layers.Layer)
-            if is_layer and value.__module__ == name:
-                hidden.append((module, attr, value))
-                delattr(module, attr)
-    registry = object_registration.GLOBAL_CUSTOM_OBJECTS
-    names = object_registration.GLOBAL_CUSTOM_NAMES
-    removed = {k: v for k, v in registry.items() if getattr(v, "__module__", "").endswith("_test")}
-    for key in removed:
-        registry.pop(key)
-    saved_names = {cls: names.pop(cls) for cls in removed.values() if cls in names}
-    try:
-        yield
-    finally:
-        for module, attr, value in hidden:
-            setattr(module, attr, value)
-        registry.update(removed)
-        names.update(saved_names)
-
-
-def is_test_class(cls: type) -> bool:
-    return cls.__module__.endswith("_test") or cls.__module__ == "peer_hidden_test"
 
 
 # ------------------------------------------------------------------------ comparisons
@@ -383,7 +348,7 @@ def _save_load(model, case: dict, backend: str, mode: str, workdir: Path):
         path = get_backend(backend).save(model, workdir / f"case-{backend}")
     except Exception as error:
         raise Loud("save", error) from error
-    hide = hidden_classes() if mode == "revived" else contextlib.nullcontext()
+    hide = test_classes_hidden() if mode == "revived" else contextlib.nullcontext()
     try:
         with hide:
             return get_backend(backend).load(path, custom_objects=custom, compile=False).model

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from routing_plugin import _key  # one test key for both peer suites
 
 RUNS = {
     "savedmodel": ("savedmodel", "functional"),
@@ -210,12 +211,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
     _state["deselected"] = len(dropped)
-
-
-def _key(item: pytest.Item) -> str:
-    module = getattr(item, "module", None)
-    parts = item.nodeid.split("::")[1:]
-    return "::".join([module.__name__ if module else item.nodeid.split("::")[0], *parts])
 
 
 @pytest.hookimpl(hookwrapper=True)

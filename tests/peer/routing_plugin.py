@@ -5,6 +5,9 @@ Loaded into a pytest run of the *installed* Keras test modules (nothing is copie
     TRAINER_PEER_BACKEND=h5 TRAINER_PEER_REPORT=/tmp/h5.json PYTHONPATH=tests/peer:. \\
         python -m pytest -p routing_plugin --pyargs keras.src.saving.saving_lib_test
 
+or, several runs in one process (``TRAINER_PEER_RUNS``, see the hooks below), as
+``tests/save_backends/test_keras_peer_suites.py`` does.
+
 At ``pytest_configure`` it replaces Keras's public save/load entry points (and every
 module-level alias of them inside ``keras``, such as ``saving_lib.save_model`` that the
 tests import directly) with routers:
@@ -26,7 +29,7 @@ checks), other extensions, and loads of files trainer did not write (fixtures, z
 test crafts, legacy H5 written by ``save_model_to_hdf5``). While an original Keras
 function or a trainer backend runs, the routers step aside, so nothing is routed twice.
 
-Per test, the report (JSON at ``TRAINER_PEER_REPORT``) records the outcome, the failure
+Per run and test, the report (JSON at ``TRAINER_PEER_REPORT``) records the outcome, the failure
 message, how many saves/loads reached trainer, the fall-throughs and trainer's errors. A
 test with no save or load through trainer is *not applicable*, whatever its outcome.
 """
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hiding import test_classes_hidden
 
 BACKENDS = ("savedmodel", "h5", "weights")
 ENV_BACKEND = "TRAINER_PEER_BACKEND"
@@ -56,16 +60,21 @@ MAX_TEXT = 2000
 
 
 class _Router:
-    """The routers and their per-test counters."""
+    """The routers and their per-test counters, for the run in progress (``switch``)."""
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, revive: bool = False):
+        self.bypass = 0  # > 0 while original Keras code or trainer runs
+        self.patched: list[str] = []
+        self.switch(backend, revive)
+
+    def switch(self, backend: str, revive: bool) -> None:
+        """Route to ``backend`` from now on (a new run: nothing it wrote before counts)."""
         from trainer.save_backends import backend_class
 
         self.backend = backend
         self.cls = backend_class(backend)
-        self.bypass = 0  # > 0 while original Keras code or trainer runs
+        self.revive = revive
         self.written: set[str] = set()  # real paths routed saves produced
-        self.patched: list[str] = []
         self.reset()
 
     def reset(self) -> None:
@@ -78,6 +87,9 @@ class _Router:
             "fallthrough_exports": 0,
             "trainer_errors": [],
             "calls": [],
+            # A fall-through decided by the backend (a load of a file it cannot read, an
+            # export it writes no SavedModel for): another run's backend might take it.
+            "backend_dependent": False,
         }
 
     @contextlib.contextmanager
@@ -137,6 +149,7 @@ class _Router:
             return original(*args, **kwargs)
         if why_not is None and self.backend != "savedmodel":
             why_not = f"the {self.backend} backend writes no SavedModel"
+            self.counts["backend_dependent"] = True
         if why_not is None and not isinstance(filepath, (str, os.PathLike)):
             why_not = f"target is a {type(filepath).__name__}, not a path"
         if why_not is not None:
@@ -193,6 +206,7 @@ class _Router:
                 self._note(f"trainer load via {api}: {mapped.name}")
                 return model
             why_not = "not a trainer checkpoint"
+            self.counts["backend_dependent"] = True
         return self._fallthrough("loads", api, why_not, original, *args, **kwargs)
 
 
@@ -207,44 +221,6 @@ class _Served:
         return self.model(*args, training=False, **kwargs)
 
 
-@contextlib.contextmanager
-def _test_classes_hidden():
-    """Hide every Layer/Model class defined in a Keras test module (module attributes,
-    which Keras's deserializer can import by module path, and registry entries), so the
-    load revives them from traced functions, as for a user without those classes."""
-    import keras
-    from keras.src.saving import object_registration
-
-    hidden: list[tuple[Any, str, Any]] = []
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name.startswith("keras.src.") and name.endswith("_test")):
-            continue
-        for attr, value in list(vars(module).items()):
-            is_layer = isinstance(value, type) and issubclass(value, keras.layers.Layer)
-            if is_layer and value.__module__ == name:
-                hidden.append((module, attr, value))
-                delattr(module, attr)
-    registry = object_registration.GLOBAL_CUSTOM_OBJECTS
-    names = object_registration.GLOBAL_CUSTOM_NAMES
-    registered = {
-        key: (cls, names.get(cls))
-        for key, cls in list(registry.items())
-        if getattr(cls, "__module__", "").endswith("_test")
-    }
-    for key, (cls, _) in registered.items():
-        registry.pop(key)
-        names.pop(cls, None)
-    try:
-        yield
-    finally:
-        for module, attr, value in hidden:
-            setattr(module, attr, value)
-        for key, (cls, name) in registered.items():
-            registry[key] = cls
-            if name is not None:
-                names[cls] = name
-
-
 def _install_revive(router: _Router) -> None:
     import tensorflow as tf
 
@@ -252,12 +228,12 @@ def _install_revive(router: _Router) -> None:
 
     @functools.wraps(original)
     def revive_load(export_dir, *args, **kwargs):
-        if router.bypass or os.path.abspath(export_dir) not in router.written:
+        if not router.revive or router.bypass or os.path.abspath(export_dir) not in router.written:
             return original(export_dir, *args, **kwargs)
         from trainer.save_backends import get_backend
 
         def revive():
-            with _test_classes_hidden():
+            with test_classes_hidden():
                 return get_backend("savedmodel").load(export_dir, compile=False).model
 
         model = router._trainer("loads", "tf.saved_model.load", export_dir, revive)
@@ -269,7 +245,8 @@ def _install_revive(router: _Router) -> None:
 
 
 _router: _Router | None = None
-_results: dict[str, dict[str, Any]] = {}
+_results: dict[str, dict[str, dict[str, Any]]] = {}  # run -> test key -> entry
+_seconds: dict[str, float] = {}  # run -> its tests' wall time
 _started = time.monotonic()
 
 
@@ -426,19 +403,86 @@ def _install(router: _Router) -> None:
 
 
 # ---------------------------------------------------------------------- pytest hooks
+# Several runs in one child (``TRAINER_PEER_RUNS``, JSON): {name: {"backend": B,
+# "revive": bool, "suites": [module, ...]}}; each run executes the collected tests of its
+# suites with the routers switched to its backend, one run after the other. One process
+# imports TensorFlow, Keras and the test modules once for all runs.
+ENV_RUNS = "TRAINER_PEER_RUNS"
+_runs: dict[str, dict[str, Any]] = {}
+_run: str | None = None  # the run in progress
+
+
+def _parse_runs() -> dict[str, dict[str, Any]]:
+    """The runs to make: ``TRAINER_PEER_RUNS``, or one run of every collected test named
+    after ``TRAINER_PEER_BACKEND`` (with ``TRAINER_PEER_REVIVE``)."""
+    raw = os.environ.get(ENV_RUNS)
+    if raw:
+        runs = json.loads(raw)
+    else:
+        backend = os.environ.get(ENV_BACKEND, "")
+        revive = os.environ.get(ENV_REVIVE) == "1"
+        runs = {backend: {"backend": backend, "revive": revive, "suites": None}}
+    for name, spec in runs.items():
+        if spec["backend"] not in BACKENDS:
+            raise pytest.UsageError(
+                f"run {name!r}: {ENV_BACKEND} or a run's backend must be one of "
+                f"{', '.join(BACKENDS)}; received {spec['backend']!r}"
+            )
+        if spec.get("revive") and spec["backend"] != "savedmodel":
+            raise pytest.UsageError(f"run {name!r}: revive needs backend savedmodel")
+    return runs
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _router
-    backend = os.environ.get(ENV_BACKEND, "")
-    if backend not in BACKENDS:
-        raise pytest.UsageError(
-            f"{ENV_BACKEND} must be one of {', '.join(BACKENDS)}; received {backend!r}"
-        )
-    _router = _Router(backend)
+    _runs.update(_parse_runs())
+    first = next(iter(_runs.values()))
+    _router = _Router(first["backend"], bool(first.get("revive")))
     _install(_router)
-    if os.environ.get(ENV_REVIVE) == "1":
-        if backend != "savedmodel":
-            raise pytest.UsageError(f"{ENV_REVIVE}=1 needs {ENV_BACKEND}=savedmodel")
+    if any(spec.get("revive") for spec in _runs.values()):
         _install_revive(_router)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session):
+    """Each run in turn over the items of its suites (pytest's own loop, once per run).
+
+    A test that reached no backend in an earlier run, and whose every fall-through was
+    decided by its arguments alone (not by what the backend can read or write), runs the
+    same Keras code with the same routing in every run: it is not run again, its entry is
+    carried over (``carried_from``) and classified as if it had run."""
+    global _run
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        raise session.Interrupted(f"{session.testsfailed} errors during collection")
+    if session.config.option.collectonly:
+        return True
+    neutral: dict[str, tuple[str, dict[str, Any]]] = {}  # key -> (run, entry)
+    for name, spec in _runs.items():
+        suites = spec.get("suites")
+        items = [
+            item for item in session.items if suites is None or _key(item).split("::")[0] in suites
+        ]
+        _run = name
+        _router.switch(spec["backend"], bool(spec.get("revive")))
+        _results[name] = {}
+        for key in [_key(item) for item in items if _key(item) in neutral]:
+            first, entry = neutral[key]
+            _results[name][key] = {**entry, "carried_from": first}
+        items = [item for item in items if _key(item) not in neutral]
+        started = time.monotonic()
+        for i, item in enumerate(items):
+            nextitem = items[i + 1] if i + 1 < len(items) else None
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+            if session.shouldfail:
+                raise session.Failed(session.shouldfail)
+            if session.shouldstop:
+                raise session.Interrupted(session.shouldstop)
+        _seconds[name] = round(time.monotonic() - started, 1)
+        for key, entry in _results[name].items():
+            if not (entry["reached_trainer"] or entry["backend_dependent"] or key in neutral):
+                neutral[key] = (name, entry)
+        _write()
+    return True
 
 
 def _key(item: pytest.Item) -> str:
@@ -475,7 +519,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     entry["duration"] = round(entry["duration"], 3)
     entry.update({k: counts[k] for k in counts})
     entry["reached_trainer"] = counts["saves"] + counts["loads"] + counts["exports"] > 0
-    _results[_key(item)] = entry
+    _results[_run][_key(item)] = entry
     _write()
 
 
@@ -518,12 +562,18 @@ def _write() -> None:
     import keras
 
     data = {
-        "backend": _router.backend,
-        "revive": os.environ.get(ENV_REVIVE) == "1",
         "keras_version": keras.__version__,
         "patched": _router.patched,
         "seconds": round(time.monotonic() - _started, 1),
-        "tests": _results,
+        "runs": {
+            name: {
+                "backend": _runs[name]["backend"],
+                "revive": bool(_runs[name].get("revive")),
+                "seconds": _seconds.get(name),
+                "tests": tests,
+            }
+            for name, tests in _results.items()
+        },
     }
     tmp = f"{path}.tmp"
     with open(tmp, "w") as handle:

@@ -211,32 +211,59 @@ def test_unregistered_backends_are_refused_without_importing_them(saved):
     assert npzdir["message"].endswith("Received: backend 'npzdir'")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command", ["inspect", "verify"])
-def test_cli_reads_entry_point_backends(saved, command):
-    for key in ("npz", "npzdir"):
-        done = subprocess.run(
-            [sys.executable, "-m", "trainer", command, saved["paths"][key], "--json"],
-            env=child_env(saved, installed=True),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, (key, done.stdout[-2000:], done.stderr[-2000:])
-        assert key in done.stdout
+# The CLI commands, each through ``trainer.cli.main`` as ``python -m trainer`` calls it,
+# one after the other in ONE child with the distribution installed (a child per command
+# only added a TensorFlow import each). The first command to read each backend's
+# checkpoint resolves its entry point; the child is fresh, so none is imported before.
+CLI_CHILD = """
+import contextlib, io, json, sys
+from trainer.cli import main
+
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, prog="python -m trainer")
+    results.append({"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
 
 
-@pytest.mark.slow
-def test_runs_lists_entry_point_checkpoints(saved):
+@pytest.fixture(scope="module")
+def cli_results(saved):
+    """``(command, target) -> (exit code, stdout, stderr)`` of every CLI call the tests check."""
+    calls = [
+        [command, saved["paths"][key], "--json"]
+        for command in ("inspect", "verify")
+        for key in ("npz", "npzdir")
+    ]
+    calls.append(["runs", str(saved["root"] / "run"), "--json"])
     done = subprocess.run(
-        [sys.executable, "-m", "trainer", "runs", str(saved["root"] / "run"), "--json"],
+        [sys.executable, "-c", CLI_CHILD, json.dumps(calls)],
         env=child_env(saved, installed=True),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    [run] = json.loads(done.stdout)["runs"]
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return {(r["argv"][0], r["argv"][1]): (r["code"], r["stdout"], r["stderr"]) for r in results}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_cli_reads_entry_point_backends(saved, cli_results, command):
+    for key in ("npz", "npzdir"):
+        code, stdout, stderr = cli_results[(command, saved["paths"][key])]
+        assert code == 0, (key, stdout[-2000:], stderr[-2000:])
+        assert key in stdout
+
+
+@pytest.mark.slow
+def test_runs_lists_entry_point_checkpoints(saved, cli_results):
+    code, stdout, stderr = cli_results[("runs", str(saved["root"] / "run"))]
+    assert code == 0, stderr[-2000:]
+    [run] = json.loads(stdout)["runs"]
     [entry] = run["checkpoints"]
     assert "error" not in entry, entry  # before: "not a checkpoint in any registered format"
     assert (entry["name"], entry["backend"], entry["step"]) == ("step-4.npz", "npz", 4)

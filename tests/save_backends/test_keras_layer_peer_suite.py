@@ -29,14 +29,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import ROOT
+from tests.peer import child_runs
 
 PEER_DIR = ROOT / "tests" / "peer"
 EXPECTATIONS = PEER_DIR / "layer_expectations.json"
@@ -57,37 +55,18 @@ def run_child(selection: list[str], runs: list[str], workdir: Path) -> tuple[dic
     """Run the Keras layer tests ``selection`` (``--pyargs`` names) in a child pytest with
     the routing plugin; return (report, seconds, log tail)."""
     report_path = workdir / "layers.json"
-    ini = workdir / "pytest.ini"
-    # Keras's markers are registered by its repository's conftest, not shipped in the wheel.
-    ini.write_text("[pytest]\nmarkers =\n    requires_trainable_backend: Keras marker\n")
-    env = dict(os.environ)
-    env.update(
-        TRAINER_LAYER_PEER_BACKENDS=",".join(runs),
-        TRAINER_LAYER_PEER_REPORT=str(report_path),
-        TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(PEER_DIR), str(ROOT), env.get("PYTHONPATH")])),
+    env = {
+        "TRAINER_LAYER_PEER_BACKENDS": ",".join(runs),
+        "TRAINER_LAYER_PEER_REPORT": str(report_path),
+    }
+    return child_runs.run_child(
+        "layer_routing_plugin",
+        selection,
+        workdir,
+        env=env,
+        report_path=report_path,
+        timeout=CHILD_TIMEOUT,
     )
-    command = [sys.executable, "-m", "pytest", "-p", "layer_routing_plugin", "--pyargs"]
-    command += [*selection, "-q", "-p", "no:cacheprovider", "-c", str(ini)]
-    command += ["--rootdir", str(workdir)]
-    started = time.monotonic()
-    result = subprocess.run(
-        command, cwd=workdir, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT
-    )
-    seconds = time.monotonic() - started
-    log = result.stdout[-5000:] + result.stderr[-3000:]
-    assert result.returncode in (0, 1), f"child pytest exited {result.returncode}:\n{log}"
-    assert report_path.exists(), f"the layer routing plugin wrote no report:\n{log}"
-    return json.loads(report_path.read_text()), seconds, log
-
-
-def _lookup(table: dict, key: str):
-    if key in table:
-        return key, table[key]
-    for pattern, value in table.items():
-        if fnmatch.fnmatchcase(key, pattern):
-            return pattern, value
-    return None, None
 
 
 def classify(report: dict, expectations: dict) -> tuple[dict, list[str]]:
@@ -100,7 +79,7 @@ def classify(report: dict, expectations: dict) -> tuple[dict, list[str]]:
         for run, record in case["runs"].items():
             outcome = record["outcome"]
             counts[run][outcome] += 1
-            pattern, entry = _lookup(expectations["runs"][run], key)
+            pattern, entry = child_runs.lookup(expectations["runs"][run], key)
             if pattern is not None:
                 used.add((run, pattern))
             if outcome == "identical":
@@ -124,7 +103,7 @@ def classify(report: dict, expectations: dict) -> tuple[dict, list[str]]:
     for key, test in sorted(report["tests"].items()):
         if (
             test.get("outcome") == "failed"
-            and _lookup(expectations.get("keras_failures", {}), key)[0] is None
+            and child_runs.lookup(expectations.get("keras_failures", {}), key)[0] is None
         ):
             problems.append(f"{key}: Keras's own test failed in the child: {test.get('message')}")
     # Stale entries: a pattern must match a case of the tests this run executed (a run

@@ -5,8 +5,12 @@ The savedmodel backend also runs Keras's SavedModel export suite
 (``keras.src.export.saved_model_test``), with ``export_saved_model`` / ``Model.export``
 routed to its save: the other backends write no SavedModel, so it would be all N/A there.
 
-Each backend runs the suites in a child pytest; the plugin reports per test whether
-trainer's save/load was reached. A Keras test is
+All runs share ONE child pytest (TensorFlow, Keras and the Keras test modules are
+imported once; the plugin switches its routing to each run's backend and runs that run's
+tests, run after run); the plugin reports per run and test whether trainer's save/load was
+reached. A test that reached no backend, with fall-throughs its arguments alone decided, is
+run in the first run only: the later runs would run the same Keras code with the same
+routing, and take its entry (``carried_from``). A Keras test is
 
 * *not applicable* if it never reached trainer or ``tests/peer/expectations.json`` lists
   it as such (assertions about ``.keras`` zip internals, BytesIO targets, Keras's own
@@ -22,18 +26,13 @@ reverse) fails here until the file is updated.
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import os
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import ROOT
+from tests.peer import child_runs
 
 PEER_DIR = ROOT / "tests" / "peer"
 EXPECTATIONS = PEER_DIR / "expectations.json"
@@ -46,7 +45,7 @@ RUNS = {
     "weights": ("weights", False),
     "savedmodel-revived": ("savedmodel", True),
 }
-CHILD_TIMEOUT = 1500  # seconds per backend; a normal run takes a few minutes on 2 cores
+CHILD_TIMEOUT = 3000  # seconds for all runs; a normal child takes a few minutes on 2 cores
 
 
 def load_expectations() -> dict:
@@ -62,66 +61,31 @@ def suites_of(run: str, expectations: dict) -> list[str]:
     return [*expectations["suites"], *spec.get("extra_suites", [])]
 
 
-def run_suites(run: str, workdir: Path, expectations: dict) -> tuple[dict, float, str]:
-    """Run the Keras suites with routing for ``run``; return (report, seconds, log)."""
-    backend, revive = RUNS[run]
-    report_path = workdir / f"{run}.json"
-    ini = workdir / "pytest.ini"
-    # Keras's markers are registered by its repository's conftest, not shipped in the
-    # wheel; register them so the child runs quietly. Nothing from this repo's config.
-    ini.write_text("[pytest]\nmarkers =\n    requires_trainable_backend: Keras marker\n")
-    env = dict(os.environ)
-    env.update(
-        TRAINER_PEER_BACKEND=backend,
-        TRAINER_PEER_REPORT=str(report_path),
-        TRAINER_PEER_REVIVE="1" if revive else "0",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(PEER_DIR), str(ROOT), env.get("PYTHONPATH")])),
-    )
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "routing_plugin",
-        "--pyargs",
-        *suites_of(run, expectations),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-c",
-        str(ini),
-        "--rootdir",
-        str(workdir),
-    ]
+def run_suites(runs: list[str], workdir: Path, expectations: dict) -> tuple[dict, float, str]:
+    """Run the Keras suites of ``runs`` in ONE child pytest (TensorFlow, Keras and the
+    test modules imported once), run after run; return (report, seconds, log)."""
+    report_path = workdir / "peer.json"
+    specs = {
+        run: {
+            "backend": RUNS[run][0],
+            "revive": RUNS[run][1],
+            "suites": suites_of(run, expectations),
+        }
+        for run in runs
+    }
+    selection = sorted({suite for spec in specs.values() for suite in spec["suites"]})
+    env = {"TRAINER_PEER_RUNS": json.dumps(specs), "TRAINER_PEER_REPORT": str(report_path)}
     deselected = sorted(expectations.get("deselect", {}))
-    if deselected:
-        command += ["-k", " and ".join(f"not {name}" for name in deselected)]
-    started = time.monotonic()
-    result = subprocess.run(
-        command,
-        cwd=workdir,
+    extra = ["-k", " and ".join(f"not {name}" for name in deselected)] if deselected else []
+    return child_runs.run_child(
+        "routing_plugin",
+        selection,
+        workdir,
         env=env,
-        capture_output=True,
-        text=True,
+        report_path=report_path,
         timeout=CHILD_TIMEOUT,
+        extra_args=extra,
     )
-    seconds = time.monotonic() - started
-    log = result.stdout[-6000:] + result.stderr[-3000:]
-    # 0: all passed, 1: some tests failed (classified below); anything else is a crash.
-    assert result.returncode in (0, 1), f"child pytest exited {result.returncode}:\n{log}"
-    assert report_path.exists(), f"the routing plugin wrote no report:\n{log}"
-    return json.loads(report_path.read_text()), seconds, log
-
-
-def _lookup(table: dict, key: str):
-    """The entry of ``table`` whose key is ``key`` or an fnmatch pattern matching it."""
-    if key in table:
-        return key, table[key]
-    for pattern, value in table.items():
-        if fnmatch.fnmatchcase(key, pattern):
-            return pattern, value
-    return None, None
 
 
 def classify(report: dict, expectations: dict, backend: str) -> tuple[dict, list[str]]:
@@ -134,10 +98,10 @@ def classify(report: dict, expectations: dict, backend: str) -> tuple[dict, list
     problems: list[str] = []
 
     for key, entry in sorted(report["tests"].items()):
-        na_pattern, na = _lookup(backend_na, key)
+        na_pattern, na = child_runs.lookup(backend_na, key)
         if na_pattern is None:
-            na_pattern, na = _lookup(shared_na, key)
-        kf_pattern, kf = _lookup(known, key)
+            na_pattern, na = child_runs.lookup(shared_na, key)
+        kf_pattern, kf = child_runs.lookup(known, key)
         outcome, message = entry["outcome"], entry.get("message", "")
         # The message, and the source lines along the traceback (which assertion failed).
         evidence = "\n".join([message, *entry.get("failing_lines", [])])
@@ -200,7 +164,7 @@ def classify(report: dict, expectations: dict, backend: str) -> tuple[dict, list
         for pattern in table:
             if scope == "not_applicable" and pattern.split("::")[0] not in modules:
                 continue
-            if not any(_lookup({pattern: True}, key)[0] for key in report["tests"]):
+            if not any(child_runs.lookup({pattern: True}, key)[0] for key in report["tests"]):
                 problems.append(f"{scope} entry {pattern!r} matches no test that ran")
     return groups, problems
 
@@ -222,51 +186,36 @@ def _reason(entry) -> str:
     return entry if isinstance(entry, str) else entry.get("reason", "")
 
 
-@pytest.fixture(scope="module")
-def peer_runs(request, tmp_path_factory):
-    """``peer_runs(backend)`` -> (report, seconds, log). In a plain pytest run the children
-    of all selected backends start at once, ``TRAINER_PEER_JOBS`` (default 2) at a time,
-    since each child mostly waits on one core; under pytest-xdist (``-n``), which spreads
-    the tests over workers already, each worker runs only the backends it is given."""
-    expectations = load_expectations()
-    jobs = max(1, int(os.environ.get("TRAINER_PEER_JOBS", "2")))
-    futures = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-
-        def start(run):
-            if run not in futures:
-                workdir = tmp_path_factory.mktemp(f"peer-{run}")
-                futures[run] = pool.submit(run_suites, run, workdir, expectations)
-            return futures[run]
-
-        if "PYTEST_XDIST_WORKER" not in os.environ:
-            for item in request.session.items:
-                if getattr(item, "originalname", "") == "test_keras_saving_suites_through_backend":
-                    start(item.callspec.params["backend"])
-        yield lambda run: start(run).result()
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", list(RUNS))
-def test_keras_saving_suites_through_backend(backend, peer_runs, capsys):
+def test_keras_saving_suites_through_every_backend(tmp_path, capsys):
+    """Every run (``RUNS``) in one child; each run's tests classified against the
+    expectations, every mismatch of every run reported together."""
     expectations = load_expectations()
-    report, seconds, log = peer_runs(backend)
-    assert (report["backend"], report["revive"]) == RUNS[backend]
+    report, seconds, log = run_suites(list(RUNS), tmp_path, expectations)
     assert "keras.Model.save" in report["patched"], report["patched"]
-    if RUNS[backend][1]:
-        assert "tf.saved_model.load" in report["patched"], report["patched"]
-    groups, problems = classify(report, expectations, backend)
-    reached = sum(entry["reached_trainer"] for entry in report["tests"].values())
-    with capsys.disabled():
-        print(
-            f"\n[peer {backend}] keras {report['keras_version']}: "
-            f"{len(groups['passed'])} passed, {len(groups['known_failure'])} failed, "
-            f"{len(groups['not_applicable'])} not applicable "
-            f"({len(report['tests'])} run, {reached} reached trainer, "
-            f"{len(expectations.get('deselect', {}))} patterns deselected) in {seconds:.0f}s"
-        )
+    assert "tf.saved_model.load" in report["patched"], report["patched"]  # the revived run
+    assert sorted(report["runs"]) == sorted(RUNS), f"runs missing from the report:\n{log}"
+    problems: list[str] = []
+    for run, (backend, revive) in RUNS.items():
+        result = report["runs"][run]
+        assert (result["backend"], result["revive"]) == (backend, revive), run
+        assert result["tests"], f"{run}: no test ran\n{log}"
+        groups, found = classify(result, expectations, run)
+        problems += [f"[{run}] {problem}" for problem in found]
+        reached = sum(entry["reached_trainer"] for entry in result["tests"].values())
+        carried = sum("carried_from" in entry for entry in result["tests"].values())
+        with capsys.disabled():
+            print(
+                f"\n[peer {run}] keras {report['keras_version']}: "
+                f"{len(groups['passed'])} passed, {len(groups['known_failure'])} failed, "
+                f"{len(groups['not_applicable'])} not applicable "
+                f"({len(result['tests'])} run, {reached} reached trainer, {carried} carried over "
+                f"from an earlier run, "
+                f"{len(expectations.get('deselect', {}))} patterns deselected) "
+                f"in {result['seconds']:.0f}s of the child's {seconds:.0f}s"
+            )
     assert not problems, (
-        f"{len(problems)} mismatch(es) with {EXPECTATIONS.name} for {backend}:\n"
+        f"{len(problems)} mismatch(es) with {EXPECTATIONS.name}:\n"
         + "\n".join(problems)
         + f"\n--- child log tail ---\n{log[-3000:]}"
     )
@@ -345,3 +294,79 @@ def test_classify_reports_stale_entries():
     expect = _expect(known={KEY.format("gone"): _known("x")}, shared={KEY.format("old*"): "why"})
     _, problems = classify({"tests": {KEY.format("a"): _entry()}}, expect, "h5")
     assert len(problems) == 2 and all("matches no test" in p for p in problems), problems
+
+
+# ------------------------------------------- the plugin's runs, on a module of its own
+RUNS_MODULE = """
+import io
+import keras
+import numpy as np
+
+
+def _model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model(np.zeros((1, 3), "float32"))
+    return model
+
+
+def test_reaches(tmp_path):
+    path = str(tmp_path / "m.keras")
+    keras.saving.save_model(_model(), path)
+    keras.saving.load_model(path)
+
+
+def test_to_a_file_object():
+    keras.saving.save_model(_model(), io.BytesIO())
+
+
+def test_loads_a_file_keras_wrote(tmp_path):
+    path = str(tmp_path / "m.weights.h5")
+    model = _model()
+    model.save_weights(path)
+    try:  # Keras refuses a weights file as a model: the outcome does not matter here
+        keras.saving.load_model(path)
+    except Exception:
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_runs_share_one_child_and_carry_over_what_never_reaches_a_backend(tmp_path):
+    """Two runs in one child: each run's tests reach its own backend; a test whose only
+    fall-through its arguments decided (a BytesIO target) runs in the first run only and
+    is carried over; one a backend's reader decided (a file Keras wrote) runs in both."""
+    (tmp_path / "peer_runs_probe_test.py").write_text(RUNS_MODULE)
+    specs = {
+        "h5": {"backend": "h5", "revive": False, "suites": ["peer_runs_probe_test"]},
+        "weights": {"backend": "weights", "revive": False, "suites": ["peer_runs_probe_test"]},
+    }
+    report_path = tmp_path / "report.json"
+    env = {"TRAINER_PEER_RUNS": json.dumps(specs), "TRAINER_PEER_REPORT": str(report_path)}
+    report, _, log = child_runs.run_child(
+        "routing_plugin",
+        [str(tmp_path / "peer_runs_probe_test.py")],
+        tmp_path,
+        env=env,
+        report_path=report_path,
+        timeout=CHILD_TIMEOUT,
+    )
+    key = "peer_runs_probe_test::{}".format
+    first, second = report["runs"]["h5"]["tests"], report["runs"]["weights"]["tests"]
+    assert (
+        set(first)
+        == set(second)
+        == {
+            key("test_reaches"),
+            key("test_to_a_file_object"),
+            key("test_loads_a_file_keras_wrote"),
+        }
+    ), log
+    for run, tests in (("h5", first), ("weights", second)):
+        reached = tests[key("test_reaches")]
+        assert reached["outcome"] == "passed" and reached["saves"] == 1, (run, reached, log)
+        assert "carried_from" not in reached
+    assert not first[key("test_to_a_file_object")]["reached_trainer"]
+    assert second[key("test_to_a_file_object")]["carried_from"] == "h5"
+    for tests in (first, second):
+        keras_wrote = tests[key("test_loads_a_file_keras_wrote")]
+        assert keras_wrote["backend_dependent"] and "carried_from" not in keras_wrote

@@ -32,21 +32,39 @@ LOAD_OPTIONS = {"verify": VERIFY == "1"} if VERIFY in ("0", "1") else {}
 TIMEOUT = 20  # seconds for one load: a hundred times what one takes
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_damaged_checkpoints_are_refused_or_load_identical(backend, tmp_path):
-    trials = [
-        t for t in corruption.plan(SEED, TRIALS, BACKENDS, FUZZ_MODELS) if t.backend == backend
-    ]
-    runs = {(backend, kind): save_run(backend, kind, tmp_path / "runs") for kind in FUZZ_MODELS}
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory) -> dict[str, tuple[list, list]]:
+    """``backend -> (its trials, their results)``: every backend's trials loaded by ONE
+    child process (a child per backend only added a TensorFlow import each)."""
+    root = tmp_path_factory.mktemp("fuzz")
+    trials = corruption.plan(SEED, TRIALS, BACKENDS, FUZZ_MODELS)
+    runs = {
+        (backend, kind): save_run(backend, kind, root / "runs" / backend)
+        for backend in BACKENDS
+        for kind in FUZZ_MODELS
+    }
     results = corruption.fuzz(
         trials,
         runs,
-        tmp_path / "trials",
+        root / "trials",
         timeout=TIMEOUT,
         env=subprocess_env(),
         load_options=LOAD_OPTIONS,
+        give_up=8 * len(BACKENDS),  # the crashes and hangs each backend's own child allowed
     )
+    return {
+        backend: (
+            [t for t in trials if t.backend == backend],
+            [r for r in results if r.trial.backend == backend],
+        )
+        for backend in BACKENDS
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_damaged_checkpoints_are_refused_or_load_identical(backend, fuzzed):
+    trials, results = fuzzed[backend]
     print(corruption.summary(results))  # the tally: shown with ``pytest -rP``
     assert len(results) == len(trials)
     assert any(r.outcome == "refused" for r in results), "no damage was ever noticed"

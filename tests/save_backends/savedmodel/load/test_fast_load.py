@@ -53,12 +53,9 @@ def _data(seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(save_trained):
     """Saved once for the module; tests that change the model or the files use copies."""
-    keras.utils.set_random_seed(0)
-    model = _model()
-    model.fit(*_data(0), epochs=2, batch_size=4, verbose=0)
-    return model, get_backend("savedmodel").save(model, tmp_path_factory.mktemp("m") / "ckpt")
+    return save_trained(_model, _data(0))
 
 
 def _same_next_step(original: keras.Model, loaded: keras.Model) -> None:
@@ -130,17 +127,24 @@ class CountedInitializer(keras.initializers.Initializer):
         return keras.random.normal(shape, dtype=dtype, seed=len(INITIALIZER_CALLS))
 
 
-@pytest.mark.parametrize("block_class", ["known", "missing"])
-def test_a_load_does_not_run_the_initializers_its_values_replace(tmp_path, block_class):
-    """Variables rebuilt from configs start without their random initial values (the stored
-    values replace them at once); the loaded model is still exactly the saved one."""
+@pytest.fixture(scope="module")
+def saved_counted(tmp_path_factory):
+    """A model whose head draws its kernel from ``CountedInitializer``, saved once for
+    both loads below (they differ only in what the load can import)."""
     inputs = keras.Input((6,))
     x = Block(6, name="block")(inputs)
     outputs = keras.layers.Dense(2, kernel_initializer=CountedInitializer(), name="head")(x)
     model = keras.Model(inputs, outputs)
     model.compile(optimizer="adam", loss="mse")
     model.fit(*_data(3), epochs=1, batch_size=4, verbose=0)
-    path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    return model, get_backend("savedmodel").save(model, tmp_path_factory.mktemp("c") / "ckpt")
+
+
+@pytest.mark.parametrize("block_class", ["known", "missing"])
+def test_a_load_does_not_run_the_initializers_its_values_replace(saved_counted, block_class):
+    """Variables rebuilt from configs start without their random initial values (the stored
+    values replace them at once); the loaded model is still exactly the saved one."""
+    model, path = saved_counted
     INITIALIZER_CALLS.clear()
     objects = keras.saving.get_custom_objects()
     removed = objects.pop(f"{PACKAGE}>Block") if block_class == "missing" else None

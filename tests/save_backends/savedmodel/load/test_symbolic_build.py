@@ -105,13 +105,9 @@ def _data(seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="module", params=sorted(BUILDERS))
-def loaded(request, tmp_path_factory):
+def loaded(request, save_trained):
     """(original, loaded checkpoint, warnings of the load), one save and load per form."""
-    keras.utils.set_random_seed(0)
-    model = BUILDERS[request.param]()
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    model.fit(*_data(0), epochs=2, batch_size=4, verbose=0)
-    path = get_backend("savedmodel").save(model, tmp_path_factory.mktemp("m") / "ckpt")
+    model, path = save_trained(BUILDERS[request.param], _data(0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         checkpoint = get_backend("savedmodel").load(path)  # safe_mode: the default
