@@ -44,8 +44,10 @@ from trainer.save_backends import (
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, check_record, copy_json_like
 from trainer.storage.atomic import clean_stale_temporaries, first_unused
-from trainer.storage.locations import local_path
+from trainer.storage.cache import staging_dir
+from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import remove_dead_leases, remove_unless_read
+from trainer.storage.remote import RemoteCheckpoints
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,13 @@ class CheckpointManager:
     callback's business). Async writing (``policy.async_save``; None = the backend's default)
     wraps the backend in ``AsyncBackend``. ``metadata`` goes into every checkpoint; ``board``
     (a ``RunBoard``) gets a card and a link per checkpoint.
+
+    ``directory`` may be a URL on object storage (``s3://bucket/run/checkpoints``): each
+    checkpoint is written by the backend into the local ``staging`` directory as on disk
+    (default: one per URL under ``~/.cache/trainer/staging``), then uploaded and published
+    by its commit marker (``trainer.storage.remote``), in the writer thread when async.
+    Listing, ``latest``, restore and retention then work on the store; their paths are
+    URLs (strings).
     """
 
     def __init__(
@@ -74,9 +83,17 @@ class CheckpointManager:
         *,
         metadata: dict[str, Any] | None = None,
         board: RunBoard | None = None,
+        staging: str | os.PathLike | None = None,
     ):
         _check_arguments(directory, backend, policy, metadata)
-        self.directory = local_path(directory, "checkpoint directory")
+        self.remote: RemoteCheckpoints | None = None
+        if is_remote(directory):
+            self.remote = RemoteCheckpoints(os.fspath(directory))
+            self.remote.store.check_bucket()  # a wrong URL fails now, not at the first save
+            staging = staging if staging is not None else staging_dir(self.remote.url)
+        self.directory = local_path(
+            staging if self.remote is not None else directory, "checkpoint directory"
+        )
         self.policy = policy or CheckpointPolicy()
         backend = get_backend(backend) if isinstance(backend, str) else backend
         async_save = self.policy.async_save
@@ -88,7 +105,7 @@ class CheckpointManager:
         self.metadata = dict(metadata or {})
         self.board = board
         self.records: list[dict[str, Any]] = []  # retention: one per kept checkpoint
-        self.saved: list[Path] = []  # written by this manager, in order
+        self.saved: list[Path | str] = []  # written by this manager, in order (URLs: remote)
         self.failed: list[Path] = []  # saves that failed under on_save_error=continue
         self._last_saved_step: int | None = None
         # "Saved checkpoint" lines wait here for the training thread (report_saved): a
@@ -101,19 +118,27 @@ class CheckpointManager:
             log.info("Removed the read lease of a reader that died: %s", lease.name)
 
     # ------------------------------------------------------------------ queries
-    def all(self) -> list[Path]:
+    def all(self) -> list[Path | str]:
         """Every complete checkpoint in the directory, oldest (lowest step) first."""
+        if self.remote is not None:
+            return [self.remote.url_of(m["name"]) for m in self.remote.committed()]
         return [path for _, path in complete(self.directory, self._configured())]
 
-    def latest(self) -> Path | None:
+    def latest(self) -> Path | str | None:
         """The complete checkpoint with the highest step, or None."""
+        if self.remote is not None:
+            found_remote = self.all()
+            return found_remote[-1] if found_remote else None
         found = complete(self.directory, self._configured())
         return found[-1][1] if found else None
 
-    def latest_whole(self) -> Path | None:
+    def latest_whole(self) -> Path | str | None:
         """The newest checkpoint whose files match their manifest, or None if there is no
         checkpoint; damaged newer ones are skipped with a warning (``find_latest``, which
-        raises if every checkpoint is damaged)."""
+        raises if every checkpoint is damaged). On a store: the newest complete one (its
+        objects are checked against the marker when it is read)."""
+        if self.remote is not None:
+            return self.latest()
         try:
             return find_latest(self.directory, self._configured())
         except NotACheckpointError:
@@ -203,15 +228,21 @@ class CheckpointManager:
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
             writer.save(model, path, state=state, metadata=metadata)
+            if self.remote is not None:  # complete and verified locally: now published
+                self.remote.publish(path, step=state.global_step, epoch=state.epoch)
         except Exception as error:
             self.records = [r for r in self.records if r["name"] != path.name]
             self._failed(path, error)
             return
         seconds = time.perf_counter() - start
-        self.saved.append(path)
         # The checkpoint is complete: point at it and prune first, so that a TensorBoard
         # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
-        point_latest(self.directory, path)
+        if self.remote is not None:
+            self.saved.append(self.remote.url_of(path.name))
+            self.remote.point_latest(path.name)
+        else:
+            self.saved.append(path)
+            point_latest(self.directory, path)
         deleted = self._apply_retention()
         with self._done_lock:
             self._done.append((path, state.global_step, seconds))
@@ -257,11 +288,26 @@ class CheckpointManager:
         loading right now stays (with its record) until a later pass. Returns the names
         deleted."""
         keep = retained(self.records, self.policy)
+        if self.remote is not None:
+            return self._apply_remote_retention(keep)
         gone = {
             r["name"]
             for r in self.records
             if r["name"] not in keep and remove_unless_read(self.directory / r["name"])
         }
+        self.records = [r for r in self.records if r["name"] not in gone]
+        return sorted(gone)
+
+    def _apply_remote_retention(self, keep: set[str]) -> list[str]:
+        """Retention on the store: each checkpoint dropped loses its marker first, then
+        its objects (``RemoteCheckpoints.delete``), then its local staged copy."""
+        gone = []
+        for record in self.records:
+            if record["name"] in keep:
+                continue
+            self.remote.delete(record["name"])
+            remove_unless_read(self.directory / record["name"])
+            gone.append(record["name"])
         self.records = [r for r in self.records if r["name"] not in gone]
         return sorted(gone)
 
@@ -276,10 +322,11 @@ class CheckpointManager:
         if path is None:
             path = self.latest_whole()
             if path is None:
+                where = self.remote.url if self.remote is not None else str(self.directory)
                 raise NotACheckpointError(
-                    f"There is no complete checkpoint in {self.directory} to restore; save one "
+                    f"There is no complete checkpoint in {where} to restore; save one "
                     f"first, or point the manager at the directory holding them. "
-                    f"Received: directory={str(self.directory)!r}"
+                    f"Received: directory={where!r}"
                 )
         checkpoint = load_checkpoint(path, configured=self._configured())
         if model is not None:
@@ -310,7 +357,10 @@ class CheckpointManager:
         are moved, whole, into ``abandoned-<n>/`` of the directory (nothing is deleted), so
         that ``resume=latest`` continues this branch instead of jumping back to that one,
         and no save of this branch replaces one of them under the same name. Returns the
-        folder, or None if there was nothing after ``step``."""
+        folder, or None if there was nothing after ``step``. On a store only their markers
+        move (``RemoteCheckpoints.set_aside``); the objects stay."""
+        if self.remote is not None:
+            return self._set_aside_remote(step)
         damaged: list[tuple[Path, str]] = []
         found = complete(self.directory, self._configured(), damaged)
         later = [path for key, path in found if key[0] > step]
@@ -334,6 +384,31 @@ class CheckpointManager:
             folder,
         )
         return folder
+
+    def _set_aside_remote(self, step: int) -> str | None:
+        found = self.remote.committed()
+        later = [m["name"] for m in found if m["step"] > step]
+        if not later:
+            return None
+        taken = set(self.remote.store.list(""))
+        n = 1
+        while f"{ABANDONED}{n}" in taken:
+            n += 1
+        folder = f"{ABANDONED}{n}"
+        self.remote.set_aside(later, folder)
+        remaining = [m["name"] for m in found if m["step"] <= step]
+        if remaining:
+            self.remote.point_latest(remaining[-1])
+        log.warning(
+            "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
+            "after it (%s) belong to the abandoned continuation; their commit markers were "
+            "moved to %s (the objects stay)",
+            step,
+            len(later),
+            ", ".join(later[:5]),
+            self.remote.url_of(folder),
+        )
+        return self.remote.url_of(folder)
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self, model: keras.Model) -> None:

@@ -28,8 +28,9 @@ from trainer.errors import (
 from trainer.save_backends import hints
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
-from trainer.storage.locations import local_path
+from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import read_lease
+from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.targets import check_exists, set_format_detector
 
 _BUILTIN = {
@@ -233,8 +234,13 @@ def load_checkpoint(
     it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
     taken, the read starts over from where the link points now. The returned
     ``LoadedCheckpoint.path`` is the checkpoint actually read.
+
+    ``path`` may be a URL on object storage (``s3://bucket/run/checkpoints/<name>``, or
+    ``.../checkpoints/latest``): the complete checkpoint it names (its commit marker) is
+    downloaded into the local cache, checked against the marker, then read from there
+    like a local one (``LoadedCheckpoint.path`` is that local copy).
     """
-    path = local_path(path, "checkpoint path")
+    path = fetch_remote(path) if is_remote(path) else local_path(path, "checkpoint path")
     kwargs = dict(
         custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
     )
@@ -297,7 +303,13 @@ def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
     return now != target or _identity(target) != before
 
 
+def fetch_remote(url: str) -> Path:
+    """The local cached copy of the checkpoint ``url`` names (``<dir URL>/<name>``)."""
+    directory, _, name = os.fspath(url).rstrip("/").rpartition("/")
+    return RemoteCheckpoints(directory).fetch(name)
+
+
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """Metadata (with the training state) of the checkpoint at ``path``, model not built."""
-    path = local_path(path, "checkpoint path")
+    path = fetch_remote(path) if is_remote(path) else local_path(path, "checkpoint path")
     return detect_backend(path).read_metadata(path)
