@@ -8,8 +8,11 @@ the keys), as a user points trainer at MinIO: nothing in the product knows it is
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -24,9 +27,47 @@ CREDENTIALS = {
 @dataclass
 class S3Server:
     endpoint: str
+    _fs: object = None
+
+    @property
+    def fs(self):
+        """A filesystem of the tests' own, configured explicitly (not from the
+        environment a test may change), to set up and inspect buckets."""
+        if self._fs is None:
+            import fsspec  # noqa: PLC0415
+
+            self._fs = fsspec.filesystem(
+                "s3",
+                skip_instance_cache=True,
+                endpoint_url=self.endpoint,
+                key=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                secret=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
+        return self._fs
 
     def env(self) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, **CREDENTIALS}
+
+    @contextlib.contextmanager
+    def checking_credentials(self) -> Iterator[None]:
+        """Inside: the server checks every request's access key (moto's documented
+        ``/moto-api/reset-auth``; no key is known to it, so every request is refused as a
+        real server refuses wrong credentials). Outside: it accepts any key again."""
+        self._reset_auth("0")
+        try:
+            yield
+        finally:
+            self._reset_auth("inf")
+
+    def _reset_auth(self, count: str) -> None:
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth",
+            data=count.encode(),
+            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
 
 
 @pytest.fixture(scope="session")
@@ -49,21 +90,15 @@ def s3_bucket(s3_server, monkeypatch, tmp_path):
     """A new empty bucket on the session's server; this test's environment (inherited by
     its child processes) points at the server, and the store's local cache is in
     ``tmp_path``. Returns the bucket's URL, ``s3://<name>``."""
-    import fsspec  # noqa: PLC0415
-
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TRAINER_STORE_CACHE", str(tmp_path / "store-cache"))
     bucket = f"test-{uuid.uuid4().hex[:12]}"
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    fs.mkdir(bucket)
+    s3_server.fs.mkdir(bucket)
     return f"s3://{bucket}"
 
 
-def objects(url: str) -> list[str]:
+def objects(server: S3Server, url: str) -> list[str]:
     """Every key under ``url`` (relative to it), read straight from the server."""
-    import fsspec  # noqa: PLC0415
-
-    fs = fsspec.filesystem("s3", skip_instance_cache=True)
     root = url[len("s3://") :].rstrip("/")
-    return sorted(key[len(root) + 1 :] for key in fs.find(root))
+    return sorted(key[len(root) + 1 :] for key in server.fs.find(root, refresh=True))

@@ -47,11 +47,6 @@ _filesystems: dict[tuple, Any] = {}
 def filesystem(scheme: str) -> Any:
     """The fsspec filesystem of ``scheme`` for the current environment's settings,
     created on first use."""
-    if scheme not in SCHEMES:
-        raise UnsupportedLocationError(
-            f"trainer keeps checkpoints on object storage through s3:// URLs only; {scheme}:// is not supported. Use an s3:// URL (any S3-compatible "
-            f"server, with AWS_ENDPOINT_URL), or a local path. Received scheme: {scheme!r}"
-        )
     try:
         import fsspec  # noqa: PLC0415  (an optional extra: imported on the first URL only)
 
@@ -77,6 +72,12 @@ class Store:
         if scheme is None:
             raise UnsupportedLocationError(
                 f"Store needs a URL such as s3://bucket/prefix. Received: {url!r}"
+            )
+        if scheme not in SCHEMES:
+            raise UnsupportedLocationError(
+                f"trainer keeps data on object storage through s3:// URLs only (any "
+                f"S3-compatible server, with AWS_ENDPOINT_URL); {scheme}:// is not supported. "
+                f"Use an s3:// URL or a local path. Received: {url!r}"
             )
         self.scheme = scheme
         self.fs = filesystem(scheme)
@@ -213,6 +214,4 @@ def _explain(store: Store, action: str, relative: str, error: Exception) -> str:
         advice = f"the bucket {store.bucket!r} does not exist: create it or fix the URL"
     else:
         advice = "check the URL, AWS_ENDPOINT_URL and the credentials"
-    return (
-        f"Could not {action} {where} on object storage ({_endpoint()}): {advice}. Received: {kind}: {text[:300]}"
-    )
+    return f"Could not {action} {where} on object storage ({_endpoint()}): {advice}. Received: {kind}: {text[:300]}"
