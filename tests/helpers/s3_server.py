@@ -34,7 +34,7 @@ class S3Server:
         """A filesystem of the tests' own, configured explicitly (not from the
         environment a test may change), to set up and inspect buckets."""
         if self._fs is None:
-            import fsspec  # noqa: PLC0415
+            import fsspec
 
             self._fs = fsspec.filesystem(
                 "s3",
@@ -73,7 +73,7 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3_server():
     """moto's threaded server on a free port of 127.0.0.1, for the whole session."""
-    from moto.server import ThreadedMotoServer  # noqa: PLC0415  (only the store tests)
+    from moto.server import ThreadedMotoServer  # only the store tests need moto
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -23,12 +23,11 @@ Layout under a checkpoint directory URL::
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
-
-import logging
 
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.storage import integrity

@@ -48,7 +48,7 @@ def filesystem(scheme: str) -> Any:
     """The fsspec filesystem of ``scheme`` for the current environment's settings,
     created on first use."""
     try:
-        import fsspec  # noqa: PLC0415  (an optional extra: imported on the first URL only)
+        import fsspec  # an optional extra: imported on the first URL only
 
         key = (scheme, *(os.environ.get(name) for name in _SETTINGS))
         if key not in _filesystems:
