@@ -158,9 +158,9 @@ class CheckpointManager:
         metrics: dict[str, Any] | None = None,
         wait: bool = False,
         called: float | None = None,
-    ) -> Path | None:
+    ) -> Path | str | None:
         """Save ``model`` with ``state`` (default: step = the optimizer's iterations); None if
-        this step is saved already. Async: returns once the snapshot is taken.
+        this step is saved already (a URL on a store). Async: returns once the snapshot is taken.
 
         The time this call holds the caller (the training loop) is reported per save next to
         the write's own time (TensorBoard ``checkpoint/blocking_seconds``): for an async save
@@ -202,7 +202,7 @@ class CheckpointManager:
         blocked.done()  # before any wait: a background write reads it
         if wait:
             self.backend.wait()
-        return path
+        return self.remote.url_of(path.name) if self.remote is not None else path
 
     def _implicit_state(self, model: keras.Model) -> TrainingState:
         step = batches_trained(model)

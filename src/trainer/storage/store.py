@@ -169,9 +169,8 @@ class Store:
     def delete(self, relatives: list[str]) -> None:
         """Delete these objects, in the order given (absent ones are skipped)."""
         for relative in relatives:
-            with self.errors("delete", relative):
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self.key(relative))
+            with self.errors("delete", relative), contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self.key(relative))
 
     # -------------------------------------------------------------------- errors
     @contextlib.contextmanager
@@ -214,4 +213,7 @@ def _explain(store: Store, action: str, relative: str, error: Exception) -> str:
         advice = f"the bucket {store.bucket!r} does not exist: create it or fix the URL"
     else:
         advice = "check the URL, AWS_ENDPOINT_URL and the credentials"
-    return f"Could not {action} {where} on object storage ({_endpoint()}): {advice}. Received: {kind}: {text[:300]}"
+    return (
+        f"Could not {action} {where} on object storage ({_endpoint()}): {advice}. "
+        f"Received: {kind}: {text[:300]}"
+    )

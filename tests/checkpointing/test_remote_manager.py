@@ -1,0 +1,112 @@
+"""``CheckpointManager``, ``load_checkpoint`` and the ``Checkpoint`` callback on an s3://
+directory, against a real S3-compatible server on 127.0.0.1 (``tests/helpers/s3_server``):
+every backend writes locally, uploads, publishes by its commit marker, and reads back
+through the verified cache what a local save would have given."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from tests.helpers.s3_server import objects
+from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy, all_variables
+from trainer.errors import NotACheckpointError, StoreError
+from trainer.save_backends import load_checkpoint
+
+X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+Y = (X.sum(axis=1) > 0).astype("int32")
+
+
+def _model(seed: int = 1) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, "relu"), keras.layers.Dense(2)]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _same_variables(got: keras.Model, want: keras.Model) -> None:
+    mine, theirs = all_variables(got), all_variables(want)
+    assert len(mine) == len(theirs) > 4  # the optimizer's too
+    for a, b in zip(mine, theirs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5", "weights"])
+def test_save_to_the_store_and_load_back(s3_bucket, s3_server, tmp_path, backend):
+    url = f"{s3_bucket}/run/checkpoints"
+    model = _model()
+    model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+    with CheckpointManager(url, backend, staging=tmp_path / "staging") as manager:
+        saved = manager.save(model)
+    assert saved == manager.saved[-1] and str(saved).startswith(url + "/")
+    assert manager.all() == [saved] and manager.latest() == saved
+    keys = objects(s3_server, url)
+    name = str(saved).rsplit("/", 1)[1]
+    assert f".commits/{name}.json" in keys and "latest" in keys
+    for source in (saved, f"{url}/latest"):
+        loaded = load_checkpoint(source)
+        assert loaded.state.global_step == 4
+        _same_variables(loaded.model, model)
+        np.testing.assert_array_equal(
+            loaded.model.predict(X, verbose=0), model.predict(X, verbose=0)
+        )
+        assert not str(loaded.path).startswith("s3:")  # read from the local cache
+
+
+def test_retention_deletes_from_the_store(s3_bucket, s3_server, tmp_path):
+    url = f"{s3_bucket}/ckpts"
+    model = _model()
+    policy = CheckpointPolicy(keep_last=1)
+    with CheckpointManager(url, "weights", policy, staging=tmp_path / "staging") as manager:
+        first = manager.save(model)
+        model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+        second = manager.save(model)
+        manager.wait()
+        assert manager.all() == [second]
+    first_name = str(first).rsplit("/", 1)[1]
+    assert not any(
+        key.startswith((first_name, f".commits/{first_name}")) for key in objects(s3_server, url)
+    )
+    with pytest.raises(NotACheckpointError, match="no commit marker"):
+        load_checkpoint(first)
+
+
+def test_callback_resumes_from_the_store_on_a_new_machine(s3_bucket, tmp_path):
+    """A second fit with another (empty) staging directory, as on another machine,
+    continues from the store: same weights as one uninterrupted fit (its model starts
+    from other initial weights, which only the restore replaces)."""
+    url = f"{s3_bucket}/ckpts"
+    straight = _model()
+    straight.fit(X, Y, epochs=2, batch_size=8, verbose=0, shuffle=False)
+
+    model = _model()
+    first = CheckpointManager(url, "weights", staging=tmp_path / "machine-1")
+    model.fit(
+        X,
+        Y,
+        epochs=1,
+        batch_size=8,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Checkpoint(manager=first)],
+    )
+    resumed = _model(seed=2)
+    second = CheckpointManager(url, "weights", staging=tmp_path / "machine-2")
+    resumed.fit(
+        X,
+        Y,
+        epochs=2,
+        batch_size=8,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Checkpoint(manager=second)],
+    )
+    _same_variables(resumed, straight)
+
+
+def test_a_missing_bucket_fails_when_the_manager_is_made(s3_bucket, tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        CheckpointManager("s3://no-such-bucket-x/run", "weights", staging=tmp_path)
