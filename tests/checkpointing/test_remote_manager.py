@@ -110,3 +110,23 @@ def test_callback_resumes_from_the_store_on_a_new_machine(s3_bucket, tmp_path):
 def test_a_missing_bucket_fails_when_the_manager_is_made(s3_bucket, tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         CheckpointManager("s3://no-such-bucket-x/run", "weights", staging=tmp_path)
+
+
+def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(
+    s3_bucket, s3_server, tmp_path
+):
+    url = f"{s3_bucket}/ckpts"
+    model = _model()
+    with CheckpointManager(url, "weights", staging=tmp_path / "staging") as manager:
+        first = manager.save(model)
+        for _ in range(2):
+            model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+            manager.save(model)
+    manager = CheckpointManager(url, "weights", staging=tmp_path / "other")
+    state = manager.restore(_model(), first).state
+    folder = manager.set_aside_after(state.global_step)
+    assert folder == f"{url}/abandoned-1"
+    assert manager.all() == [first] and manager.latest() == first
+    assert load_checkpoint(f"{url}/latest").state.global_step == 0
+    keys = objects(s3_server, url)
+    assert len([k for k in keys if k.startswith("abandoned-1/.commits/")]) == 2

@@ -25,6 +25,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer.checkpointing import on_store
 from trainer.checkpointing.listing import complete, find_latest, point_latest
 from trainer.checkpointing.policy import (
     CheckpointPolicy,
@@ -289,25 +290,14 @@ class CheckpointManager:
         deleted."""
         keep = retained(self.records, self.policy)
         if self.remote is not None:
-            return self._apply_remote_retention(keep)
+            gone = on_store.prune(self.remote, self.directory, self.records, keep)
+            self.records = [r for r in self.records if r["name"] not in gone]
+            return gone
         gone = {
             r["name"]
             for r in self.records
             if r["name"] not in keep and remove_unless_read(self.directory / r["name"])
         }
-        self.records = [r for r in self.records if r["name"] not in gone]
-        return sorted(gone)
-
-    def _apply_remote_retention(self, keep: set[str]) -> list[str]:
-        """Retention on the store: each checkpoint dropped loses its marker first, then
-        its objects (``RemoteCheckpoints.delete``), then its local staged copy."""
-        gone = []
-        for record in self.records:
-            if record["name"] in keep:
-                continue
-            self.remote.delete(record["name"])
-            remove_unless_read(self.directory / record["name"])
-            gone.append(record["name"])
         self.records = [r for r in self.records if r["name"] not in gone]
         return sorted(gone)
 
@@ -360,7 +350,7 @@ class CheckpointManager:
         folder, or None if there was nothing after ``step``. On a store only their markers
         move (``RemoteCheckpoints.set_aside``); the objects stay."""
         if self.remote is not None:
-            return self._set_aside_remote(step)
+            return on_store.set_aside_after(self.remote, step)
         damaged: list[tuple[Path, str]] = []
         found = complete(self.directory, self._configured(), damaged)
         later = [path for key, path in found if key[0] > step]
@@ -384,31 +374,6 @@ class CheckpointManager:
             folder,
         )
         return folder
-
-    def _set_aside_remote(self, step: int) -> str | None:
-        found = self.remote.committed()
-        later = [m["name"] for m in found if m["step"] > step]
-        if not later:
-            return None
-        taken = set(self.remote.store.list(""))
-        n = 1
-        while f"{ABANDONED}{n}" in taken:
-            n += 1
-        folder = f"{ABANDONED}{n}"
-        self.remote.set_aside(later, folder)
-        remaining = [m["name"] for m in found if m["step"] <= step]
-        if remaining:
-            self.remote.point_latest(remaining[-1])
-        log.warning(
-            "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
-            "after it (%s) belong to the abandoned continuation; their commit markers were "
-            "moved to %s (the objects stay)",
-            step,
-            len(later),
-            ", ".join(later[:5]),
-            self.remote.url_of(folder),
-        )
-        return self.remote.url_of(folder)
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self, model: keras.Model) -> None:
