@@ -6,12 +6,13 @@ and one clear ``TrainerError`` line for each way a store can be misconfigured.""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from tests.helpers.s3_server import objects
 from trainer.errors import IntegrityError, NotACheckpointError, StoreError, UnsupportedLocationError
-from trainer.storage import integrity
+from trainer.storage import integrity, store
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
 
@@ -147,3 +148,11 @@ def test_unreachable_endpoint_is_named(s3_bucket, monkeypatch):
     with pytest.raises(StoreError) as error:
         RemoteCheckpoints(f"{s3_bucket}/ckpts").committed()
     assert "could not be reached at endpoint http://127.0.0.1:9" in _one_line(error)
+
+
+def test_a_url_without_the_s3_extra_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # as if not installed: import fails
+    monkeypatch.setattr(store, "_filesystems", {})
+    with pytest.raises(UnsupportedLocationError) as error:
+        Store("s3://bucket/x")
+    assert 'pip install "trainer[s3]"' in _one_line(error)
