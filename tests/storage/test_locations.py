@@ -56,7 +56,7 @@ def test_no_api_entry_takes_a_url_for_a_local_folder(in_tmp, backend):
         "export": lambda: export_serving(model, URL, format="keras"),
     }
     for name, call in calls.items():
-        with pytest.raises(UnsupportedLocationError, match="s3://|gs:// is not supported"):
+        with pytest.raises(UnsupportedLocationError, match=r"s3://|gs:// is not supported"):
             call()
         assert os.listdir(in_tmp) == [], f"{name} created {os.listdir(in_tmp)}"
 
