@@ -51,6 +51,24 @@ def test_a_fresh_run_over_a_run_on_the_store_is_refused(compose_cfg, s3_bucket):
         train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
 
 
+def test_resume_auto_skips_a_damaged_newest_checkpoint_on_the_store(
+    compose_cfg, s3_bucket, s3_server
+):
+    """An object changed after its checkpoint was published fails that checkpoint's
+    digest check: the run resumes from the one before, as from a damaged one on disk."""
+    url = f"{s3_bucket}/run"
+    every_step = [*RUN, "checkpoint.policy.every_n_steps=1", "trainer.epochs=1"]
+    train(compose_cfg(*every_step, f"run_dir={url}"))
+    newest = sorted(
+        k for k in objects(s3_server, f"{url}/checkpoints") if k.startswith(".commits/")
+    )
+    name = newest[-1][len(".commits/") : -len(".json")]
+    damaged = next(k for k in objects(s3_server, f"{url}/checkpoints") if k.startswith(name + "/"))
+    s3_server.fs.pipe_file(f"{url[5:]}/checkpoints/{damaged}", b"changed")
+    train(compose_cfg(*every_step, f"run_dir={url}", "resume=auto"))
+    assert load_checkpoint(f"{url}/checkpoints/latest").state.global_step == 3
+
+
 def test_an_unknown_scheme_is_refused_before_anything_is_written(compose_cfg, tmp_path):
     with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
         train(compose_cfg(*RUN, "run_dir=gs://bucket/run", "resume=auto"))

@@ -319,7 +319,10 @@ def build_backend(cfg: DictConfig) -> SaveBackend:
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
     """Where everything went; after an interrupt, the command that resumes."""
     state = progress.state
-    log.info("Run directory: %s", run_dir)
+    if remote_run.is_remote_run(cfg):
+        log.info("Run directory: %s (local files: %s)", cfg.run_dir, run_dir)
+    else:
+        log.info("Run directory: %s", run_dir)
     kept = [os.path.basename(p) for p in manager.all()]  # now: retention removed the rest
     if kept:
         where = manager.remote.url if manager.remote is not None else manager.directory

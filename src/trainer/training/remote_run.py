@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from trainer.errors import ConfigError, NotACheckpointError
+from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError
 from trainer.storage.cache import cache_root
 from trainer.storage.locations import is_remote
 from trainer.storage.remote import RemoteCheckpoints
@@ -93,9 +93,27 @@ def locate(cfg: DictConfig) -> tuple[Path, Path | None]:
             )
         log.info("resume=auto: no complete checkpoint in %s yet; starting a fresh run", remote.url)
         return mirror, None
-    name = found[-1]["name"]
-    log.info("Downloading checkpoint %s", remote.url_of(name))
-    return mirror, remote.fetch(name)
+    return mirror, newest_whole(remote, found)
+
+
+def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> Path:
+    """A local copy of the newest complete checkpoint whose objects match its marker; a
+    damaged newer one is skipped with a warning (as on disk: the run continues from the
+    one before, and the manager then sets the damaged one aside). If every one is damaged,
+    nothing is chosen: a fresh start would write over them."""
+    damaged = []
+    for marker in reversed(found):
+        log.info("Downloading checkpoint %s", remote.url_of(marker["name"]))
+        try:
+            return remote.fetch(marker["name"])
+        except CorruptCheckpointError as error:
+            log.warning("Skipping damaged checkpoint %s (%s)", remote.url_of(marker["name"]), error)
+            damaged.append(error)
+    raise CorruptCheckpointError(
+        f"Every checkpoint in {remote.url} is damaged ({len(damaged)}), so there is nothing "
+        f"to resume from, and a fresh run would write over them. Restore one from a copy, "
+        f"or start at another URL. Received error: {damaged[0]}"
+    )
 
 
 def resume_command(cfg: DictConfig, overrides: list[str]) -> str:
