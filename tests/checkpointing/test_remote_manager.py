@@ -5,11 +5,18 @@ through the verified cache what a local save would have given."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
 
+from tests.helpers.paths import ROOT
+from tests.helpers.processes import subprocess_env
 from tests.helpers.s3_server import objects
+from tests.helpers.train_py import HANG_GUARD
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy, all_variables
 from trainer.errors import NotACheckpointError, StoreError
 from trainer.save_backends import load_checkpoint
@@ -130,3 +137,36 @@ def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(
     assert load_checkpoint(f"{url}/latest").state.global_step == 0
     keys = objects(s3_server, url)
     assert len([k for k in keys if k.startswith("abandoned-1/.commits/")]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["upload", "delete"])
+def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
+    s3_bucket, s3_server, tmp_path, where
+):
+    """SIGKILL after the first object of an upload, or right after retention deleted a
+    marker: what lists is complete and loads; the leftovers have no marker; a new writer
+    carries on over them."""
+    url = f"{s3_bucket}/ckpts"
+    child = ROOT / "tests" / "children" / "store_kill_child.py"
+    proc = subprocess.run(
+        [sys.executable, str(child), url, str(tmp_path / "staging"), where],
+        env=subprocess_env(), capture_output=True, text=True, timeout=HANG_GUARD,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    keys = objects(s3_server, url)
+    markers = sorted(k for k in keys if k.startswith(".commits/"))
+    assert markers == [
+        ".commits/step-00000000.json" if where == "upload" else ".commits/step-00000001.json"
+    ]
+    leftover = "step-00000001/" if where == "upload" else "step-00000000/"
+    assert any(k.startswith(leftover) for k in keys)  # objects without a marker
+    manager = CheckpointManager(url, "weights", staging=tmp_path / "again")
+    assert [str(p).rsplit("/", 1)[1] for p in manager.all()] == [markers[0][9:-5]]
+    loaded = load_checkpoint(f"{url}/latest")
+    assert loaded.state.global_step == (0 if where == "upload" else 1)
+    manager.adopt(loaded.state)
+    model = _model()
+    model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+    manager.save(model, wait=True)
+    assert load_checkpoint(f"{url}/latest").state.global_step == 4
