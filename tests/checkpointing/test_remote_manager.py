@@ -170,3 +170,9 @@ def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
     model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
     manager.save(model, wait=True)
     assert load_checkpoint(f"{url}/latest").state.global_step == 4
+
+
+def test_a_bucket_url_is_no_checkpoint(s3_bucket):
+    with pytest.raises(NotACheckpointError, match="names a bucket") as error:
+        load_checkpoint(s3_bucket)
+    assert "\n" not in str(error.value)

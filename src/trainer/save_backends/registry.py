@@ -306,6 +306,11 @@ def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
 def fetch_remote(url: str) -> Path:
     """The local cached copy of the checkpoint ``url`` names (``<dir URL>/<name>``)."""
     directory, _, name = os.fspath(url).rstrip("/").rpartition("/")
+    if directory.endswith(":/"):  # s3://bucket: a bucket is no checkpoint
+        raise NotACheckpointError(
+            f"{url} names a bucket, not a checkpoint: give <directory URL>/<name> or "
+            f"<directory URL>/latest. Received: {os.fspath(url)!r}"
+        )
     return RemoteCheckpoints(directory).fetch(name)
 
 
