@@ -156,3 +156,12 @@ def test_a_url_without_the_s3_extra_names_the_install_command(monkeypatch):
     with pytest.raises(UnsupportedLocationError) as error:
         Store("s3://bucket/x")
     assert 'pip install "trainer[s3]"' in _one_line(error)
+
+
+def test_an_exclusive_put_creates_only_once(s3_bucket):
+    """``If-None-Match: *`` reaches the server: the second create of a key is refused
+    (the building block of a lease; S3 and S3-compatible servers honour it)."""
+    store = Store(f"{s3_bucket}/x")
+    assert store.put_bytes("lease", b"first", exclusive=True) is True
+    assert store.put_bytes("lease", b"second", exclusive=True) is False
+    assert store.get_bytes("lease") == b"first"

@@ -111,7 +111,7 @@ class CheckpointManager:
         self._last_saved_step: int | None = None
         # "Saved checkpoint" lines wait here for the training thread (report_saved): a
         # background write that logged itself would land in the middle of a progress bar.
-        self._done: list[tuple[Path, int, float]] = []
+        self._done: list[tuple[Path | str, int, float]] = []
         self._done_lock = threading.Lock()
         for stale in clean_stale_temporaries(self.directory):
             log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
@@ -229,7 +229,7 @@ class CheckpointManager:
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
             writer.save(model, path, state=state, metadata=metadata)
-            if self.remote is not None:  # complete and verified locally: now published
+            if self.remote is not None:  # complete locally, manifest written: now upload
                 self.remote.publish(path, step=state.global_step, epoch=state.epoch)
         except Exception as error:
             self.records = [r for r in self.records if r["name"] != path.name]
@@ -246,7 +246,7 @@ class CheckpointManager:
             point_latest(self.directory, path)
         deleted = self._apply_retention()
         with self._done_lock:
-            self._done.append((path, state.global_step, seconds))
+            self._done.append((self.saved[-1], state.global_step, seconds))
         if self.board is not None:
             self.board.checkpoint_card(
                 state.global_step,
