@@ -15,6 +15,7 @@ import pytest
 import trainer.training.config  # noqa: F401  (registers the config schemas conf/ extends)
 from tests.helpers.config import compose_run
 from tests.helpers.paths import PLUGINS_DIR
+from tests.helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (one server a session)
 
 # The test plugins (``faults.SignalAtStep``, ...) importable by the names that runs
 # select them with from config; child processes get them from ``subprocess_env()``.

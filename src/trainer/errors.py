@@ -115,6 +115,12 @@ class UnsupportedLocationError(TrainerError, ValueError):
     local folder of the same name."""
 
 
+class StoreError(TrainerError, OSError):
+    """An object-storage operation failed (missing bucket, refused credentials, unreachable
+    endpoint...): one line saying which and where; also an ``OSError``, as the I/O failure
+    it stands for."""
+
+
 class DirectoryInUseError(TrainerError):
     """Another live process writes the run (or checkpoint) directory."""
 

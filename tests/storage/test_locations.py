@@ -18,6 +18,9 @@ from trainer.save_backends import get_backend, load_checkpoint
 from trainer.storage.locations import local_path, url_scheme
 
 URL = "s3://bucket/runs/x"
+# A scheme no store serves: refused even where s3:// URLs are served (tests/storage/
+# test_remote.py and tests/checkpointing/test_remote_manager.py use a real S3 server).
+GS = "gs://bucket/runs/x"
 
 
 def test_plain_paths_and_file_urls_are_local_and_other_urls_are_refused(tmp_path):
@@ -48,12 +51,12 @@ def test_no_api_entry_takes_a_url_for_a_local_folder(in_tmp, backend):
     calls = {
         "save": lambda: get_backend(backend).save(model, URL),
         "load": lambda: get_backend(backend).load(URL),
-        "load_checkpoint": lambda: load_checkpoint(URL),
-        "manager": lambda: CheckpointManager(URL, backend=backend),
+        "load_checkpoint": lambda: load_checkpoint(GS),
+        "manager": lambda: CheckpointManager(GS, backend=backend),
         "export": lambda: export_serving(model, URL, format="keras"),
     }
     for name, call in calls.items():
-        with pytest.raises(UnsupportedLocationError, match="s3://"):
+        with pytest.raises(UnsupportedLocationError, match=r"s3://|gs:// is not supported"):
             call()
         assert os.listdir(in_tmp) == [], f"{name} created {os.listdir(in_tmp)}"
 
@@ -69,7 +72,7 @@ def test_the_cli_refuses_urls_with_exit_2(in_tmp, capsys):
 
 @pytest.mark.slow
 def test_train_py_refuses_a_url_run_dir_before_anything_is_written(in_tmp):
-    proc = train_py(*TINY_ARGS, f"run_dir={URL}", f"hydra.run.dir={in_tmp / 'out'}")
+    proc = train_py(*TINY_ARGS, f"run_dir={GS}", f"hydra.run.dir={in_tmp / 'out'}")
     assert proc.returncode == 2, proc.output
-    assert "run_dir is a s3:// URL" in proc.output
-    assert not (in_tmp / "s3:").exists() and not (Path.cwd() / "s3:").exists()
+    assert "gs:// is not supported" in proc.output
+    assert not (in_tmp / "gs:").exists() and not (Path.cwd() / "gs:").exists()

@@ -25,6 +25,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer.checkpointing import on_store
 from trainer.checkpointing.listing import complete, find_latest, point_latest
 from trainer.checkpointing.policy import (
     CheckpointPolicy,
@@ -44,8 +45,10 @@ from trainer.save_backends import (
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, check_record, copy_json_like
 from trainer.storage.atomic import clean_stale_temporaries, first_unused
-from trainer.storage.locations import local_path
+from trainer.storage.cache import staging_dir
+from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import remove_dead_leases, remove_unless_read
+from trainer.storage.remote import RemoteCheckpoints
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
 log = logging.getLogger(__name__)
@@ -65,8 +68,15 @@ class CheckpointManager:
     when it is made). No Hydra needed; ``train(cfg)`` and the ``Checkpoint`` callback use it.
     A context manager: leaving the ``with`` block waits for the writes in flight.
 
+    ``directory`` may be a URL on object storage (``s3://bucket/run/checkpoints``): each
+    checkpoint is written by the backend into the local ``staging`` directory as on disk,
+    then uploaded and published by its commit marker (``trainer.storage.remote``), in the
+    writer thread when async. Listing, ``latest``, restore and retention then work on the
+    store; their paths are URLs (strings).
+
     Args:
-        directory: The checkpoint directory (created on the first save).
+        directory: The checkpoint directory (created on the first save): a local path or an
+            ``s3://`` URL.
         backend: A registered name (``"savedmodel"``, ``"h5"``, ``"weights"``) or a backend
             instance, wrappers included.
         policy: Names and retention (its trigger fields are the callback's business). Async
@@ -75,11 +85,15 @@ class CheckpointManager:
         metadata: Added to every checkpoint's metadata.
         board: A run's TensorBoard log (``RunBoard``), which gets a card and a link per
             checkpoint.
+        staging: Where checkpoints for a URL ``directory`` are written before the upload
+            (default: one folder per URL under ``~/.cache/trainer/staging``).
 
     Raises:
         ConfigError: An argument of the wrong type.
         UnknownBackendError: ``backend`` names no registered backend.
-        UnsupportedLocationError: ``directory`` is a URL, not a local path.
+        UnsupportedLocationError: ``directory`` is a URL of a scheme trainer cannot use.
+        StoreError: ``directory`` is on a store that cannot be reached, or its bucket is
+            missing or refuses the credentials.
     """
 
     def __init__(
@@ -90,9 +104,17 @@ class CheckpointManager:
         *,
         metadata: dict[str, Any] | None = None,
         board: RunBoard | None = None,
+        staging: str | os.PathLike | None = None,
     ):
         _check_arguments(directory, backend, policy, metadata)
-        self.directory = local_path(directory, "checkpoint directory")
+        self.remote: RemoteCheckpoints | None = None
+        if is_remote(directory):
+            self.remote = RemoteCheckpoints(os.fspath(directory))
+            self.remote.store.check_bucket()  # a wrong URL fails now, not at the first save
+            staging = staging if staging is not None else staging_dir(self.remote.url)
+        self.directory = local_path(
+            staging if self.remote is not None else directory, "checkpoint directory"
+        )
         self.policy = policy or CheckpointPolicy()
         backend = get_backend(backend) if isinstance(backend, str) else backend
         async_save = self.policy.async_save
@@ -104,12 +126,12 @@ class CheckpointManager:
         self.metadata = dict(metadata or {})
         self.board = board
         self.records: list[dict[str, Any]] = []  # retention: one per kept checkpoint
-        self.saved: list[Path] = []  # written by this manager, in order
+        self.saved: list[Path | str] = []  # written by this manager, in order (URLs: remote)
         self.failed: list[Path] = []  # saves that failed under on_save_error=continue
         self._last_saved_step: int | None = None
         # "Saved checkpoint" lines wait here for the training thread (report_saved): a
         # background write that logged itself would land in the middle of a progress bar.
-        self._done: list[tuple[Path, int, float]] = []
+        self._done: list[tuple[Path | str, int, float]] = []
         self._done_lock = threading.Lock()
         for stale in clean_stale_temporaries(self.directory):
             log.warning("Removed an incomplete checkpoint left by a crash: %s", stale)
@@ -117,34 +139,42 @@ class CheckpointManager:
             log.info("Removed the read lease of a reader that died: %s", lease.name)
 
     # ------------------------------------------------------------------ queries
-    def all(self) -> list[Path]:
+    def all(self) -> list[Path | str]:
         """Every complete checkpoint in the directory.
 
         Returns:
-            Their paths, oldest (lowest step) first.
+            Their paths (URLs on a store), oldest (lowest step) first.
         """
+        if self.remote is not None:
+            return [self.remote.url_of(m["name"]) for m in self.remote.committed()]
         return [path for _, path in complete(self.directory, self._configured())]
 
-    def latest(self) -> Path | None:
+    def latest(self) -> Path | str | None:
         """The complete checkpoint with the highest step, its digests unchecked.
 
         Returns:
-            Its path, or None if there is none.
+            Its path (URL on a store), or None if there is none.
         """
+        if self.remote is not None:
+            found_remote = self.all()
+            return found_remote[-1] if found_remote else None
         found = complete(self.directory, self._configured())
         return found[-1][1] if found else None
 
-    def latest_whole(self) -> Path | None:
+    def latest_whole(self) -> Path | str | None:
         """The newest checkpoint whose files match their manifest.
 
-        Damaged newer ones are skipped with a warning (``find_latest``).
+        Damaged newer ones are skipped with a warning (``find_latest``). On a store: the
+        newest complete one (its objects are checked against the marker when it is read).
 
         Returns:
-            Its path, or None if the directory holds no checkpoint.
+            Its path (URL on a store), or None if the directory holds no checkpoint.
 
         Raises:
             CorruptCheckpointError: Every checkpoint in the directory is damaged.
         """
+        if self.remote is not None:
+            return self.latest()
         try:
             return find_latest(self.directory, self._configured())
         except NotACheckpointError:
@@ -164,7 +194,7 @@ class CheckpointManager:
         metrics: dict[str, Any] | None = None,
         wait: bool = False,
         called: float | None = None,
-    ) -> Path | None:
+    ) -> Path | str | None:
         """Save a model as the next checkpoint of the directory, then apply retention.
 
         Async (``AsyncBackend``): returns once the snapshot is taken; the write goes on in the
@@ -182,7 +212,8 @@ class CheckpointManager:
                 callback, gathering the state), if before this call: counted as held too.
 
         Returns:
-            The checkpoint's path, or None if this step is saved already.
+            The checkpoint's path (its URL on a store), or None if this step is saved
+            already.
 
         Raises:
             ConfigError: ``state`` is not a ``TrainingState``, or the name pattern needs a
@@ -227,7 +258,7 @@ class CheckpointManager:
         blocked.done()  # before any wait: a background write reads it
         if wait:
             self.backend.wait()
-        return path
+        return self.remote.url_of(path.name) if self.remote is not None else path
 
     def _implicit_state(self, model: keras.Model) -> TrainingState:
         step = batches_trained(model)
@@ -253,18 +284,24 @@ class CheckpointManager:
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
             writer.save(model, path, state=state, metadata=metadata)
+            if self.remote is not None:  # complete locally, manifest written: now upload
+                self.remote.publish(path, step=state.global_step, epoch=state.epoch)
         except Exception as error:
             self.records = [r for r in self.records if r["name"] != path.name]
             self._failed(path, error)
             return
         seconds = time.perf_counter() - start
-        self.saved.append(path)
         # The checkpoint is complete: point at it and prune first, so that a TensorBoard
         # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
-        point_latest(self.directory, path)
+        if self.remote is not None:
+            self.saved.append(self.remote.url_of(path.name))
+            self.remote.point_latest(path.name)
+        else:
+            self.saved.append(path)
+            point_latest(self.directory, path)
         deleted = self._apply_retention()
         with self._done_lock:
-            self._done.append((path, state.global_step, seconds))
+            self._done.append((self.saved[-1], state.global_step, seconds))
         if self.board is not None:
             self.board.checkpoint_card(
                 state.global_step,
@@ -307,6 +344,10 @@ class CheckpointManager:
         loading right now stays (with its record) until a later pass. Returns the names
         deleted."""
         keep = retained(self.records, self.policy)
+        if self.remote is not None:
+            gone = on_store.prune(self.remote, self.directory, self.records, keep)
+            self.records = [r for r in self.records if r["name"] not in gone]
+            return gone
         gone = {
             r["name"]
             for r in self.records
@@ -342,10 +383,11 @@ class CheckpointManager:
         if path is None:
             path = self.latest_whole()
             if path is None:
+                where = self.remote.url if self.remote is not None else str(self.directory)
                 raise NotACheckpointError(
-                    f"There is no complete checkpoint in {self.directory} to restore; save one "
+                    f"There is no complete checkpoint in {where} to restore; save one "
                     f"first, or point the manager at the directory holding them. "
-                    f"Received: directory={str(self.directory)!r}"
+                    f"Received: directory={where!r}"
                 )
         checkpoint = load_checkpoint(path, configured=self._configured())
         if model is not None:
@@ -376,7 +418,10 @@ class CheckpointManager:
         are moved, whole, into ``abandoned-<n>/`` of the directory (nothing is deleted), so
         that ``resume=latest`` continues this branch instead of jumping back to that one,
         and no save of this branch replaces one of them under the same name. Returns the
-        folder, or None if there was nothing after ``step``."""
+        folder, or None if there was nothing after ``step``. On a store only their markers
+        move (``RemoteCheckpoints.set_aside``); the objects stay."""
+        if self.remote is not None:
+            return on_store.set_aside_after(self.remote, step)
         damaged: list[tuple[Path, str]] = []
         found = complete(self.directory, self._configured(), damaged)
         later = [path for key, path in found if key[0] > step]

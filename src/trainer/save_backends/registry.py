@@ -28,8 +28,9 @@ from trainer.errors import (
 from trainer.save_backends import hints
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
-from trainer.storage.locations import local_path
+from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import read_lease
+from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.targets import check_exists, set_format_detector
 
 _BUILTIN = {
@@ -292,8 +293,14 @@ def load_checkpoint(
     it alone (``trainer.storage.locks``); if it was replaced, or removed before the lease was
     taken, the read starts over from where the link points now.
 
+    ``path`` may be a URL on object storage (``s3://bucket/run/checkpoints/<name>``, or
+    ``.../checkpoints/latest``): the complete checkpoint it names (its commit marker) is
+    downloaded into the local cache, checked against the marker, then read from there
+    like a local one (``LoadedCheckpoint.path`` is that local copy).
+
     Args:
-        path: A checkpoint, or a link to one (``<run>/checkpoints/latest``).
+        path: A checkpoint, or a link to one (``<run>/checkpoints/latest``); a local
+            path or an ``s3://`` URL.
         custom_objects: Classes and functions by the name the checkpoint records, for custom
             classes that were not registered when saved.
         compile: Compile the model as it was compiled when saved.
@@ -320,9 +327,11 @@ def load_checkpoint(
         RebuildError: A class is found but cannot rebuild from its saved config.
         UnsafeCheckpointError: It holds code (a ``Lambda``) and ``safe_mode`` is true (h5,
             weights; savedmodel revives it from its traces).
-        UnsupportedLocationError: ``path`` is a URL, not a local path.
+        UnsupportedLocationError: ``path`` is a URL of a scheme trainer cannot use.
+        StoreError: The object store cannot be reached or refuses the request (missing
+            bucket, wrong credentials, unreachable endpoint).
     """
-    path = local_path(path, "checkpoint path")
+    path = fetch_remote(path) if is_remote(path) else local_path(path, "checkpoint path")
     kwargs = dict(
         custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
     )
@@ -385,11 +394,22 @@ def _moved(path: Path, target: Path, before: tuple[int, int] | None) -> bool:
     return now != target or _identity(target) != before
 
 
+def fetch_remote(url: str) -> Path:
+    """The local cached copy of the checkpoint ``url`` names (``<dir URL>/<name>``)."""
+    directory, _, name = os.fspath(url).rstrip("/").rpartition("/")
+    if directory.endswith(":/"):  # s3://bucket: a bucket is no checkpoint
+        raise NotACheckpointError(
+            f"{url} names a bucket, not a checkpoint: give <directory URL>/<name> or "
+            f"<directory URL>/latest. Received: {os.fspath(url)!r}"
+        )
+    return RemoteCheckpoints(directory).fetch(name)
+
+
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The metadata of a checkpoint, without building its model.
 
     Args:
-        path: A checkpoint of any registered backend.
+        path: A checkpoint of any registered backend (a local path or an ``s3://`` URL).
 
     Returns:
         Its metadata: backend, format version, versions, the run's config, and the training
@@ -400,5 +420,5 @@ def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
         CorruptCheckpointError: Its metadata cannot be read or has the wrong types.
         IncompatibleFormatError: A newer format version than this trainer reads.
     """
-    path = local_path(path, "checkpoint path")
+    path = fetch_remote(path) if is_remote(path) else local_path(path, "checkpoint path")
     return detect_backend(path).read_metadata(path)

@@ -1,12 +1,14 @@
-"""Where a path may point: this machine's filesystem only, for now.
+"""Where a path may point: this machine's filesystem, or object storage where supported.
 
 A URL such as ``s3://bucket/runs/x`` is a valid relative path to the operating system
 (a folder ``s3:`` in the working directory), so before this check a run configured for
 object storage trained "successfully" into a local folder and a load read it back from
 there: the user believed the checkpoints were on the store. Every place a user names a
 checkpoint, run, export or log location passes it through :func:`local_path`, which
-refuses any URL scheme but ``file://`` with a clear error. Object storage (issue 40) will
-replace the refusal with a real store behind the same function.
+refuses any URL scheme but ``file://`` with a clear error. The places that do keep data on
+object storage (checkpoint directories, ``load_checkpoint``, a run directory: issue 40)
+ask :func:`is_remote` first and hand the URL to ``trainer.storage.remote``; every other
+location (exports, TensorBoard logs, the CLI) still refuses it here.
 """
 
 from __future__ import annotations
@@ -26,6 +28,18 @@ def url_scheme(value: str | os.PathLike) -> str | None:
     """The URL scheme of ``value`` (``"s3"``), or None for a plain path."""
     match = _URL.match(os.fspath(value)) if isinstance(value, str) else None
     return match.group(1).lower() if match else None
+
+
+# URL schemes served by trainer.storage.store (a URL of another scheme is still refused).
+REMOTE_SCHEMES = ("s3",)
+
+
+def is_remote(value: object) -> bool:
+    """Whether ``value`` is a URL of object storage (``s3://...``); a ``file://`` URL or a
+    path is not. An unknown scheme is remote too, so that it reaches the store's clear
+    refusal instead of becoming a local folder."""
+    scheme = url_scheme(value) if isinstance(value, str | os.PathLike) else None
+    return scheme is not None and scheme != "file"
 
 
 def local_path(value: str | os.PathLike, what: str = "path") -> Path:
@@ -49,8 +63,8 @@ def local_path(value: str | os.PathLike, what: str = "path") -> Path:
             )
         return Path(unquote(parts.path))
     raise UnsupportedLocationError(
-        f"The {what} is a {scheme}:// URL, but trainer reads and writes this machine's "
-        f"filesystem only (object storage is not supported yet). A URL would otherwise be "
-        f"taken for a local folder named {scheme + ':'!r}. Use a local path, or a mounted "
-        f"bucket's local path. Received: {value!r}"
+        f"The {what} is a {scheme}:// URL, but trainer reads and writes it on this machine's "
+        f"filesystem only (object storage serves checkpoint directories, load_checkpoint "
+        f"and run_dir, through s3:// URLs). A URL would otherwise be taken for a local "
+        f"folder named {scheme + ':'!r}. Use a local path. Received: {value!r}"
     )

@@ -24,7 +24,8 @@ from hydra.core.config_store import ConfigStore
 from trainer.checkpointing.policy import CheckpointPolicy
 from trainer.errors import ConfigError
 from trainer.exports.exporter import DEFAULT_KEEP
-from trainer.storage.locations import local_path
+from trainer.storage.locations import is_remote, local_path
+from trainer.storage.store import Store
 from trainer.wrapping.pruning import CONFIG_DEFAULTS as PRUNE_DEFAULTS
 
 
@@ -196,8 +197,9 @@ def check_values(cfg: Any) -> None:
 
 
 def check_locations(cfg: Any) -> None:
-    """The run's locations are local paths: a URL (``run_dir=s3://bucket/x``) is refused
-    before anything is written, never taken for a local folder named ``s3:``."""
+    """The run's locations are local paths, but ``run_dir`` may be an s3:// URL
+    (``training.remote_run``): any other URL is refused before anything is written, never
+    taken for a local folder named ``s3:``."""
     resume = cfg.get("resume")
     keys = {"run_dir": cfg.get("run_dir"), "resume_dir": cfg.get("resume_dir")}
     if resume not in (None, "latest", "auto"):
@@ -210,5 +212,7 @@ def check_locations(cfg: Any) -> None:
     if hasattr(trainer, "get"):
         keys["trainer.tensorboard_dir"] = trainer.get("tensorboard_dir")
     for key, value in keys.items():
-        if isinstance(value, str):
+        if key == "run_dir" and is_remote(value):
+            Store(value)  # a supported scheme, the extra installed: checked now
+        elif isinstance(value, str):
             local_path(value, key)

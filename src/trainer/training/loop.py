@@ -24,7 +24,7 @@ from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.storage.atomic import temporary_sibling
 from trainer.tensorboard.board import RunBoard, config_hash, flatten_config, tensorboard_command
-from trainer.training import distribute, resume, run_end, user_callbacks
+from trainer.training import distribute, remote_run, resume, run_end, user_callbacks
 from trainer.training.building import build_metric_variables, build_model
 from trainer.training.instantiation import instantiate
 from trainer.training.progress import RunProgbar, RunProgress, ScalarLogger
@@ -153,7 +153,10 @@ def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str,
 
 
 def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
-    """The run directory of this session and the checkpoint it resumes from (or None)."""
+    """The run directory of this session and the checkpoint it resumes from (or None). A
+    run on object storage: its local mirror, and a local copy of the store's checkpoint."""
+    if remote_run.is_remote_run(cfg):
+        return remote_run.locate(cfg)
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
@@ -271,12 +274,15 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
     checked by ``build_run``), ``middle`` (wrappers' callbacks: masks baked in before
     epoch-end saves; TensorBoard scalars), checkpointing, the epoch cutter; the progress
     bar right after the configured ones."""
+    local = out_dir / cfg.checkpoint.directory
+    on_store = remote_run.is_remote_run(cfg)
     manager = CheckpointManager(
-        out_dir / cfg.checkpoint.directory,
+        remote_run.checkpoint_url(cfg) if on_store else local,
         dist.backend(build_backend(cfg)),
         policy,
         metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
         board=board,
+        staging=local if on_store else None,  # staged locally, then uploaded
     )
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
     if state.global_step:  # resumed: what came after its checkpoint is another branch
@@ -338,10 +344,14 @@ def build_backend(cfg: DictConfig) -> SaveBackend:
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
     """Where everything went; after an interrupt, the command that resumes."""
     state = progress.state
-    log.info("Run directory: %s", run_dir)
-    kept = [p.name for p in manager.all()]  # on disk now: retention removed the rest
+    if remote_run.is_remote_run(cfg):
+        log.info("Run directory: %s (local files: %s)", cfg.run_dir, run_dir)
+    else:
+        log.info("Run directory: %s", run_dir)
+    kept = [os.path.basename(p) for p in manager.all()]  # now: retention removed the rest
     if kept:
-        log.info("Checkpoints:   %s: %s (latest)", manager.directory, ", ".join(kept))
+        where = manager.remote.url if manager.remote is not None else manager.directory
+        log.info("Checkpoints:   %s: %s (latest)", where, ", ".join(kept))
     else:
         log.info("Checkpoints:   none")
     log_dir = run_dir / cfg.trainer.tensorboard_dir
@@ -382,6 +392,8 @@ def report_end_interrupted(cfg: DictConfig, parts: RunParts, interrupt: BaseExce
 
 def hint(cfg: DictConfig, run_dir: Path, checkpoint: Path) -> str:
     """The command that resumes from ``checkpoint`` with this session's own overrides."""
+    if remote_run.is_remote_run(cfg):
+        return remote_run.resume_command(cfg, resume.run_overrides(run_dir))
     return resume.resume_hint(checkpoint, cfg.checkpoint.directory, resume.run_overrides(run_dir))
 
 

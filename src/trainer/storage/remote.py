@@ -1,0 +1,239 @@
+"""Checkpoints on object storage: published by a commit marker written last, found through
+the markers only, deleted marker first, read through a local cache.
+
+A store has no atomic rename, so a checkpoint cannot appear whole under its name the way
+``trainer.storage.atomic`` makes it appear on disk. Instead the backend writes the
+checkpoint into a local directory exactly as it does on disk (manifest, sizes, digests),
+and ``publish`` uploads it object by object, then writes the marker
+``.commits/<name>.json`` last: it lists every object with its size and SHA-256. A writer
+killed during the upload leaves objects without a marker, which nothing reads: listing,
+``latest``, resume and load see a checkpoint only through its marker. Retention deletes the
+marker first, so a kill during the delete leaves objects without a marker again, never a
+marker naming missing objects. ``latest`` is one small object holding a name, replaced by
+a single PUT (a reader sees the old name or the new one).
+
+Layout under a checkpoint directory URL::
+
+    <dir>/<name>/...            a directory checkpoint's files (savedmodel, weights)
+    <dir>/<name>.h5             a single-file checkpoint (h5)
+    <dir>/.commits/<name>.json  its commit marker, written last
+    <dir>/latest                the newest checkpoint's name
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import CorruptCheckpointError, NotACheckpointError
+from trainer.storage import integrity
+from trainer.storage.cache import fetch_objects
+from trainer.storage.store import Store
+
+COMMITS = ".commits"
+LATEST = "latest"
+FORMAT = "trainer-commit"
+VERSION = 1
+log = logging.getLogger(__name__)
+
+
+class RemoteCheckpoints:
+    """The checkpoints of one directory URL (``s3://bucket/run/checkpoints``)."""
+
+    def __init__(self, url: str):
+        self.store = Store(url)
+        self.url = self.store.url
+
+    def __repr__(self) -> str:
+        return f"RemoteCheckpoints({self.url!r})"
+
+    def url_of(self, name: str) -> str:
+        return self.store.url_of(name)
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, local: Path, *, step: int, epoch: int | None = None) -> dict[str, Any]:
+        """Upload the complete local checkpoint ``local`` (a file or a directory) under its
+        name, then its commit marker: from that PUT on it is listed and loadable. A marker
+        of an earlier checkpoint of the same name is deleted first (then its objects), so
+        that no marker ever covers a mix of old and new objects. Returns the marker."""
+        name = local.name
+        self.delete(name)
+        objects = _describe(local)
+        for entry in objects:
+            source = local / entry["path"] if local.is_dir() else local
+            self.store.put_file(source, _object_key(local, name, entry["path"]))
+        marker = {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": name,
+            "kind": "directory" if local.is_dir() else "file",
+            "step": int(step),
+            "epoch": epoch,
+            "written": time.time(),
+            "objects": objects,
+        }
+        self.store.put_bytes(_marker_key(name), json.dumps(marker, indent=1).encode())
+        return marker
+
+    def point_latest(self, name: str) -> None:
+        """Replace ``latest`` with ``name`` in one PUT."""
+        self.store.put_bytes(LATEST, name.encode())
+
+    # -------------------------------------------------------------------- reads
+    def marker(self, name: str) -> dict[str, Any] | None:
+        """The commit marker of ``name``, or None if it is not a complete checkpoint."""
+        data = self.store.get_bytes(_marker_key(name))
+        if data is None:
+            return None
+        return _parse_marker(data, self.url_of(_marker_key(name)))
+
+    def committed(self) -> list[dict[str, Any]]:
+        """The markers of every complete checkpoint, lowest step first (then name); objects
+        without a marker (an upload or a delete that was cut short) are not among them."""
+        found = []
+        for entry in self.store.list(COMMITS):
+            if not entry.endswith(".json"):
+                continue
+            try:
+                marker = self.marker(entry[: -len(".json")])
+            except CorruptCheckpointError as error:
+                log.warning("Skipping a checkpoint with a damaged commit marker: %s", error)
+                continue
+            if marker is not None:  # deleted since it was listed
+                found.append(marker)
+        return sorted(found, key=lambda m: (m["step"], m["name"]))
+
+    def read_latest(self) -> str | None:
+        """The name ``latest`` holds, if that checkpoint is complete; else the newest
+        complete one's; None if there is none."""
+        data = self.store.get_bytes(LATEST)
+        if data is not None:
+            name = data.decode(errors="replace").strip()
+            if name and self.marker(name) is not None:
+                return name
+        found = self.committed()
+        return found[-1]["name"] if found else None
+
+    def resolve(self, name: str) -> tuple[str, dict[str, Any]]:
+        """The checkpoint ``name`` names (``latest`` resolved) with its marker; raises
+        ``NotACheckpointError`` if there is no complete checkpoint of that name."""
+        if name == LATEST:
+            chosen = self.read_latest()
+            if chosen is None:
+                raise NotACheckpointError(
+                    f"{self.url} holds no complete checkpoint, so {self.url_of(LATEST)} names "
+                    f"nothing to load. Save one first, or check the URL. Received: "
+                    f"{self.url_of(LATEST)!r}"
+                )
+            name = chosen
+        marker = self.marker(name)
+        if marker is None:
+            raise NotACheckpointError(
+                f"{self.url_of(name)} is not a complete checkpoint: it has no commit marker "
+                f"({self.url_of(_marker_key(name))}), so it was never completely uploaded, is "
+                f"being deleted, or never existed. Load another checkpoint (the directory's "
+                f"`latest`). Received: {self.url_of(name)!r}"
+            )
+        return name, marker
+
+    def fetch(self, name: str) -> Path:
+        """A verified local copy of the complete checkpoint ``name`` (or ``latest``), from
+        the local cache when an earlier fetch left the same objects there."""
+        name, marker = self.resolve(name)
+        return fetch_objects(self.store, name, marker["kind"], marker["objects"])
+
+    # ------------------------------------------------------------------- delete
+    def delete(self, name: str) -> bool:
+        """Delete checkpoint ``name``: its marker first (from then on it is not listed),
+        then its objects. Returns whether it had a marker."""
+        had = self.store.get_bytes(_marker_key(name)) is not None
+        self.store.delete([_marker_key(name)])
+        keys = [name] if self.store.get_bytes(name) is not None else []
+        keys += [f"{name}/{rel}" for rel in self.store.walk(name)]
+        self.store.delete(keys)
+        return had
+
+    def set_aside(self, names: list[str], folder: str) -> None:
+        """Hide ``names`` from listing without deleting their objects: each marker is
+        copied under ``<folder>/`` and then removed (a resume from an older checkpoint
+        abandons the later ones; a later save of the same name replaces them)."""
+        for name in names:
+            data = self.store.get_bytes(_marker_key(name))
+            if data is None:
+                continue
+            self.store.put_bytes(f"{folder}/{_marker_key(name)}", data)
+            self.store.delete([_marker_key(name)])
+
+
+def _marker_key(name: str) -> str:
+    return f"{COMMITS}/{name}.json"
+
+
+def _object_key(local: Path, name: str, relative: str) -> str:
+    return f"{name}/{relative}" if local.is_dir() else name
+
+
+def _describe(local: Path) -> list[dict[str, Any]]:
+    """Every file of the local checkpoint with its size and SHA-256 (for a directory, the
+    digests its manifest records are reused; only unlisted files, the manifest itself, are
+    read again)."""
+    if not local.is_dir():
+        return [{"path": local.name, **_measure(local)}]
+    known = {}
+    manifest = integrity.read_manifest(local)
+    if manifest is not None:
+        known = {e["path"]: e for e in manifest["files"] if isinstance(e.get("sha256"), str)}
+    objects = []
+    for root, _dirs, names in os.walk(local):
+        for file_name in sorted(names):
+            path = Path(root, file_name)
+            relative = path.relative_to(local).as_posix()
+            entry = known.get(relative)
+            if entry is not None and entry.get("size") == path.stat().st_size:
+                objects.append({"path": relative, "size": entry["size"], "sha256": entry["sha256"]})
+            else:
+                objects.append({"path": relative, **_measure(path)})
+    return sorted(objects, key=lambda e: e["path"])
+
+
+def _measure(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": integrity.file_digest(path)}
+
+
+def _parse_marker(data: bytes, where: str) -> dict[str, Any]:
+    """A marker read back, checked field by field (a store's content is as untrusted as a
+    file's)."""
+    try:
+        marker = json.loads(data)
+        ok = (
+            isinstance(marker, dict)
+            and marker.get("format") == FORMAT
+            and marker.get("kind") in ("file", "directory")
+            and isinstance(marker.get("name"), str)
+            and type(marker.get("step")) is int
+            and isinstance(marker.get("objects"), list)
+            and all(
+                isinstance(e, dict)
+                and isinstance(e.get("path"), str)
+                and type(e.get("size")) is int
+                and isinstance(e.get("sha256"), str)
+                for e in marker["objects"]
+            )
+        )
+    except ValueError:
+        ok = False
+    if not ok:
+        raise CorruptCheckpointError(
+            f"The commit marker {where} is damaged. Delete it (the checkpoint is then "
+            f"ignored) or restore it from a copy. Received: {data[:120]!r}"
+        )
+    if type(marker.get("version")) is not int or marker["version"] > VERSION:
+        raise CorruptCheckpointError(
+            f"The commit marker {where} has version {marker.get('version')!r}, newer than "
+            f"this trainer reads ({VERSION}). Upgrade trainer. Received: {marker.get('version')!r}"
+        )
+    return marker

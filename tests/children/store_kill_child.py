@@ -1,0 +1,60 @@
+"""Child process for the kill tests of checkpoints on a store: SIGKILL itself in the middle
+of a publication or of a retention delete, at a chosen object.
+
+    python store_kill_child.py URL STAGING upload|delete
+
+Two checkpoints are saved with the weights backend (retention keeps 1). ``upload``: the
+second one's upload dies after its first object; ``delete``: retention's delete of the
+first one dies right after the marker is gone (before any of its objects). The kill is
+injected by wrapping ``Store.put_file`` / ``Store.delete`` in this process only: the store
+has no crash point of its own, and a kill at a random moment would rarely land there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+
+from trainer.checkpointing import CheckpointManager, CheckpointPolicy
+from trainer.storage.store import Store
+
+
+def kill_after(method_name: str, calls: int) -> None:
+    real = getattr(Store, method_name)
+    seen = []
+
+    def wrapped(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        seen.append(args)
+        if len(seen) >= calls:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(Store, method_name, wrapped)
+
+
+def main(url: str, staging: str, where: str) -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    x = np.ones((8, 3), "float32")
+    policy = CheckpointPolicy(keep_last=1, async_save=False)
+    manager = CheckpointManager(url, "weights", policy, staging=staging)
+    manager.save(model)
+    model.fit(x, np.zeros((8, 2), "float32"), epochs=1, verbose=0)
+    if where == "upload":
+        kill_after("put_file", 1)
+    else:  # publish deletes its own name first (2 calls), then retention's marker delete
+        kill_after("delete", 3)
+    manager.save(model)
+    print("not killed", flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

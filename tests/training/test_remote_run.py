@@ -1,0 +1,82 @@
+"""``train(cfg)`` / ``python train.py`` with ``run_dir=s3://...``: checkpoints on a real
+S3-compatible server on 127.0.0.1 (``tests/helpers/s3_server``), the rest in a local
+mirror; ``resume=auto`` continues from the store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers.s3_server import objects
+from tests.helpers.train_py import TINY_ARGS, train_py
+from trainer import train
+from trainer.checkpointing import all_variables
+from trainer.errors import ConfigError, UnsupportedLocationError
+from trainer.save_backends import load_checkpoint
+
+RUN = ["model=mlp", "model.dropout=0.3", "save=weights", "checkpoint.policy.keep_last=2"]
+
+
+def _final(url: str):
+    checkpoint = load_checkpoint(f"{url}/checkpoints/latest")
+    return [np.asarray(v) for v in all_variables(checkpoint.model)], checkpoint.state
+
+
+def test_interrupted_run_on_the_store_resumes_to_the_same_weights(
+    compose_cfg, s3_bucket, s3_server
+):
+    """Stopped by SIGTERM after step 4 of 6 and re-run with resume=auto (the command a
+    preempted job repeats), the run ends where a run never stopped ends."""
+    straight = f"{s3_bucket}/straight"
+    train(compose_cfg(*RUN, f"run_dir={straight}"))
+    expected, expected_state = _final(straight)
+
+    broken = f"{s3_bucket}/broken"
+    hook = "+callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}"
+    train(compose_cfg(*RUN, f"run_dir={broken}", "resume=auto", hook))
+    assert _final(broken)[1].global_step == 5  # stopped after the batch in flight
+    train(compose_cfg(*RUN, f"run_dir={broken}", "resume=auto"))
+    actual, actual_state = _final(broken)
+    assert actual_state.global_step == expected_state.global_step == 6
+    for got, want in zip(actual, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    keys = objects(s3_server, f"{broken}/checkpoints")
+    assert len([k for k in keys if k.startswith(".commits/")]) == 2  # keep_last=2, on the store
+
+
+def test_a_fresh_run_over_a_run_on_the_store_is_refused(compose_cfg, s3_bucket):
+    url = f"{s3_bucket}/run"
+    train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
+    with pytest.raises(ConfigError, match="already holds 1 checkpoint"):
+        train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
+
+
+def test_resume_auto_skips_a_damaged_newest_checkpoint_on_the_store(
+    compose_cfg, s3_bucket, s3_server
+):
+    """An object changed after its checkpoint was published fails that checkpoint's
+    digest check: the run resumes from the one before, as from a damaged one on disk."""
+    url = f"{s3_bucket}/run"
+    every_step = [*RUN, "checkpoint.policy.every_n_steps=1", "trainer.epochs=1"]
+    train(compose_cfg(*every_step, f"run_dir={url}"))
+    newest = sorted(
+        k for k in objects(s3_server, f"{url}/checkpoints") if k.startswith(".commits/")
+    )
+    name = newest[-1][len(".commits/") : -len(".json")]
+    damaged = next(k for k in objects(s3_server, f"{url}/checkpoints") if k.startswith(name + "/"))
+    s3_server.fs.pipe_file(f"{url[5:]}/checkpoints/{damaged}", b"changed")
+    train(compose_cfg(*every_step, f"run_dir={url}", "resume=auto"))
+    assert load_checkpoint(f"{url}/checkpoints/latest").state.global_step == 3
+
+
+def test_an_unknown_scheme_is_refused_before_anything_is_written(compose_cfg, tmp_path):
+    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
+        train(compose_cfg(*RUN, "run_dir=gs://bucket/run", "resume=auto"))
+
+
+def test_train_py_on_a_missing_bucket_is_one_error_line_and_exit_2(s3_bucket, tmp_path):
+    proc = train_py(*TINY_ARGS, "run_dir=s3://no-such-bucket-y/run", "resume=auto", cwd=tmp_path)
+    assert proc.returncode == 2, proc.output
+    errors = [line for line in proc.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bucket 'no-such-bucket-y'" in errors[0], proc.output
+    assert not (tmp_path / "s3:").exists()
