@@ -33,9 +33,10 @@ from trainer.save_backends import load_checkpoint, read_checkpoint_metadata
 # differ (start-up: a re-run that finds no checkpoint and starts fresh; training: resuming
 # mid-epoch or at an epoch end, from a save or retention cut short; end: the final save or
 # the export cut short, or a finished run re-run), a second mid-run one for the default
-# backend. 10 SIGKILLs in all, each at a random moment of its phase; it was 20 spread at
-# random (about 14 of them mid-run), and every kill costs a TensorFlow start-up. Kills aimed
-# at saves in flight are tests/checkpointing/test_resume_and_retention.py's.
+# backend. 10 SIGKILLs in all, each at a random moment of its phase. It was 20 at randomly
+# drawn phases: a phase could go unhit for a backend, and once a kill had landed after the
+# last checkpoint, every later one hit a re-run of the finished run. Each kill costs a start
+# of TensorFlow. Kills aimed at saves in flight are test_resume_and_retention.py's.
 KILLS = {
     "weights": ("start-up", "training", "training", "end"),
     "h5": ("start-up", "training", "end"),
