@@ -16,8 +16,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
 
-# How a traced function's inputs differ from a call's, worst first: a dtype needs the
-# subclassed-model advice below, the other kinds need the inputs the traces accept.
+# The difference that gets the advice on declaring a subclassed model's input dtypes.
 _DTYPE = "dtype"
 
 
