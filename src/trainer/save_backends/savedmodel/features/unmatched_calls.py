@@ -28,6 +28,12 @@ def _kind(spec: Any) -> str:
     return "dense"
 
 
+def _described_kind(spec: Any) -> str:
+    if isinstance(spec, tf.RaggedTensorSpec):
+        return f"ragged (ragged_rank {spec.ragged_rank})"
+    return _kind(spec)
+
+
 def _spec(value: Any) -> Any:
     return tf.type_spec_from_value(value) if tf.is_tensor(value) else value
 
@@ -49,6 +55,13 @@ def differences(traced: Any, given: Any) -> list[tuple[str, str]]:
     for i, (w, h) in enumerate(zip(want_specs, have_specs, strict=True)):
         if _kind(w) != _kind(h):
             found.append(("kind", f"input {i} is {_kind(h)}, where it takes {_kind(w)}"))
+        elif _kind(w) == "ragged" and w.ragged_rank != h.ragged_rank:
+            found.append(
+                (
+                    "kind",
+                    f"input {i} has ragged_rank {h.ragged_rank}, where it takes {w.ragged_rank}",
+                )
+            )
         elif w.dtype != h.dtype:
             found.append((_DTYPE, f"input {i} is {h.dtype.name}, where it takes {w.dtype.name}"))
         elif w.shape.rank is not None and h.shape.rank != w.shape.rank:
@@ -77,7 +90,7 @@ def unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Excep
     described = []
     for number, (trace, diffs) in enumerate(zip(traces, found, strict=True), 1):
         accepts = ", ".join(
-            f"{_kind(s)} {s.dtype.name} {_shape(s)}"
+            f"{_described_kind(s)} {s.dtype.name} {_shape(s)}"
             for s in tf.nest.flatten(trace)
             if isinstance(s, tf.TypeSpec)
         )
