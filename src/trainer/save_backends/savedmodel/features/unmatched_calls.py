@@ -16,8 +16,7 @@ from trainer._compat import keras as keras_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import RevivedCallError
 
-# How a traced function's inputs differ from a call's, worst first: a dtype needs the
-# subclassed-model advice below, the other kinds need the inputs the traces accept.
+# The difference that gets the advice on declaring a subclassed model's input dtypes.
 _DTYPE = "dtype"
 
 
@@ -27,6 +26,12 @@ def _kind(spec: Any) -> str:
     if isinstance(spec, tf.SparseTensorSpec):
         return "sparse"
     return "dense"
+
+
+def _described_kind(spec: Any) -> str:
+    if isinstance(spec, tf.RaggedTensorSpec):
+        return f"ragged (ragged_rank {spec.ragged_rank})"
+    return _kind(spec)
 
 
 def _spec(value: Any) -> Any:
@@ -50,6 +55,13 @@ def differences(traced: Any, given: Any) -> list[tuple[str, str]]:
     for i, (w, h) in enumerate(zip(want_specs, have_specs, strict=True)):
         if _kind(w) != _kind(h):
             found.append(("kind", f"input {i} is {_kind(h)}, where it takes {_kind(w)}"))
+        elif _kind(w) == "ragged" and w.ragged_rank != h.ragged_rank:
+            found.append(
+                (
+                    "kind",
+                    f"input {i} has ragged_rank {h.ragged_rank}, where it takes {w.ragged_rank}",
+                )
+            )
         elif w.dtype != h.dtype:
             found.append((_DTYPE, f"input {i} is {h.dtype.name}, where it takes {w.dtype.name}"))
         elif w.shape.rank is not None and h.shape.rank != w.shape.rank:
@@ -78,7 +90,7 @@ def unmatched_call(layer: Any, function: Any, args: Any, kwargs: Any, err: Excep
     described = []
     for number, (trace, diffs) in enumerate(zip(traces, found, strict=True), 1):
         accepts = ", ".join(
-            f"{_kind(s)} {s.dtype.name} {_shape(s)}"
+            f"{_described_kind(s)} {s.dtype.name} {_shape(s)}"
             for s in tf.nest.flatten(trace)
             if isinstance(s, tf.TypeSpec)
         )

@@ -148,12 +148,8 @@ def declared_batch(model: keras.Model, structure: Any) -> Any | None:
     flat = tf.nest.flatten(structure)
     if keras_compat.is_functional(model) or isinstance(model, keras.Sequential):
         inputs = list(getattr(model, "inputs", None) or [])
-    else:  # a subclassed model on one input: the shape it was built on, first dim included
-        shape = (model.get_build_config() or {}).get("input_shape")
-        plain = isinstance(shape, tuple | list) and all(
-            d is None or isinstance(d, int) for d in shape
-        )
-        inputs = [tf.TensorSpec(tuple(shape))] if plain else []
+    else:  # a subclassed model: the shapes it was built on, first dimension included
+        inputs = _built_shapes((model.get_build_config() or {}).get("input_shape"))
     if len(inputs) != len(flat) or not all(isinstance(s, tf.TensorSpec) for s in flat):
         return None
     declared = [tuple(x.shape) for x in inputs]
@@ -164,6 +160,22 @@ def declared_batch(model: keras.Model, structure: Any) -> Any | None:
         for spec, shape in zip(flat, declared, strict=True)
     ]
     return tf.nest.pack_sequence_as(structure, typed)
+
+
+def _built_shapes(shape: Any) -> list[tf.TensorSpec]:
+    """Specs of the shape (or list of shapes) in a subclassed model's build config; none
+    for any other structure (a dict of inputs)."""
+
+    def plain(value: Any) -> bool:
+        return isinstance(value, tuple | list) and all(
+            d is None or isinstance(d, int) for d in value
+        )
+
+    if plain(shape):
+        return [tf.TensorSpec(tuple(shape))]
+    if isinstance(shape, tuple | list) and shape and all(plain(s) for s in shape):
+        return [tf.TensorSpec(tuple(s)) for s in shape]
+    return []
 
 
 def composite_inputs(model: keras.Model, structure: Any) -> Any:
