@@ -21,7 +21,7 @@ def test_digits_load_without_scikit_learn(monkeypatch):
     assert splits.x_train.shape == (1438, 8, 8, 1) and splits.x_val.shape == (359, 8, 8, 1)
     assert splits.x_train.dtype == np.float32 and splits.y_train.dtype == np.int32
     assert splits.num_classes == 10
-    assert 0.0 <= splits.x_train.min() and splits.x_train.max() == 1.0
+    assert splits.x_train.min() >= 0.0 and splits.x_train.max() == 1.0
 
 
 def test_shipped_digits_are_the_published_ones():

@@ -7,8 +7,8 @@ rebuilt in any process and a resumed run can skip the batches it already consume
 from __future__ import annotations
 
 import dataclasses
-from importlib import resources
 import os
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
