@@ -150,6 +150,8 @@ def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str,
         parts.board.close()
         report_end_interrupted(cfg, parts, interrupt)
         return dict(parts.state.metrics)
+    finally:
+        parts.manager.release()  # on a store: the next writer need not wait for the expiry
 
 
 def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
