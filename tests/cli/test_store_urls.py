@@ -39,7 +39,7 @@ def test_inspect_and_verify_a_checkpoint_url(saved, capsys):
 
 
 def test_verify_names_an_object_damaged_on_the_store(saved, s3_server, capsys):
-    key = f"{saved[len('s3://'):]}/step-00000007/model.weights.h5"
+    key = f"{saved[len('s3://') :]}/step-00000007/model.weights.h5"
     data = bytearray(s3_server.fs.cat_file(key))
     data[-1] ^= 0xFF
     s3_server.fs.pipe_file(key, bytes(data))
