@@ -426,7 +426,7 @@ class CheckpointManager:
         folder, or None if there was nothing after ``step``. On a store only their markers
         move (``RemoteCheckpoints.set_aside``); the objects stay."""
         if self.remote is not None:
-            self.lease.hold()  # moving markers is writing
+            self.claim()  # moving markers is writing
             return on_store.set_aside_after(self.remote, step)
         damaged: list[tuple[Path, str]] = []
         found = complete(self.directory, self._configured(), damaged)
@@ -487,6 +487,17 @@ class CheckpointManager:
         if self.board is not None and deleted:
             for name in deleted:
                 self.board.checkpoint_deleted(self._last_saved_step or 0, name)
+
+    def claim(self) -> None:
+        """On a store: take (or renew) the writer's lease now rather than at the first
+        save, so that a second writer is refused before it trains (``train(cfg)`` does).
+        Nothing to do on disk.
+
+        Raises:
+            DirectoryInUseError: Another live writer holds the directory's lease.
+        """
+        if self.lease is not None:
+            self.lease.hold()
 
     def release(self) -> None:
         """On a store: give up the writer's lease now (after ``wait``), so that another

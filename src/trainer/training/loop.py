@@ -286,6 +286,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
         board=board,
         staging=local if on_store else None,  # staged locally, then uploaded
     )
+    manager.claim()  # on a store: a second writer is refused now, before it trains
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
     if state.global_step:  # resumed: what came after its checkpoint is another branch
         manager.set_aside_after(state.global_step)
