@@ -106,6 +106,16 @@ def test_closing_releases_the_lease_for_the_next_writer(s3_bucket, s3_server, tm
         assert str(_save(second, model, 2)).endswith("step-00000002")
 
 
+def test_a_holder_whose_lease_was_deleted_creates_it_again(s3_bucket, s3_server, tmp_path, model):
+    url = f"{s3_bucket}/ckpts"
+    with _manager(url, tmp_path, "one") as manager:
+        _save(manager, model, 1)
+        token = _lease(s3_server, url)["token"]
+        s3_server.fs.rm_file(f"{url[len('s3://') :]}/{LEASE}")
+        _save(manager, model, 2)  # no other writer took it: the holder carries on
+        assert _lease(s3_server, url)["token"] == token
+
+
 def test_a_dead_holder_on_this_host_is_taken_over_at_once(s3_bucket, s3_server, tmp_path, model):
     """A job SIGKILLed and restarted on the same machine need not wait out the expiry."""
     url = f"{s3_bucket}/ckpts"

@@ -79,6 +79,10 @@ class Lease:
             self._acquire()
             return
         current = self._read()
+        if current is None:  # deleted by hand, or by a taker not done yet: ours if we win
+            if self.store.put_bytes(LEASE, self._body(), exclusive=True):
+                return
+            current = self._read()
         if current is None or current.get("token") != self.token:
             self.token = None
             raise self._refusal(
