@@ -4,6 +4,9 @@ mirror; ``resume=auto`` continues from the store."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import numpy as np
 import pytest
 
@@ -11,8 +14,10 @@ from tests.helpers.s3_server import objects
 from tests.helpers.train_py import TINY_ARGS, train_py
 from trainer import train
 from trainer.checkpointing import all_variables
-from trainer.errors import ConfigError, UnsupportedLocationError
+from trainer.errors import ConfigError, DirectoryInUseError, UnsupportedLocationError
 from trainer.save_backends import load_checkpoint
+from trainer.storage.lease import LEASE
+from trainer.storage.store import Store
 
 RUN = ["model=mlp", "model.dropout=0.3", "save=weights", "checkpoint.policy.keep_last=2"]
 
@@ -49,6 +54,20 @@ def test_a_fresh_run_over_a_run_on_the_store_is_refused(compose_cfg, s3_bucket):
     train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
     with pytest.raises(ConfigError, match="already holds 1 checkpoint"):
         train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
+
+
+def test_a_second_writer_of_a_run_on_the_store_is_refused_before_training(
+    compose_cfg, s3_bucket, s3_server
+):
+    """Another machine's live writer holds the checkpoint directory's lease: ``train``
+    stops with DirectoryInUseError before it trains or writes anything there."""
+    url = f"{s3_bucket}/run"
+    other = {"host": "other-machine", "pid": 4242, "token": "t", "expires": time.time() + 600}
+    Store(f"{url}/checkpoints").put_bytes(LEASE, json.dumps(other).encode())
+    with pytest.raises(DirectoryInUseError, match="PID 4242 on host other-machine"):
+        train(compose_cfg(*RUN, f"run_dir={url}", "trainer.epochs=1"))
+    assert objects(s3_server, f"{url}/checkpoints") == [LEASE]
+    assert json.loads(s3_server.fs.cat_file(f"{url[5:]}/checkpoints/{LEASE}")) == other
 
 
 def test_resume_auto_skips_a_damaged_newest_checkpoint_on_the_store(

@@ -270,6 +270,7 @@ class Checkpoint(keras.callbacks.Callback):
         if self._pending_logs is not None or (self.policy.on_train_end and not self.interrupted):
             self.save(self._pending_logs or self.state.metrics, wait=True)
         self.manager.wait()
+        self.manager.release()  # on a store: its writer's lease; a later fit takes it again
 
     @property
     def interrupted(self) -> bool:

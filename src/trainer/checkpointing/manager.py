@@ -46,6 +46,7 @@ from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, check_record, copy_json_like
 from trainer.storage.atomic import clean_stale_temporaries, first_unused
 from trainer.storage.cache import staging_dir
+from trainer.storage.lease import Lease
 from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import remove_dead_leases, remove_unless_read
 from trainer.storage.remote import RemoteCheckpoints
@@ -108,8 +109,10 @@ class CheckpointManager:
     ):
         _check_arguments(directory, backend, policy, metadata)
         self.remote: RemoteCheckpoints | None = None
+        self.lease: Lease | None = None  # one writer per URL: taken at the first write
         if is_remote(directory):
             self.remote = RemoteCheckpoints(os.fspath(directory))
+            self.lease = Lease(self.remote.store)
             self.remote.store.check_bucket()  # a wrong URL fails now, not at the first save
             staging = staging if staging is not None else staging_dir(self.remote.url)
         self.directory = local_path(
@@ -234,6 +237,8 @@ class CheckpointManager:
             return None
         self._last_saved_step = state.global_step
         self.backend.wait()  # one write in flight; its retention applied; raises its failure
+        if self.lease is not None:  # taken, or renewed; refused if another writer has it
+            self.lease.hold()  # after the previous upload: the expiry counts from its end
         metrics = scalar_metrics(metrics)
         name = format_name(
             self.policy.name, step=state.global_step, epoch=state.epoch, metrics=metrics
@@ -421,6 +426,7 @@ class CheckpointManager:
         folder, or None if there was nothing after ``step``. On a store only their markers
         move (``RemoteCheckpoints.set_aside``); the objects stay."""
         if self.remote is not None:
+            self.claim()  # moving markers is writing
             return on_store.set_aside_after(self.remote, step)
         damaged: list[tuple[Path, str]] = []
         found = complete(self.directory, self._configured(), damaged)
@@ -465,16 +471,40 @@ class CheckpointManager:
             self.report_saved()
 
     def close(self) -> None:
-        """No more saves: wait for the writes in flight (``wait``).
+        """No more saves: wait for the writes in flight (``wait``), then, on a store,
+        release the writer's lease (a later save takes it again).
 
         Raises:
             SaveError: A background write failed.
         """
-        self.wait()
-        deleted = self._apply_retention()  # what a reader's lease kept during the last pass
+        try:
+            self.wait()
+            if self.lease is not None and not self.lease.held:
+                return  # wrote nothing on the store: nothing to prune, no lease to hold
+            deleted = self._apply_retention()  # what a reader's lease kept in the last pass
+        finally:
+            self.release()
         if self.board is not None and deleted:
             for name in deleted:
                 self.board.checkpoint_deleted(self._last_saved_step or 0, name)
+
+    def claim(self) -> None:
+        """On a store: take (or renew) the writer's lease now rather than at the first
+        save, so that a second writer is refused before it trains (``train(cfg)`` does).
+        Nothing to do on disk.
+
+        Raises:
+            DirectoryInUseError: Another live writer holds the directory's lease.
+        """
+        if self.lease is not None:
+            self.lease.hold()
+
+    def release(self) -> None:
+        """On a store: give up the writer's lease now (after ``wait``), so that another
+        writer may start at once instead of after its expiry. A later save takes it again.
+        Nothing to do on disk."""
+        if self.lease is not None:
+            self.lease.release()
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 from trainer.errors import TrainerError, UnsafeCheckpointError, UnsupportedLocationError
-from trainer.storage.locations import local_path
+from trainer.storage.locations import is_remote, local_path
 
 EXIT_USAGE = 2
 
@@ -46,6 +46,7 @@ COMMANDS = {
 CHECKPOINT_HELP = (
     "a checkpoint of any backend (directory or .h5 file), e.g. a run's checkpoints/latest"
 )
+STORE_HELP = "; or on object storage: s3://<checkpoint dir>/<name> or .../latest"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -66,7 +67,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help="one of the commands below; COMMAND --help explains its arguments",
     )
 
-    def command(name: str, summary: str, *positionals: tuple[str, str]) -> argparse.ArgumentParser:
+    def command(name: str, summary: str, *positionals: tuple) -> argparse.ArgumentParser:
         sub = commands.add_parser(
             name,
             help=summary,
@@ -74,8 +75,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
             epilog=f"example:\n  {EXAMPLES[name].format(prog=prog)}",
             formatter_class=formatter,
         )
-        for dest, text in positionals:
-            sub.add_argument(dest, type=_local, help=text)
+        for dest, text, *kind in positionals:  # (dest, help[, type]): a local path by default
+            sub.add_argument(dest, type=kind[0] if kind else _local, help=text)
         sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
         return sub
 
@@ -92,20 +93,29 @@ def _local(text: str) -> Path:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _local_or_url(text: str) -> Path | str:
+    """A path argument that may also be an object-storage URL, kept as the URL: the
+    command fetches the checkpoint (``trainer.save_backends.registry.fetch_remote``); an
+    unsupported scheme is refused there with one line."""
+    return text if is_remote(text) else _local(text)
+
+
 def _add_commands(command) -> None:
     """Every command, through ``command(name, summary, *positionals)`` (``build_parser``)."""
     command(
         "inspect",
         "describe a checkpoint or serving export: backend, step, metrics, signatures and "
         "the layer tree (layers revived from traced functions are marked)",
-        ("path", CHECKPOINT_HELP + ", or a serving export's version directory"),
-    )
+        ("path", CHECKPOINT_HELP + ", or a serving export's version directory" + STORE_HELP,
+         _local_or_url),
+    )  # fmt: skip
     verify = command(
         "verify",
         "check every file of a checkpoint or serving export against its manifest, then "
         "load it (an export: load and answer serving_default, count its warmup requests)",
-        ("path", CHECKPOINT_HELP + ", or a serving export's version directory"),
-    )
+        ("path", CHECKPOINT_HELP + ", or a serving export's version directory" + STORE_HELP,
+         _local_or_url),
+    )  # fmt: skip
     verify.add_argument(
         "--files-only", action="store_true", help="check the files only; do not rebuild the model"
     )

@@ -19,12 +19,16 @@ from trainer.errors import TrainerError
 from trainer.exports.exporter import is_export, read_export_metadata
 from trainer.model_state.serving import format_signatures, model_signatures, saved_model_signatures
 from trainer.save_backends import legacy, load_checkpoint
+from trainer.save_backends.registry import fetch_remote
+from trainer.storage.locations import is_remote
 from trainer.tensorboard.board import LINK_KEY, resolve_link, tensorboard_command
 
 
 def run(args: argparse.Namespace) -> int:
-    """``inspect PATH [--json]``."""
-    return run_inspect(args.path, as_json=args.json)
+    """``inspect PATH [--json]``; a URL is described from its verified local copy (the
+    store's cache: the same download a load or a resume uses)."""
+    path = fetch_remote(args.path) if is_remote(args.path) else args.path
+    return run_inspect(path, as_json=args.json)
 
 
 def run_inspect(path: Path, *, as_json: bool) -> int:

@@ -22,13 +22,17 @@ from trainer.errors import CorruptCheckpointError, IntegrityError
 from trainer.exports.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, count_warmup
 from trainer.model_state.serving import SERVING_KEY
 from trainer.save_backends import detect_backend
+from trainer.save_backends.registry import fetch_remote
 from trainer.storage import integrity
-from trainer.storage.locations import local_path
+from trainer.storage.locations import is_remote, local_path
 
 
 def run(args: argparse.Namespace) -> int:
-    """``verify PATH [--files-only] [--json]``."""
-    report = verify_checkpoint(args.path, load=not args.files_only)
+    """``verify PATH [--files-only] [--json]``. A URL: its objects are checked against
+    the commit marker's sizes and SHA-256 while downloaded (``fetch_remote``), then the
+    local copy is verified as any checkpoint (manifest, then the load)."""
+    path = fetch_remote(args.path) if is_remote(args.path) else args.path
+    report = verify_checkpoint(path, load=not args.files_only)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
     return 0
 

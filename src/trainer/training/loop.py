@@ -150,6 +150,8 @@ def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str,
         parts.board.close()
         report_end_interrupted(cfg, parts, interrupt)
         return dict(parts.state.metrics)
+    finally:
+        parts.manager.release()  # on a store: the next writer need not wait for the expiry
 
 
 def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
@@ -284,6 +286,7 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
         board=board,
         staging=local if on_store else None,  # staged locally, then uploaded
     )
+    manager.claim()  # on a store: a second writer is refused now, before it trains
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
     if state.global_step:  # resumed: what came after its checkpoint is another branch
         manager.set_aside_after(state.global_step)

@@ -1,0 +1,176 @@
+"""One writer per checkpoint directory on object storage: a lease object.
+
+On disk a second writer is kept off by an advisory lock (``trainer.storage.locks``); a
+store has no locks, and two machines share nothing else. What it has is a conditional
+create (``If-None-Match: *``, ``Store.put_bytes(exclusive=True)``): of two writers creating
+``<dir>/.lease.json`` at once, exactly one succeeds. The lease names its holder (host, PID,
+a random token) and an expiry time. The holder renews it at each save (a plain PUT, after
+reading it back to check that the token is still its own) and deletes it when it closes. A
+writer that died (SIGKILL, a lost machine) cannot release it, so a lease past its expiry is
+taken over: deleted, then created again exclusively; whoever loses that second race is
+refused. A holder on this host whose process is gone is taken over at once, without
+waiting for the expiry (a killed job restarted on the same machine).
+
+The expiry (``TRAINER_STORE_LEASE_SECONDS``, default 600) must exceed the longest time
+between two saves of a live writer: a lease not renewed for that long is taken to be a dead
+writer's. Ten minutes covers the save interval and upload of most runs, and is how long a
+job restarted on *another* machine after a SIGKILL waits at most (a run stopped by SIGTERM
+or ending normally releases its lease at once). A holder that finds its lease taken over
+stops with ``DirectoryInUseError`` at its next save instead of writing beside the new one.
+The check-then-PUT of a renewal is not atomic: a takeover landing between the two is
+overwritten by the old holder once, and the new holder then stops at its own next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from typing import Any
+
+from trainer.errors import ConfigError, DirectoryInUseError
+from trainer.storage.store import Store
+
+LEASE = ".lease.json"
+ENV = "TRAINER_STORE_LEASE_SECONDS"
+DEFAULT_SECONDS = 600.0
+
+
+def lease_seconds() -> float:
+    """The lease's lifetime from ``TRAINER_STORE_LEASE_SECONDS`` (default 600)."""
+    raw = os.environ.get(ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(
+            f"{ENV} must be a positive number of seconds (how long a checkpoint writer's "
+            f"lease on object storage lasts without a save). Set it to e.g. 600 or unset it. "
+            f"Received: {raw!r}"
+        )
+    return seconds
+
+
+class Lease:
+    """This process's claim to write the checkpoint directory ``store`` holds."""
+
+    def __init__(self, store: Store, seconds: float | None = None):
+        self.store = store
+        self.seconds = lease_seconds() if seconds is None else float(seconds)
+        self.token: str | None = None  # set while held
+
+    @property
+    def url(self) -> str:
+        return self.store.url_of(LEASE)
+
+    @property
+    def held(self) -> bool:
+        return self.token is not None
+
+    def hold(self) -> None:
+        """Acquire the lease, or renew it if held. Raises ``DirectoryInUseError`` if
+        another live writer holds it, or if this one's was taken over."""
+        if self.token is None:
+            self._acquire()
+            return
+        current = self._read()
+        if current is None:  # deleted by hand, or by a taker not done yet: ours if we win
+            if self.store.put_bytes(LEASE, self._body(), exclusive=True):
+                return
+            current = self._read()
+        if current is None or current.get("token") != self.token:
+            self.token = None
+            raise self._refusal(
+                current,
+                "this writer's lease expired and was taken over (no save renewed it within "
+                f"{self.seconds:g} s), so another writer may be saving there now",
+            )
+        self.store.put_bytes(LEASE, self._body())
+
+    def release(self) -> None:
+        """Delete the lease if it is still this writer's (never another's)."""
+        token, self.token = self.token, None
+        if token is None:
+            return
+        current = self._read()
+        if current is not None and current.get("token") == token:
+            self.store.delete([LEASE])
+
+    # ----------------------------------------------------------------- internals
+    def _acquire(self) -> None:
+        token = secrets.token_hex(16)
+        if self.store.put_bytes(LEASE, self._body(token), exclusive=True):
+            self.token = token
+            return
+        current = self._read()
+        if current is not None and not _dead(current):
+            raise self._refusal(current, "another writer holds its lease")
+        # Expired (or its process is gone): take it over. Of two writers doing this at
+        # once, both may delete, but only one exclusive create succeeds.
+        self.store.delete([LEASE])
+        if not self.store.put_bytes(LEASE, self._body(token), exclusive=True):
+            raise self._refusal(self._read(), "another writer took the expired lease first")
+        self.token = token
+
+    def _body(self, token: str | None = None) -> bytes:
+        return json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "token": token or self.token,
+                "expires": time.time() + self.seconds,
+            }
+        ).encode()
+
+    def _read(self) -> dict[str, Any] | None:
+        """The lease's content; an unreadable one counts as expired ({})."""
+        data = self.store.get_bytes(LEASE)
+        if data is None:
+            return None
+        try:
+            content = json.loads(data)
+        except ValueError:
+            return {}
+        return content if isinstance(content, dict) else {}
+
+    def _refusal(self, current: dict[str, Any] | None, why: str) -> DirectoryInUseError:
+        current = current or {}
+        expires = current.get("expires")
+        until = (
+            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+            if isinstance(expires, int | float)
+            else "unknown"
+        )
+        return DirectoryInUseError(
+            f"{self.store.url} cannot be written: {why}: PID {current.get('pid', '?')} on "
+            f"host {current.get('host', '?')}, lease valid until {until}. Two writers on one "
+            f"checkpoint directory would delete each other's checkpoints. Wait for that run "
+            f"to finish or stop it, write to another URL, or, if it is surely dead, delete "
+            f"{self.url} (its lease lasts {ENV}={self.seconds:g} s without a save). "
+            f"Received: {self.url!r}"
+        )
+
+
+def _dead(current: dict[str, Any]) -> bool:
+    """Whether the holder is gone: its lease expired (or is unreadable), or it ran on this
+    host and its process no longer exists."""
+    expires = current.get("expires")
+    if not isinstance(expires, int | float) or expires <= time.time():
+        return True
+    pid = current.get("pid")
+    if current.get("host") != socket.gethostname() or type(pid) is not int or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return False  # another manager of this very process: live
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # exists, owned by another user
+    return False
