@@ -403,8 +403,17 @@ class CheckpointManager:
 
     def adopt(self, state: TrainingState) -> None:
         """Continue from a restored ``state``: its retention records; its step is saved.
+
         Each record names a checkpoint retention may delete: checked again here, since a
-        state may be built by hand as well as read from a checkpoint (``check_record``)."""
+        state may be built by hand as well as read from a checkpoint (``check_record``).
+
+        Args:
+            state: The training state of the checkpoint training continues from.
+
+        Raises:
+            CorruptCheckpointError: A retention record names no checkpoint of this
+                directory (nothing outside it is ever deleted).
+        """
         for record in state.checkpoints:
             try:
                 check_record(record)
@@ -422,9 +431,15 @@ class CheckpointManager:
         newest: the checkpoints after it belong to the continuation that is abandoned. They
         are moved, whole, into ``abandoned-<n>/`` of the directory (nothing is deleted), so
         that ``resume=latest`` continues this branch instead of jumping back to that one,
-        and no save of this branch replaces one of them under the same name. Returns the
-        folder, or None if there was nothing after ``step``. On a store only their markers
-        move (``RemoteCheckpoints.set_aside``); the objects stay."""
+        and no save of this branch replaces one of them under the same name. On a store
+        only their markers move (``RemoteCheckpoints.set_aside``); the objects stay.
+
+        Args:
+            step: The step of the checkpoint training continues from.
+
+        Returns:
+            The ``abandoned-<n>`` folder, or None if there was nothing after ``step``.
+        """
         if self.remote is not None:
             self.claim()  # moving markers is writing
             return on_store.set_aside_after(self.remote, step)
@@ -456,7 +471,11 @@ class CheckpointManager:
     def prepare(self, model: keras.Model) -> None:
         """Training of ``model`` starts: an async backend builds its shadow copy now and
         warms its writes in the background (``AsyncBackend.prepare``), so that no save of
-        the run waits for that one-time work. Writes nothing into the directory."""
+        the run waits for that one-time work. Writes nothing into the directory.
+
+        Args:
+            model: The model about to train.
+        """
         self.backend.prepare(model)
 
     def wait(self) -> None:

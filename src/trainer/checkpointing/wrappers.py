@@ -200,7 +200,16 @@ class AsyncBackend(WrappingBackend):
 
         The traced copy is built by ``prepare`` at the start of training; without it (or
         when the model's variables changed since), this save copies variable by variable
-        and the traced copy is built in the background after its write."""
+        and the traced copy is built in the background after its write.
+
+        Args:
+            model: The model to save.
+            job: The save: called with the backend that writes it and the model to write.
+
+        Raises:
+            SaveError: The previous background write failed (reported here, at the next
+                save, since its own caller has moved on).
+        """
         self.writer.wait()  # one write in flight; raises an earlier failure
         current = _variable_ids(model)
         if current != self._checked:  # once per set of variables: refusals are structural
@@ -238,7 +247,14 @@ class AsyncBackend(WrappingBackend):
         write. Called at the start of training: that work then overlaps the first epoch
         instead of holding the first save (the shadow) and the second (the first write's
         trace). Best effort: anything that fails here is left to the first real save,
-        which does the same work and reports its failure."""
+        which does the same work and reports its failure.
+
+        Args:
+            model: The model about to train.
+
+        Raises:
+            SaveError: A background write handed over before failed.
+        """
         self.writer.wait()
         prepared = self._source is model and self._copier is not None
         if prepared and self._copied == _variable_ids(model):
@@ -282,7 +298,17 @@ class AsyncBackend(WrappingBackend):
         self._copier, self._own_state, self._copied = copier, own_state, ids
 
     def snapshot(self, model: keras.Model) -> keras.Model:
-        """The shadow model (built once per source model), brought to ``model``'s state."""
+        """The shadow model (built once per source model), brought to ``model``'s state.
+
+        Args:
+            model: The model being trained.
+
+        Returns:
+            Its shadow, holding a copy of every variable of ``model`` as it is now.
+
+        Raises:
+            SaveError: The previous background write failed.
+        """
         self.writer.wait()
         self._refresh(model, _variable_ids(model))()
         return self._shadow

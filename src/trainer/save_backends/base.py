@@ -342,7 +342,15 @@ class SaveBackend(abc.ABC):
         """A backend that stores configs and weights rebuilds every layer from its config
         at load: refuse layers revived from traced functions (no class to rebuild), Keras
         layers whose own config fails to rebuild, and rebuilds that would lack weights or
-        states. A backend that stores more (savedmodel: the traces) overrides this."""
+        states. A backend that stores more (savedmodel: the traces) overrides this.
+
+        Args:
+            model: The model about to be saved.
+
+        Raises:
+            ModelNotReadyError: A layer this backend cannot rebuild, with the reason and
+                the backend that can.
+        """
         readiness.refuse_revived_layers(model, self.name)
         config_check.refuse_unrebuildable(model, self.name)  # Keras's own, that fail
         readiness.refuse_unbuildable_rebuild(model, self.name)  # no build, no states
@@ -390,13 +398,22 @@ class SaveBackend(abc.ABC):
     # the caller's thread, there is nothing to prepare and nothing to wait for.
     def prepare(self, model: keras.Model) -> None:  # noqa: B027  (a no-op by design)
         """Training of ``model`` starts: a backend may pay its one-time work of the first
-        saves now (the async wrapper builds its copy of the model). Nothing here."""
+        saves now (the async wrapper builds its copy of the model). Nothing here.
+
+        Args:
+            model: The model about to train.
+        """
 
     def submit(self, model: keras.Model, job: Callable[[SaveBackend, keras.Model], Any]) -> None:
         """Run ``job(writer, model)``: one save, written by ``writer`` (a backend's
         ``save``) from the model it is given. Here ``job(self, model)``, at once, in the
         caller's thread; the async wrapper runs it later in its writer thread, with the
-        backend it wraps and a copy of ``model`` taken now."""
+        backend it wraps and a copy of ``model`` taken now.
+
+        Args:
+            model: The model to save.
+            job: The save: called with the backend that writes it and the model to write.
+        """
         job(self, model)
 
     def wait(self) -> None:  # noqa: B027  (a no-op by design)
@@ -439,7 +456,18 @@ class SaveBackend(abc.ABC):
 
     def check_format_version(self, metadata: dict[str, Any], path: Path) -> None:
         """Format versions are major versions: newer ones are refused, older ones down to
-        ``min_format_version`` load."""
+        ``min_format_version`` load.
+
+        Args:
+            metadata: The checkpoint's stored metadata.
+            path: The checkpoint, named in the errors.
+
+        Raises:
+            CorruptCheckpointError: The metadata is no JSON object or its
+                ``format_version`` no integer.
+            IncompatibleFormatError: A version newer than this trainer reads, or older
+                than ``min_format_version``.
+        """
         if not isinstance(metadata, dict):
             raise CorruptCheckpointError(
                 f"{path}: the stored metadata must be a JSON object; the checkpoint is "
@@ -468,14 +496,22 @@ class SaveBackend(abc.ABC):
     # ----------------------------------------------------------------- integrity
     def integrity_record(self) -> dict[str, Any] | None:
         """Where this backend keeps its manifest; stored in the metadata so that a
-        checkpoint whose manifest was removed is detected. None: no manifest."""
+        checkpoint whose manifest was removed is detected.
+
+        Returns:
+            The manifest's file name and digest algorithm, or None: no manifest.
+        """
         if not (self.is_directory and self.manifest_file):
             return None
         return {"manifest": self.manifest_file, "algorithm": integrity.ALGORITHM}
 
     def seal(self, tmp: Path, known: integrity.Known | None = None) -> None:
-        """Write the manifest of a finished directory checkpoint (before its rename);
-        ``known``: what ``_write`` returned, sizes and digests it need not read back."""
+        """Write the manifest of a finished directory checkpoint, before its rename.
+
+        Args:
+            tmp: The temporary directory the checkpoint was written into.
+            known: What ``_write`` returned: sizes and digests it need not read back.
+        """
         if self.is_directory and self.manifest_file:
             integrity.write_manifest(
                 tmp,
@@ -489,8 +525,19 @@ class SaveBackend(abc.ABC):
     def check_for_load(
         self, path: Path, *, verify: bool
     ) -> tuple[dict[str, Any] | None, integrity.DigestCheck]:
-        """What ``load`` checks before ``_read``: the manifest (None: the checkpoint has
-        none) and the digests of the ``read_late`` files, still being computed."""
+        """What ``load`` checks before ``_read``.
+
+        Args:
+            path: The checkpoint.
+            verify: Check digests too, not only sizes.
+
+        Returns:
+            The manifest (None: the checkpoint has none) and the check of the digests of
+            the ``read_late`` files, still being computed while the load reads them.
+
+        Raises:
+            IntegrityError: A file is missing, of another size or (``verify``) digest.
+        """
         if verify and self.is_directory and self.manifest_file:
             return integrity.check_for_load(path, self.manifest_file, self.read_late)
         return self.check_integrity(path, digests=verify), integrity.NOTHING_PENDING
@@ -500,8 +547,19 @@ class SaveBackend(abc.ABC):
     ) -> dict[str, Any] | None:
         """Check files against the manifest (sizes; digests and unlisted files on request).
 
-        Returns the manifest, or None if the checkpoint has none. Single-file backends
-        that embed a manifest override this.
+        Single-file backends that embed a manifest override this.
+
+        Args:
+            path: The checkpoint.
+            digests: Check SHA-256 digests too.
+            strict: Also refuse files the manifest does not list.
+
+        Returns:
+            The manifest, or None if the checkpoint has none.
+
+        Raises:
+            IntegrityError: A file is missing, of another size or digest, or unlisted
+                (``strict``).
         """
         if self.is_directory and self.manifest_file:
             return integrity.verify_directory(
