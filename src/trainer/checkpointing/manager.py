@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,8 @@ class CheckpointManager:
         self.metadata = dict(metadata or {})
         self.board = board
         self.records: list[dict[str, Any]] = []  # retention: one per kept checkpoint
+        # Called after each checkpoint is published on a store (from the writer thread).
+        self.after_publish: list[Callable[[], Any]] = []
         self.saved: list[Path | str] = []  # written by this manager, in order (URLs: remote)
         self.failed: list[Path] = []  # saves that failed under on_save_error=continue
         self._last_saved_step: int | None = None
@@ -301,6 +304,7 @@ class CheckpointManager:
         if self.remote is not None:
             self.saved.append(self.remote.url_of(path.name))
             self.remote.point_latest(path.name)
+            self._after_publish()
         else:
             self.saved.append(path)
             point_latest(self.directory, path)
@@ -319,6 +323,17 @@ class CheckpointManager:
             )
             for name in deleted:
                 self.board.checkpoint_deleted(state.global_step, name)
+
+    def _after_publish(self) -> None:
+        """Run ``after_publish`` (set by the caller: a run on a store uploads its
+        TensorBoard log there) once a checkpoint is on the store. A failure is logged: the
+        checkpoint is published, and the caller's own end-of-run upload raises if the store
+        stays unreachable."""
+        for hook in self.after_publish:
+            try:
+                hook()
+            except Exception as error:
+                log.warning("After publishing a checkpoint: %s", error)
 
     def report_saved(self) -> None:
         """Log the saves completed since the last call; call it from the training thread

@@ -55,15 +55,26 @@ class RemoteCheckpoints:
         return self.store.url_of(name)
 
     # ------------------------------------------------------------------ publish
-    def publish(self, local: Path, *, step: int, epoch: int | None = None) -> dict[str, Any]:
+    def publish(
+        self,
+        local: Path,
+        *,
+        step: int,
+        epoch: int | None = None,
+        name: str | None = None,
+        last: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
-        name, then its commit marker: from that PUT on it is listed and loadable. A marker
-        of an earlier checkpoint of the same name is deleted first (then its objects), so
-        that no marker ever covers a mix of old and new objects. Returns the marker."""
-        name = local.name
+        name (or ``name``), then its commit marker: from that PUT on it is listed and
+        loadable. A marker of an earlier checkpoint of the same name is deleted first (then
+        its objects), so that no marker ever covers a mix of old and new objects. ``last``:
+        relative paths uploaded after every other object (a serving export's
+        ``saved_model.pb``, which a model server polling the prefix needs before it loads
+        anything). Returns the marker."""
+        name = name or local.name
         self.delete(name)
         objects = _describe(local)
-        for entry in objects:
+        for entry in sorted(objects, key=lambda e: e["path"] in last):
             source = local / entry["path"] if local.is_dir() else local
             self.store.put_file(source, _object_key(local, name, entry["path"]))
         marker = {

@@ -24,7 +24,14 @@ from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.storage.atomic import temporary_sibling
 from trainer.tensorboard.board import RunBoard, config_hash, flatten_config, tensorboard_command
-from trainer.training import distribute, remote_run, resume, run_end, user_callbacks
+from trainer.training import (
+    distribute,
+    remote_run,
+    resume,
+    run_end,
+    store_sync,
+    user_callbacks,
+)
 from trainer.training.building import build_metric_variables, build_model
 from trainer.training.instantiation import instantiate
 from trainer.training.progress import RunProgbar, RunProgress, ScalarLogger
@@ -116,13 +123,27 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         raise
     # This session's log and Hydra config go to the run it continues (sessions.py).
     with sessions.session(out_dir, resume_from):
-        return run_session(cfg, dist, run_dir, resume_from)
+        if not remote_run.is_remote_run(cfg):
+            return run_session(cfg, dist, run_dir, resume_from)
+        events = store_sync.EventSync(str(cfg.run_dir), out_dir, cfg.trainer.tensorboard_dir)
+        try:
+            metrics = run_session(cfg, dist, run_dir, resume_from, events)
+        except BaseException:
+            events.final(failing=True)  # a preempted or failed run's curves, up to its end
+            raise
+        events.final(failing=False)
+        return metrics
 
 
-def run_session(cfg, dist, run_dir: Path, resume_from: Path | None) -> dict[str, float]:
+def run_session(
+    cfg, dist, run_dir: Path, resume_from: Path | None, events=None
+) -> dict[str, float]:
     """Build, fit and finish one session (under ``train``'s ``signals_raise``): a signal
-    after the build ends it cleanly."""
+    after the build ends it cleanly. ``events``: on a store, what uploads the TensorBoard
+    log after each checkpoint upload (``store_sync.EventSync``)."""
     parts = build_run(cfg, dist, run_dir, resume_from)
+    if events is not None:
+        parts.manager.after_publish.append(events)
     try:
         fit_session(cfg, dist, parts)
         report(cfg, parts.run_dir, parts.manager, parts.progress)

@@ -22,11 +22,11 @@ import tensorflow as tf
 from trainer.checkpointing.policy import scalar_metrics
 from trainer.data import DataSplits, eval_dataset
 from trainer.errors import TrainerError
-from trainer.exports.exporter import read_export_metadata, versions
+from trainer.exports.exporter import DEFAULT_KEEP, read_export_metadata, versions
 from trainer.exports.sources import export_for_run
 from trainer.state import TrainingState
 from trainer.tensorboard.board import LogView, RunBoard, flatten_config
-from trainer.training import interrupts
+from trainer.training import interrupts, remote_run, store_sync
 from trainer.wrapping import unwrap_model
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,15 @@ def finish_run(
     )
     if exported is not None:
         log.info("Export:        %s", exported)
+        if remote_run.is_remote_run(cfg):
+            url = store_sync.publish_export(
+                str(cfg.run_dir),
+                str(dict(export_cfg or {}).get("directory") or "export"),
+                exported,
+                step=int(state.global_step),
+                keep=int(dict(export_cfg or {}).get("keep") or DEFAULT_KEEP),
+            )
+            log.info("Export:        %s (on the store)", url)
     return metrics
 
 

@@ -1,0 +1,108 @@
+"""What a run on object storage (``run_dir=s3://...``) copies to the store besides its
+checkpoints: the serving export and the TensorBoard log, written locally in the run's
+mirror directory (``remote_run.mirror_dir``) first.
+
+- The export: once a version is complete locally (written under a temporary name,
+  manifest sealed, renamed), it is uploaded object by object to
+  ``<run_dir>/<export dir>/<version>/`` and published as checkpoints are
+  (``trainer.storage.remote``): its commit marker ``<export dir>/.commits/<version>.json``
+  is written last, ``saved_model.pb`` is the last object before it (a model server
+  polling the prefix finds no loadable SavedModel before every other file is there), and
+  ``<export dir>/latest`` names it. A resumed run on another machine numbers its local
+  versions from 1 again: a version the store already holds is published under the next
+  free number instead, so a server never sees a version replaced or going backwards.
+  Versions beyond ``export.keep`` are deleted from the store, marker first.
+- The TensorBoard log: every file under ``<tensorboard_dir>`` is uploaded to
+  ``<run_dir>/<same relative path>`` after each checkpoint upload and at the end of the
+  session (normal end, signal or error). Event files only grow, so uploading a whole
+  file again is correct; an unchanged one (same size and modification time) is skipped.
+  A resumed session on another machine starts from an empty mirror and writes new event
+  files beside the earlier session's on the store (TensorBoard reads every event file of
+  a directory); their names carry the creation second, host and process id
+  (``events.out.tfevents.<time>.<host>.<pid>.<n>``), so they do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from trainer.storage.remote import RemoteCheckpoints
+from trainer.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+# A SavedModel's graph: uploaded last, so that a server never loads a partial version.
+LAST = ("saved_model.pb",)
+
+
+def publish_export(
+    run_url: str, export_dirname: str, version_dir: Path, *, step: int, keep: int
+) -> str:
+    """Upload the complete local export ``version_dir`` (``.../export/<n>``) to the run's
+    export prefix on the store and publish it; delete store versions beyond ``keep``.
+    Returns the published version's URL. Raises ``StoreError`` if an upload fails (the
+    version is then not published: it has no marker)."""
+    remote = RemoteCheckpoints(f"{run_url.rstrip('/')}/{export_dirname.strip('/')}")
+    taken = sorted(int(m["name"]) for m in remote.committed() if m["name"].isdigit())
+    version = int(version_dir.name)
+    if taken and version <= taken[-1]:
+        version = taken[-1] + 1
+        log.info(
+            "The store already holds export version %d (an earlier session's); publishing "
+            "local version %s as version %d",
+            taken[-1],
+            version_dir.name,
+            version,
+        )
+    remote.publish(version_dir, step=step, name=str(version), last=LAST)
+    remote.point_latest(str(version))
+    for old in [*taken, version][: -max(int(keep), 1)]:
+        remote.delete(str(old))
+    return remote.url_of(str(version))
+
+
+class EventSync:
+    """Uploads the run's TensorBoard directory to the store, file by file, skipping files
+    unchanged since their last upload. Safe to call from the checkpoint writer thread and
+    the training thread (one upload at a time)."""
+
+    def __init__(self, run_url: str, out_dir: Path, tensorboard_dir: str):
+        self.store = Store(run_url)
+        self.out_dir = Path(out_dir)
+        self.root = self.out_dir / tensorboard_dir
+        self.url = self.store.url_of(Path(tensorboard_dir).as_posix())
+        self._sent: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        """Upload every new or grown file; returns how many were uploaded. Hidden files
+        (an hparams rewrite's temporary) are skipped."""
+        with self._lock:
+            count = 0
+            for path in sorted(self.root.rglob("*")) if self.root.is_dir() else []:
+                relative = path.relative_to(self.out_dir)
+                if not path.is_file() or any(p.startswith(".") for p in relative.parts):
+                    continue
+                stat = path.stat()
+                seen = (stat.st_size, stat.st_mtime_ns)
+                key = relative.as_posix()
+                if self._sent.get(key) == seen:
+                    continue
+                self.store.put_file(path, key)
+                self._sent[key] = seen
+                count += 1
+            return count
+
+    def final(self, *, failing: bool) -> None:
+        """The end-of-session upload. While another error is propagating (``failing``), a
+        failed upload is logged, not raised: the first error is the one to see."""
+        try:
+            uploaded = self()
+        except Exception:
+            if not failing:
+                raise
+            log.exception("Could not upload the TensorBoard log to %s", self.url)
+            return
+        log.info("TensorBoard log on the store: %s (%d file(s) uploaded)", self.url, uploaded)
