@@ -176,3 +176,21 @@ def test_a_bucket_url_is_no_checkpoint(s3_bucket):
     with pytest.raises(NotACheckpointError, match="names a bucket") as error:
         load_checkpoint(s3_bucket)
     assert "\n" not in str(error.value)
+
+
+def test_after_publish_runs_once_each_checkpoint_is_on_the_store(s3_bucket, tmp_path, caplog):
+    """The hook a run on a store uploads its TensorBoard log with: called after each
+    checkpoint's marker is on the store (it sees the checkpoint listed); a failing hook is
+    a warning, the checkpoint stays published."""
+    url = f"{s3_bucket}/run/checkpoints"
+    model = _model()
+    seen = []
+    with CheckpointManager(url, "weights", staging=tmp_path / "staging") as manager:
+        manager.after_publish.append(lambda: seen.append([str(p) for p in manager.all()]))
+        manager.after_publish.append(lambda: 1 / 0)
+        first = manager.save(model)
+        manager.wait()
+        model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
+        second = manager.save(model)
+    assert seen == [[str(first)], [str(first), str(second)]]
+    assert "After publishing a checkpoint: division by zero" in caplog.text

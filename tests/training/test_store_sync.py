@@ -81,6 +81,14 @@ def test_the_export_and_the_event_files_are_on_the_store(
     assert s3_server.fs.cat_file(f"{url[5:]}/export/latest") == b"2"
     assert marker == RemoteCheckpoints(f"{url}/export").marker("1")  # not replaced
 
+    # A finished run whose export never reached the store (stopped before the upload):
+    # re-running it publishes the local export, and only once.
+    s3_server.fs.rm(f"{url[5:]}/export", recursive=True)
+    for _ in range(2):
+        train(compose_cfg(*RUN, f"run_dir={url}", "resume=auto", "trainer.epochs=2"))
+        found = RemoteCheckpoints(f"{url}/export").committed()
+        assert [(m["name"], m["step"]) for m in found] == [("1", marker["step"] * 2)]
+
 
 def test_a_failed_upload_is_one_store_error(s3_bucket, s3_server, tmp_path):
     """Refused credentials during the export or event upload: one ``StoreError`` (a

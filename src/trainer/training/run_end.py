@@ -92,6 +92,8 @@ def finish_run(
     existing = export_of_step(out_dir, export_cfg, state) if resumed_finished else None
     if existing is not None:
         log.info("Export:        %s (already written at step %d)", existing, state.global_step)
+        if remote_run.is_remote_run(cfg):  # a session stopped before its upload
+            publish_on_store(cfg, export_cfg, existing, state, unless_there=True)
         return metrics
     exported = export_for_run(
         unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
@@ -105,15 +107,25 @@ def finish_run(
     if exported is not None:
         log.info("Export:        %s", exported)
         if remote_run.is_remote_run(cfg):
-            url = store_sync.publish_export(
-                str(cfg.run_dir),
-                str(dict(export_cfg or {}).get("directory") or "export"),
-                exported,
-                step=int(state.global_step),
-                keep=int(dict(export_cfg or {}).get("keep") or DEFAULT_KEEP),
-            )
-            log.info("Export:        %s (on the store)", url)
+            publish_on_store(cfg, export_cfg, exported, state, unless_there=False)
     return metrics
+
+
+def publish_on_store(cfg, export_cfg, version_dir: Path, state, *, unless_there: bool) -> None:
+    """A run on a store: publish the complete local export ``version_dir`` there
+    (``store_sync.publish_export``). ``unless_there``: not if the store already has a
+    version of this step (an earlier session's export found again locally)."""
+    options = dict(export_cfg or {})
+    url = store_sync.publish_export(
+        str(cfg.run_dir),
+        str(options.get("directory") or "export"),
+        version_dir,
+        step=int(state.global_step),
+        keep=int(options.get("keep") or DEFAULT_KEEP),
+        unless_step_there=unless_there,
+    )
+    if url is not None:
+        log.info("Export:        %s (on the store)", url)
 
 
 def has_final_metrics(tb_dir: Path, step: int) -> bool:

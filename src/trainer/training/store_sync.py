@@ -38,14 +38,24 @@ LAST = ("saved_model.pb",)
 
 
 def publish_export(
-    run_url: str, export_dirname: str, version_dir: Path, *, step: int, keep: int
-) -> str:
+    run_url: str,
+    export_dirname: str,
+    version_dir: Path,
+    *,
+    step: int,
+    keep: int,
+    unless_step_there: bool = False,
+) -> str | None:
     """Upload the complete local export ``version_dir`` (``.../export/<n>``) to the run's
     export prefix on the store and publish it; delete store versions beyond ``keep``.
-    Returns the published version's URL. Raises ``StoreError`` if an upload fails (the
+    Returns the published version's URL, or None when ``unless_step_there`` and the store
+    already has a version of ``step``. Raises ``StoreError`` if an upload fails (the
     version is then not published: it has no marker)."""
     remote = RemoteCheckpoints(f"{run_url.rstrip('/')}/{export_dirname.strip('/')}")
-    taken = sorted(int(m["name"]) for m in remote.committed() if m["name"].isdigit())
+    found = [m for m in remote.committed() if m["name"].isdigit()]
+    if unless_step_there and any(m["step"] == step for m in found):
+        return None
+    taken = sorted(int(m["name"]) for m in found)
     version = int(version_dir.name)
     if taken and version <= taken[-1]:
         version = taken[-1] + 1
