@@ -2,10 +2,10 @@
 
 Its checkpoints live on the store (``<run_dir>/<checkpoint.directory>``, published by
 their commit markers: ``trainer.storage.remote``), so that a preempted job re-run anywhere
-with ``resume=auto`` continues from them. Everything else the run writes (the log, the
-Hydra config, TensorBoard events, the serving export, the staged checkpoints before their
-upload) stays in a local mirror directory, one per URL (``mirror_dir``): those are not
-synced to the store yet.
+with ``resume=auto`` continues from them. Everything else the run writes goes to a local
+mirror directory first, one per URL (``mirror_dir``): the serving export and the
+TensorBoard log are then copied to the store (``training.store_sync``); the log, the Hydra
+config and the staged checkpoints are not.
 
 Kept narrow on purpose: ``resume`` must be ``auto`` or ``latest`` (the run's own
 checkpoints), ``resume_dir`` is not used, and ``strategy=multiworker`` is refused (every
