@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tests.helpers.s3_server import objects
 from trainer import train
+from trainer.cli.app import main as cli_main
 from trainer.errors import StoreError, TrainerError
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.training.remote_run import mirror_dir
@@ -39,10 +40,10 @@ def test_the_export_and_the_event_files_are_on_the_store(
     compose_cfg, s3_bucket, s3_server, tmp_path
 ):
     """After ``train``: the export under ``export/1/`` with its marker written after its
-    objects and ``latest``; downloaded, it serves what the local export serves; every
-    event file of the local log is on the store byte for byte. A resumed session on
-    another machine (an empty mirror) adds its event files beside the first session's and
-    publishes its export as version 2, not over version 1."""
+    objects and ``latest``, which ``trainer verify`` checks; downloaded, it serves what
+    the local export serves; every event file of the local log is on the store byte for
+    byte. A resumed session on another machine (an empty mirror) adds its event files
+    beside the first session's and publishes its export as version 2, not over version 1."""
     url = f"{s3_bucket}/run"
     train(compose_cfg(*RUN, f"run_dir={url}"))
     mirror = mirror_dir(url)
@@ -57,6 +58,7 @@ def test_the_export_and_the_event_files_are_on_the_store(
     marker = RemoteCheckpoints(f"{url}/export").marker("1")
     assert marker is not None and sorted(o["path"] for o in marker["objects"]) == exported
     assert s3_server.fs.cat_file(f"{url[5:]}/export/latest") == b"1"
+    assert cli_main(["verify", f"{url}/export/latest"]) == 0  # fetched, checked whole
 
     downloaded = tmp_path / "downloaded"
     s3_server.fs.get(f"{url[5:]}/export/1/", str(downloaded), recursive=True)
