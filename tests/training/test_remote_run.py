@@ -18,6 +18,7 @@ from trainer.errors import ConfigError, DirectoryInUseError, UnsupportedLocation
 from trainer.save_backends import load_checkpoint
 from trainer.storage.lease import LEASE
 from trainer.storage.store import Store
+from trainer.training.remote_run import mirror_dir
 
 RUN = ["model=mlp", "model.dropout=0.3", "save=weights", "checkpoint.policy.keep_last=2"]
 
@@ -40,6 +41,13 @@ def test_interrupted_run_on_the_store_resumes_to_the_same_weights(
     hook = "+callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}"
     train(compose_cfg(*RUN, f"run_dir={broken}", "resume=auto", hook))
     assert _final(broken)[1].global_step == 5  # stopped after the batch in flight
+    # The stopped session's TensorBoard log is on the store, up to where it stopped.
+    mirror = mirror_dir(broken)
+    logged = sorted(p for p in (mirror / "tb").rglob("*tfevents*") if p.is_file())
+    assert logged
+    for path in logged:
+        key = path.relative_to(mirror).as_posix()
+        assert s3_server.fs.cat_file(f"{broken[5:]}/{key}") == path.read_bytes(), key
     train(compose_cfg(*RUN, f"run_dir={broken}", "resume=auto"))
     actual, actual_state = _final(broken)
     assert actual_state.global_step == expected_state.global_step == 6
