@@ -107,3 +107,18 @@ def test_a_failed_upload_is_one_store_error(s3_bucket, s3_server, tmp_path):
         with pytest.raises(StoreError, match=r"run/tb/events\.out\.tfevents"):
             EventSync(f"{s3_bucket}/run", tmp_path, "tb")()
     assert objects(s3_server, f"{s3_bucket}/run") == []
+
+
+def test_export_versions_beyond_keep_leave_the_store(s3_bucket, s3_server, tmp_path):
+    """``export.keep`` on the store: the oldest versions go, marker and objects."""
+    url = f"{s3_bucket}/run"
+    for n in (1, 2, 3):
+        version = tmp_path / "export" / str(n)
+        (version / "variables").mkdir(parents=True)
+        (version / "saved_model.pb").write_bytes(b"graph %d" % n)
+        (version / "variables" / "variables.index").write_bytes(b"index")
+        publish_export(url, "export", version, step=n, keep=2)
+    remote = RemoteCheckpoints(f"{url}/export")
+    assert [m["name"] for m in remote.committed()] == ["2", "3"]
+    assert not [k for k in objects(s3_server, f"{url}/export") if k.startswith("1/")]
+    assert s3_server.fs.cat_file(f"{url[5:]}/export/3/saved_model.pb") == b"graph 3"
