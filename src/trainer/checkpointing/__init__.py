@@ -2,6 +2,9 @@
 
 * ``CheckpointManager`` (``manager.py``): one directory of checkpoints: save, list, restore,
   retention, the ``latest`` pointer, async writes, stale-temporary cleanup. No Hydra needed.
+  Behind it: ``writing.py`` (a save's write, ``latest``, retention, the time a save held
+  training), ``set_aside.py`` (an abandoned continuation's checkpoints, on disk) and
+  ``on_store.py`` (what differs on object storage).
 * ``Checkpoint`` (``callback.py``; also ``trainer.callbacks.Checkpoint``): the Keras callback
   that decides when to save, and resumes a re-run script (``resume="auto"``).
 * ``CheckpointPolicy`` (``policy.py``): names, triggers, retention; validated when built.

@@ -18,51 +18,38 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import keras
 
-from trainer._compat import keras as keras_compat
-from trainer.checkpointing import on_store
-from trainer.checkpointing.listing import complete, find_latest, point_latest
-from trainer.checkpointing.policy import (
-    CheckpointPolicy,
-    format_name,
-    retained,
-    scalar_metrics,
-)
+from trainer.checkpointing import on_store, set_aside
+from trainer.checkpointing.listing import complete, find_latest
+from trainer.checkpointing.policy import CheckpointPolicy
 from trainer.checkpointing.restoring import restore_into
-from trainer.checkpointing.snapshot import copy_state
+from trainer.checkpointing.set_aside import ABANDONED
 from trainer.checkpointing.wrappers import AsyncBackend, innermost
-from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, SaveError
-from trainer.save_backends import (
-    LoadedCheckpoint,
-    get_backend,
-    load_checkpoint,
-)
+from trainer.checkpointing.writing import SavePath, batches_trained
+from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError
+from trainer.save_backends import LoadedCheckpoint, get_backend, load_checkpoint
 from trainer.save_backends.base import SaveBackend
-from trainer.state import TrainingState, check_record, copy_json_like
-from trainer.storage.atomic import clean_stale_temporaries, first_unused
+from trainer.state import TrainingState, check_record
+from trainer.storage.atomic import clean_stale_temporaries
 from trainer.storage.cache import staging_dir
 from trainer.storage.lease import Lease
 from trainer.storage.locations import is_remote, local_path
-from trainer.storage.locks import remove_dead_leases, remove_unless_read
+from trainer.storage.locks import remove_dead_leases
 from trainer.storage.remote import RemoteCheckpoints
-from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
+from trainer.tensorboard.board import RunBoard
 
 log = logging.getLogger(__name__)
 
-
-# Sub-directory prefix of a checkpoint directory for the checkpoints of a continuation that
-# a resume from an older checkpoint abandoned (``CheckpointManager.set_aside_after``).
-ABANDONED = "abandoned-"
-"""Prefix of ``abandoned-<n>/``, where a resume from an older checkpoint moves the newer ones."""
+# Imported from here by other modules and tests (``trainer.checkpointing`` re-exports the first).
+__all__ = ["ABANDONED", "CheckpointManager", "batches_trained"]
 
 
-class CheckpointManager:
+class CheckpointManager(SavePath):
     """Saves, lists, restores and prunes the checkpoints of one directory.
 
     It owns naming, retention (last N, best K by a monitored value, every M-th epoch), the
@@ -229,111 +216,7 @@ class CheckpointManager:
                 are ``SaveError``s. The previous checkpoints are intact.
             ModelNotReadyError: The backend refuses the model (never built, ...).
         """
-        called = time.perf_counter() if called is None else called
-        if state is not None and not isinstance(state, TrainingState):
-            raise ConfigError(
-                f"CheckpointManager.save's state must be a trainer.state.TrainingState (or "
-                f"None: the step is the optimizer's). Received: {type(state).__name__}"
-            )
-        state = state if state is not None else self._implicit_state(model)
-        if self._last_saved_step == state.global_step:
-            return None
-        self._last_saved_step = state.global_step
-        self.backend.wait()  # one write in flight; its retention applied; raises its failure
-        if self.lease is not None:  # taken, or renewed; refused if another writer has it
-            self.lease.hold()  # after the previous upload: the expiry counts from its end
-        metrics = scalar_metrics(metrics)
-        name = format_name(
-            self.policy.name, step=state.global_step, epoch=state.epoch, metrics=metrics
-        )
-        path = Path(self.backend.checkpoint_path(self.directory / name))
-        record = {
-            "name": path.name,
-            "step": state.global_step,
-            "epoch": state.epoch,
-            "epoch_end": state.step_in_epoch == 0,
-            "monitor": metrics.get(self.policy.monitor),
-        }
-        self.records = [*(r for r in self.records if r["name"] != path.name), record]
-        saved_state = copy_state(state)
-        saved_state.checkpoints = copy_json_like(self.records)
-        metadata = copy_json_like(self.metadata)
-        blocked = _Blocking(called)
-        self.backend.submit(  # now, or in the background with a copy of the model
-            model,
-            lambda writer, snap: self._write(writer, snap, path, saved_state, metadata, blocked),
-        )
-        blocked.done()  # before any wait: a background write reads it
-        if wait:
-            self.backend.wait()
-        return self.remote.url_of(path.name) if self.remote is not None else path
-
-    def _implicit_state(self, model: keras.Model) -> TrainingState:
-        step = batches_trained(model)
-        if step is None:
-            step = max((r["step"] for r in self.records), default=-1) + 1
-        return TrainingState(global_step=step)
-
-    def _write(
-        self,
-        writer: SaveBackend,
-        model: keras.Model,
-        path: Path,
-        state: TrainingState,
-        metadata: dict[str, Any],
-        blocked: _Blocking,
-    ) -> None:
-        """Write one checkpoint with ``writer`` (the backend ``submit`` hands the job: in
-        the writer thread when async), then ``latest``, retention and the TensorBoard card.
-        ``blocked``: how long the save held the training thread."""
-        start = time.perf_counter()
-        if self.board is not None:
-            tag = card_tag("checkpoint", path.name)
-            metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
-        try:
-            writer.save(model, path, state=state, metadata=metadata)
-            if self.remote is not None:  # complete locally, manifest written: now upload
-                self.remote.publish(path, step=state.global_step, epoch=state.epoch)
-        except Exception as error:
-            self.records = [r for r in self.records if r["name"] != path.name]
-            self._failed(path, error)
-            return
-        seconds = time.perf_counter() - start
-        # The checkpoint is complete: point at it and prune first, so that a TensorBoard
-        # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
-        if self.remote is not None:
-            self.saved.append(self.remote.url_of(path.name))
-            self.remote.point_latest(path.name)
-            self._after_publish()
-        else:
-            self.saved.append(path)
-            point_latest(self.directory, path)
-        deleted = self._apply_retention()
-        with self._done_lock:
-            self._done.append((self.saved[-1], state.global_step, seconds))
-        if self.board is not None:
-            self.board.checkpoint_card(
-                state.global_step,
-                path,
-                backend=writer.name,
-                format_version=writer.format_version,
-                save_seconds=seconds,  # the size: the card measures it, if the path is kept
-                blocking_seconds=blocked.seconds(),
-                metrics=state.metrics,
-            )
-            for name in deleted:
-                self.board.checkpoint_deleted(state.global_step, name)
-
-    def _after_publish(self) -> None:
-        """Run ``after_publish`` (set by the caller: a run on a store uploads its
-        TensorBoard log there) once a checkpoint is on the store. A failure is logged: the
-        checkpoint is published, and the caller's own end-of-run upload raises if the store
-        stays unreachable."""
-        for hook in self.after_publish:
-            try:
-                hook()
-            except Exception as error:
-                log.warning("After publishing a checkpoint: %s", error)
+        return self._save(model, state, metrics, wait, called)
 
     def report_saved(self) -> None:
         """Log the saves completed since the last call; call it from the training thread
@@ -342,39 +225,6 @@ class CheckpointManager:
             done, self._done = self._done, []
         for path, step, seconds in done:
             log.info("Saved checkpoint %s (step %d) in %.2fs", path, step, seconds)
-
-    def _failed(self, path: Path, error: Exception) -> None:
-        failure = error
-        if not isinstance(error, SaveError):
-            failure = SaveError(
-                f"Saving checkpoint {path} failed: {error}. The previous checkpoints in "
-                f"{self.directory} are intact; free space or fix permissions and resume from "
-                f"the latest one. Received error type {type(error).__name__}"
-            )
-        if self.policy.on_save_error == "continue":
-            self.failed.append(path)
-            log.error("%s Training continues (checkpoint.on_save_error=continue).", failure)
-            return
-        if failure is error:
-            raise error
-        raise failure from error
-
-    def _apply_retention(self) -> list[str]:
-        """Delete what the policy no longer keeps, atomically; a checkpoint a reader is
-        loading right now stays (with its record) until a later pass. Returns the names
-        deleted."""
-        keep = retained(self.records, self.policy)
-        if self.remote is not None:
-            gone = on_store.prune(self.remote, self.directory, self.records, keep)
-            self.records = [r for r in self.records if r["name"] not in gone]
-            return gone
-        gone = {
-            r["name"]
-            for r in self.records
-            if r["name"] not in keep and remove_unless_read(self.directory / r["name"])
-        }
-        self.records = [r for r in self.records if r["name"] not in gone]
-        return sorted(gone)
 
     # ------------------------------------------------------------------ restore
     def restore(
@@ -458,29 +308,7 @@ class CheckpointManager:
         if self.remote is not None:
             self.claim()  # moving markers is writing
             return on_store.set_aside_after(self.remote, step)
-        damaged: list[tuple[Path, str]] = []
-        found = complete(self.directory, self._configured(), damaged)
-        later = [path for key, path in found if key[0] > step]
-        unreadable = [path for path, _why in damaged]  # of no known step: any name may come
-        if not later and not unreadable:
-            return None
-        folder = first_unused(lambda n: self.directory / f"{ABANDONED}{n}")
-        folder.mkdir()
-        for path in later + unreadable:
-            os.rename(path, folder / path.name)
-        remaining = [path for key, path in found if key[0] <= step]  # still in step order
-        if remaining:
-            point_latest(self.directory, remaining[-1])
-        log.warning(
-            "Resuming from step %d, older than the newest checkpoint: the %d checkpoint(s) "
-            "after it or damaged (%s) belong to the abandoned continuation and were moved "
-            "to %s",
-            step,
-            len(later) + len(unreadable),
-            ", ".join(p.name for p in (later + unreadable)[:5]),
-            folder,
-        )
-        return folder
+        return set_aside.set_aside_after(self.directory, self._configured(), step)
 
     # ---------------------------------------------------------------- lifecycle
     def prepare(self, model: keras.Model) -> None:
@@ -553,16 +381,6 @@ class CheckpointManager:
             log.exception("The last checkpoint write failed")
 
 
-def batches_trained(model: keras.Model) -> int | None:
-    """The batches ``model``'s optimizer has been applied on (its step count; the batch
-    count under gradient accumulation, where two saves a batch apart hold different
-    accumulated gradients); None if it has no built optimizer."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not optimizer.built:
-        return None
-    return int(keras.ops.convert_to_numpy(keras_compat.batches_trained(optimizer)))
-
-
 def _check_arguments(directory: Any, backend: Any, policy: Any, metadata: Any) -> None:
     """Wrong argument types fail here, naming the argument, not as a raw error at the
     first save (``backend=object()``) or in a later call."""
@@ -581,25 +399,3 @@ def _check_arguments(directory: Any, backend: Any, policy: Any, metadata: Any) -
             f"CheckpointManager's {name} must be {kind}. Received: {value!r} "
             f"({type(value).__name__})"
         )
-
-
-class _Blocking:
-    """How long a save held the training thread (from ``called``), handed to its write. A
-    write in the training thread held it until now; a background write can start before
-    ``save`` returns, so its card waits for the figure ``done`` sets."""
-
-    def __init__(self, called: float):
-        self._called = called
-        self._thread = threading.get_ident()
-        self._set = threading.Event()
-        self._seconds = 0.0
-
-    def done(self) -> None:
-        self._seconds = time.perf_counter() - self._called
-        self._set.set()
-
-    def seconds(self) -> float:
-        if threading.get_ident() == self._thread and not self._set.is_set():
-            return time.perf_counter() - self._called  # written in the training thread
-        self._set.wait()
-        return self._seconds

@@ -12,13 +12,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpointing.set_aside import ABANDONED
 from trainer.storage.locks import remove_unless_read
 from trainer.storage.remote import RemoteCheckpoints
 
 log = logging.getLogger(__name__)
-
-# Prefix of the folder holding the markers of an abandoned continuation (as on disk).
-ABANDONED = "abandoned-"
 
 
 def prune(
