@@ -61,12 +61,18 @@ def test_no_api_entry_takes_a_url_for_a_local_folder(in_tmp, backend):
         assert os.listdir(in_tmp) == [], f"{name} created {os.listdir(in_tmp)}"
 
 
-def test_the_cli_refuses_urls_with_exit_2(in_tmp, capsys):
-    for argv in (["inspect", URL], ["verify", URL], ["runs", URL], ["export", "c", URL]):
+def test_the_cli_refuses_urls_it_cannot_serve_with_exit_2(in_tmp, capsys):
+    """``runs`` and ``export`` take local paths only (refused by the parser); ``inspect`` and
+    ``verify`` read s3:// URLs (tests/cli/test_store_urls.py) but refuse other schemes."""
+    for argv in (["runs", URL], ["export", "c", URL]):
         with pytest.raises(SystemExit) as caught:
             main(argv)
         assert caught.value.code == 2, argv
         assert "s3:// URL" in capsys.readouterr().err
+    for argv in (["inspect", GS], ["verify", GS]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "gs:// is not supported" in err, argv
     assert os.listdir(in_tmp) == []
 
 
