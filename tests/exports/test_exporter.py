@@ -24,7 +24,7 @@ from trainer.exports.exporter import (
 from trainer.exports.sources import export_from_checkpoint
 from trainer.exports.warmup import EXTRA_DIR, WARMUP_FILE
 from trainer.model_state.serving import saved_model_signatures
-from trainer.tensorboard.board import event_steps, resolve_link
+from trainer.tensorboard.links import event_steps, resolve_link
 
 
 @pytest.fixture(scope="module")

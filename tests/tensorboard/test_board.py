@@ -20,14 +20,8 @@ from tests.helpers.tb_runs import make_run, tensorboard_server, wait_for
 from trainer.errors import TensorBoardLinkError, TensorBoardWriteError
 from trainer.save_backends import backend_class, load_checkpoint
 from trainer.storage.integrity import total_size
-from trainer.tensorboard.board import (
-    RunBoard,
-    card_tag,
-    config_hash,
-    event_steps,
-    flatten_config,
-    resolve_link,
-)
+from trainer.tensorboard.board import RunBoard, card_tag, config_hash, flatten_config
+from trainer.tensorboard.links import event_steps, resolve_link
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +262,7 @@ def test_sessions_on_a_host_whose_name_sorts_first_are_not_purged(tmp_path):
     )
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
-    from trainer.tensorboard.board import LogView
+    from trainer.tensorboard.links import LogView
     from trainer.training.progress import mark_session_start
 
     def session(first_step, last_step):

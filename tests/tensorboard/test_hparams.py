@@ -39,8 +39,8 @@ from tensorboard.plugins.hparams import metadata as hp_metadata
 from tests.helpers.paths import CONF_DIR
 from tests.helpers.processes import subprocess_env
 from tests.helpers.train_py import TINY_ARGS, train_py
-from trainer.tensorboard.board import event_steps
 from trainer.tensorboard.hparams import REPLACED_PREFIX, frame, replace_earlier_hparams
+from trainer.tensorboard.links import event_steps
 
 STATUSES = [api_pb2.STATUS_UNKNOWN, api_pb2.STATUS_SUCCESS, api_pb2.STATUS_RUNNING]
 

@@ -207,7 +207,8 @@ def test_training_is_repeatable(compose_cfg, tmp_path):
 
 def test_train_exports_and_links_tensorboard(compose_cfg, tmp_path):
     from trainer.save_backends import read_checkpoint_metadata
-    from trainer.tensorboard.board import LINK_KEY, resolve_link
+    from trainer.tensorboard.board import LINK_KEY
+    from trainer.tensorboard.links import resolve_link
 
     cfg = compose_cfg("model=mlp", "save=h5", "export.enabled=true", "export.format=keras")
     train(cfg)

@@ -34,7 +34,7 @@ from trainer.checkpointing import all_variables
 from trainer.errors import ConfigError
 from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
 from trainer.storage.atomic import is_temporary
-from trainer.tensorboard.board import resolve_link
+from trainer.tensorboard.links import resolve_link
 from trainer.training.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
 from trainer.training.resume import find_latest
 

@@ -33,7 +33,7 @@ from trainer.exports.exporter import (
 )
 from trainer.exports.sources import export_from_checkpoint
 from trainer.exports.warmup import EXTRA_DIR, WARMUP_FILE
-from trainer.tensorboard.board import event_steps, resolve_link
+from trainer.tensorboard.links import event_steps, resolve_link
 from trainer.training.loop import train
 
 ONE_TEMPORARY = re.compile(r"^\.[0-9]+\.tmp-[0-9]+-[0-9a-f]+$")

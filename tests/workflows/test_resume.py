@@ -341,7 +341,7 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     # Moved with its run, a set-aside checkpoint still finds its run's log (its link was
     # written one folder up: it said "the event file is gone").
     from trainer.errors import TensorBoardLinkError
-    from trainer.tensorboard.board import resolve_link
+    from trainer.tensorboard.links import resolve_link
 
     moved = Path(first.run_dir).parent / "moved"
     shutil.move(first.run_dir, moved)
@@ -360,7 +360,7 @@ def _abandoned_links_do_not_resolve(aside: Path, kept: Path, branch_start: float
     from trainer.errors import TensorBoardLinkError
     from trainer.runs.index import describe_artifact
     from trainer.save_backends import load_checkpoint
-    from trainer.tensorboard.board import resolve_link
+    from trainer.tensorboard.links import resolve_link
 
     kept_meta = load_checkpoint(kept, compile=False).metadata
     log_dir = resolve_link(kept, kept_meta).log_dir

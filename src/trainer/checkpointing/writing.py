@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ class SavePath:
     _last_saved_step: int | None
     _done: list[tuple[Path | str, int, float]]
     _done_lock: threading.Lock
+    after_publish: list[Callable[[], Any]]
 
     def _save(
         self,

@@ -21,7 +21,8 @@ from trainer.model_state.serving import format_signatures, model_signatures, sav
 from trainer.save_backends import legacy, load_checkpoint
 from trainer.save_backends.registry import fetch_remote
 from trainer.storage.locations import is_remote
-from trainer.tensorboard.board import LINK_KEY, resolve_link, tensorboard_command
+from trainer.tensorboard.board import LINK_KEY, tensorboard_command
+from trainer.tensorboard.links import resolve_link
 
 
 def run(args: argparse.Namespace) -> int:

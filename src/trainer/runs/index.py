@@ -15,7 +15,8 @@ from trainer.errors import NotACheckpointError, TrainerError
 from trainer.exports.exporter import is_export, read_export_metadata, versions
 from trainer.save_backends import SaveBackend
 from trainer.storage.atomic import is_temporary
-from trainer.tensorboard.board import LINK_KEY, LogView, link_run_dirs
+from trainer.tensorboard.board import LINK_KEY
+from trainer.tensorboard.links import LogView, link_run_dirs
 
 # Where a run keeps what, by config key; the first key present wins, then the default.
 DIR_KEYS = {

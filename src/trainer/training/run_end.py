@@ -25,7 +25,8 @@ from trainer.errors import TrainerError
 from trainer.exports.exporter import DEFAULT_KEEP, read_export_metadata, versions
 from trainer.exports.sources import export_for_run
 from trainer.state import TrainingState
-from trainer.tensorboard.board import LogView, RunBoard, flatten_config
+from trainer.tensorboard.board import RunBoard, flatten_config
+from trainer.tensorboard.links import LogView
 from trainer.training import interrupts, remote_run, store_sync
 from trainer.wrapping import unwrap_model
 
