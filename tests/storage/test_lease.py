@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.s3_server import objects
+from tests.helpers.train_py import HANG_GUARD
 from trainer.checkpointing import CheckpointManager
 from trainer.errors import ConfigError, DirectoryInUseError
 from trainer.save_backends import load_checkpoint
@@ -81,8 +82,11 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_stops(
     url = f"{s3_bucket}/ckpts"
     first = _manager(url, tmp_path, "one")
     _save(first, model, 1)
+    # Stands in for a holder stalled longer than its lease (SIGSTOP, a frozen machine): its
+    # background renewal does not run.
+    first.lease._stop_renewing()
     expires = _lease(s3_server, url)["expires"]
-    time.sleep(max(0.0, expires - time.time()) + 0.1)  # <= 1.1 s: no save renewed it
+    time.sleep(max(0.0, expires - time.time()) + 0.1)  # <= 1.1 s: nothing renewed it
     second = _manager(url, tmp_path, "two")
     taken = _save(second, model, 2)
     assert _lease(s3_server, url)["expires"] > expires
@@ -94,6 +98,47 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_stops(
     second.close()
     assert LEASE not in objects(s3_server, url)
     assert [m["step"] for m in RemoteCheckpoints(url).committed()] == [1, 2]
+
+
+def test_a_live_writer_that_saves_rarely_keeps_its_lease(
+    s3_bucket, s3_server, tmp_path, model, monkeypatch
+):
+    """Between saves the lease is renewed in the background: a run whose saves are further
+    apart than the lease's lifetime is not taken over while alive."""
+    monkeypatch.setenv(ENV, "8")
+    url = f"{s3_bucket}/ckpts"
+    first = _manager(url, tmp_path, "one")
+    _save(first, model, 1)
+    held = _lease(s3_server, url)
+    deadline = time.time() + HANG_GUARD
+    while time.time() <= held["expires"] + 1:  # past the expiry of the last save's lease
+        assert time.time() < deadline
+        time.sleep(0.5)
+    renewed = _lease(s3_server, url)
+    assert renewed["token"] == held["token"] and renewed["expires"] > held["expires"]
+    second = _manager(url, tmp_path, "two")
+    with pytest.raises(DirectoryInUseError, match="another writer holds its lease"):
+        _save(second, model, 2)
+    _save(first, model, 3)  # still its own
+    first.close()
+    assert LEASE not in objects(s3_server, url)  # the renewal stopped with the release
+
+
+def test_a_renewal_never_overwrites_a_takeover(s3_bucket, s3_server):
+    """The renewal's write is conditional on the lease being unchanged since it was read
+    (``If-Match``): a takeover landing between the read and the write wins."""
+    store = Store(f"{s3_bucket}/ckpts")
+    store.put_bytes(LEASE, b'{"token": "old"}')
+    read, etag = store.get_versioned(LEASE)
+    assert read == b'{"token": "old"}'
+    store.put_bytes(LEASE, b'{"token": "taker"}')  # the takeover, in between
+    assert store.put_bytes(LEASE, b'{"token": "old", "renewed": 1}', replacing=etag) is False
+    assert store.get_bytes(LEASE) == b'{"token": "taker"}'
+    _, current = store.get_versioned(LEASE)
+    assert store.put_bytes(LEASE, b'{"token": "taker", "renewed": 1}', replacing=current)
+    store.delete([LEASE])
+    assert store.put_bytes(LEASE, b"{}", replacing=current) is False  # gone: not recreated
+    assert store.get_bytes(LEASE) is None
 
 
 def test_closing_releases_the_lease_for_the_next_writer(s3_bucket, s3_server, tmp_path, model):

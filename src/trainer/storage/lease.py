@@ -4,38 +4,44 @@ On disk a second writer is kept off by an advisory lock (``trainer.storage.locks
 store has no locks, and two machines share nothing else. What it has is a conditional
 create (``If-None-Match: *``, ``Store.put_bytes(exclusive=True)``): of two writers creating
 ``<dir>/.lease.json`` at once, exactly one succeeds. The lease names its holder (host, PID,
-a random token) and an expiry time. The holder renews it at each save (a plain PUT, after
-reading it back to check that the token is still its own) and deletes it when it closes. A
+a random token) and an expiry time. The holder renews it at each save and, between saves,
+from a daemon thread every quarter of its lifetime, so a live writer that saves rarely (or
+uploads for long) keeps it; it deletes it when it closes. A renewal is a compare-and-swap:
+read the lease and its ETag, check the token is still its own, and PUT only if the ETag is
+unchanged (``If-Match``), so a takeover landing in between is never overwritten. A
 writer that died (SIGKILL, a lost machine) cannot release it, so a lease past its expiry is
 taken over: deleted, then created again exclusively; whoever loses that second race is
 refused. A holder on this host whose process is gone is taken over at once, without
 waiting for the expiry (a killed job restarted on the same machine).
 
-The expiry (``TRAINER_STORE_LEASE_SECONDS``, default 600) must exceed the longest time
-between two saves of a live writer: a lease not renewed for that long is taken to be a dead
-writer's. Ten minutes covers the save interval and upload of most runs, and is how long a
-job restarted on *another* machine after a SIGKILL waits at most (a run stopped by SIGTERM
-or ending normally releases its lease at once). A holder that finds its lease taken over
-stops with ``DirectoryInUseError`` at its next save instead of writing beside the new one.
-The check-then-PUT of a renewal is not atomic: a takeover landing between the two is
-overwritten by the old holder once, and the new holder then stops at its own next save.
+The expiry (``TRAINER_STORE_LEASE_SECONDS``, default 600) is how long a job restarted on
+*another* machine after a SIGKILL waits at most (a run stopped by SIGTERM or ending normally
+releases its lease at once); the background renewal makes it independent of the save
+interval. It must exceed the longest stall of a live process (its renewal thread must run at
+least once in three quarters of it). A holder that finds its lease taken over stops with
+``DirectoryInUseError`` at its next save instead of writing beside the new one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from typing import Any
 
-from trainer.errors import ConfigError, DirectoryInUseError
+from trainer.errors import ConfigError, DirectoryInUseError, StoreError
 from trainer.storage.store import Store
 
 LEASE = ".lease.json"
 ENV = "TRAINER_STORE_LEASE_SECONDS"
 DEFAULT_SECONDS = 600.0
+RENEWALS_PER_LIFETIME = 4  # the background renewal runs every quarter of the lifetime
+
+log = logging.getLogger(__name__)
 
 
 def lease_seconds() -> float:
@@ -63,6 +69,10 @@ class Lease:
         self.store = store
         self.seconds = lease_seconds() if seconds is None else float(seconds)
         self.token: str | None = None  # set while held
+        self._lock = threading.RLock()  # saves and the renewal thread
+        self._lost: DirectoryInUseError | None = None  # found by the renewal thread
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -75,31 +85,79 @@ class Lease:
     def hold(self) -> None:
         """Acquire the lease, or renew it if held. Raises ``DirectoryInUseError`` if
         another live writer holds it, or if this one's was taken over."""
-        if self.token is None:
-            self._acquire()
-            return
-        current = self._read()
-        if current is None:  # deleted by hand, or by a taker not done yet: ours if we win
-            if self.store.put_bytes(LEASE, self._body(), exclusive=True):
+        with self._lock:
+            if self._lost is not None:
+                lost, self._lost = self._lost, None
+                raise lost
+            if self.token is None:
+                self._acquire()
+                self._start_renewing()
                 return
-            current = self._read()
-        if current is None or current.get("token") != self.token:
-            self.token = None
-            raise self._refusal(
-                current,
-                "this writer's lease expired and was taken over (no save renewed it within "
-                f"{self.seconds:g} s), so another writer may be saving there now",
-            )
-        self.store.put_bytes(LEASE, self._body())
+            self._renew()
 
     def release(self) -> None:
         """Delete the lease if it is still this writer's (never another's)."""
-        token, self.token = self.token, None
-        if token is None:
-            return
-        current = self._read()
-        if current is not None and current.get("token") == token:
-            self.store.delete([LEASE])
+        self._stop_renewing()
+        with self._lock:
+            token, self.token = self.token, None
+            self._lost = None
+            if token is None:
+                return
+            current = self._read()
+            if current is not None and current.get("token") == token:
+                self.store.delete([LEASE])
+
+    # ------------------------------------------------------------ renewal
+    def _renew(self) -> None:
+        """Compare-and-swap the lease for one with a later expiry; refuse if it is no
+        longer this writer's."""
+        found = self.store.get_versioned(LEASE)
+        if found is None:  # deleted by hand, or by a taker not done yet: ours if we win
+            if self.store.put_bytes(LEASE, self._body(), exclusive=True):
+                return
+            current = self._read()
+        else:
+            current = _parse(found[0])
+            if current.get("token") == self.token and self.store.put_bytes(
+                LEASE, self._body(), replacing=found[1]
+            ):
+                return
+            current = self._read()  # taken over, possibly between our read and write
+        self.token = None
+        raise self._refusal(
+            current,
+            "this writer's lease expired and was taken over (it was not renewed within "
+            f"{self.seconds:g} s), so another writer may be saving there now",
+        )
+
+    def _start_renewing(self) -> None:
+        self._stop.clear()
+        self._renewer = threading.Thread(
+            target=self._renew_until_stopped, name="trainer-store-lease", daemon=True
+        )
+        self._renewer.start()
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join()
+
+    def _renew_until_stopped(self) -> None:
+        """The renewal thread: renew every ``seconds / RENEWALS_PER_LIFETIME``. A store
+        error is logged and retried at the next tick (the lease lasts three more); a
+        takeover ends the thread and is raised by the next ``hold`` (the next save)."""
+        while not self._stop.wait(self.seconds / RENEWALS_PER_LIFETIME):
+            with self._lock:
+                if self._stop.is_set() or self.token is None:
+                    return
+                try:
+                    self._renew()
+                except DirectoryInUseError as error:
+                    self._lost = error
+                    return
+                except StoreError as error:
+                    log.warning("Could not renew the writer's lease %s: %s", self.url, error)
 
     # ----------------------------------------------------------------- internals
     def _acquire(self) -> None:
@@ -130,13 +188,7 @@ class Lease:
     def _read(self) -> dict[str, Any] | None:
         """The lease's content; an unreadable one counts as expired ({})."""
         data = self.store.get_bytes(LEASE)
-        if data is None:
-            return None
-        try:
-            content = json.loads(data)
-        except ValueError:
-            return {}
-        return content if isinstance(content, dict) else {}
+        return None if data is None else _parse(data)
 
     def _refusal(self, current: dict[str, Any] | None, why: str) -> DirectoryInUseError:
         current = current or {}
@@ -154,6 +206,14 @@ class Lease:
             f"{self.url} (its lease lasts {ENV}={self.seconds:g} s without a save). "
             f"Received: {self.url!r}"
         )
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    try:
+        content = json.loads(data)
+    except ValueError:
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def _dead(current: dict[str, Any]) -> bool:

@@ -148,16 +148,49 @@ class Store:
                 ) from None
 
     # -------------------------------------------------------------------- writes
-    def put_bytes(self, relative: str, data: bytes, *, exclusive: bool = False) -> bool:
+    def get_versioned(self, relative: str) -> tuple[bytes, str] | None:
+        """The object's bytes and the ETag they had, or None if there is no such object.
+        The ETag is read first: if the object changes between the two reads, a
+        ``put_bytes(..., replacing=etag)`` of the caller fails, so a successful replace
+        always replaced the bytes returned here."""
+        with self.errors("read", relative):
+            try:
+                etag = self.fs.info(self.key(relative), refresh=True)["ETag"]
+                return self.fs.cat_file(self.key(relative)), etag
+            except FileNotFoundError:
+                self.check_bucket()
+                return None
+
+    def put_bytes(
+        self, relative: str, data: bytes, *, exclusive: bool = False, replacing: str | None = None
+    ) -> bool:
         """Write one object with one PUT (readers see the old or the new bytes, never a
-        mix). ``exclusive``: only if no object has that key (``If-None-Match: *``, a
-        conditional write S3 and S3-compatible servers honour); returns False if one had."""
+        mix). Returns False, writing nothing, when a condition does not hold:
+
+        Args:
+            relative: The object's key under this store's prefix.
+            data: Its new bytes.
+            exclusive: Only if no object has that key (``If-None-Match: *``, a conditional
+                write S3 and S3-compatible servers honour).
+            replacing: Only if the object still has this ETag (``If-Match``): a
+                compare-and-swap, for an object two writers may race on.
+        """
         options = {"IfNoneMatch": "*"} if exclusive else {}
+        if replacing is not None:
+            options["IfMatch"] = replacing
         with self.errors("write", relative):
             try:
                 self.fs.pipe_file(self.key(relative), data, **options)
             except FileExistsError:
                 if not exclusive:
+                    raise
+                return False
+            except FileNotFoundError:
+                if replacing is None:
+                    raise
+                return False  # deleted since its ETag was read
+            except OSError as error:
+                if replacing is None or not _precondition_failed(error):
                     raise
                 return False
         return True
@@ -184,6 +217,13 @@ class Store:
             raise
         except Exception as error:
             raise StoreError(_explain(self, action, relative, error)) from None
+
+
+def _precondition_failed(error: OSError) -> bool:
+    """Whether the server refused a conditional write because its condition did not hold
+    (HTTP 412; s3fs reports an ``If-Match`` one as a plain ``OSError``)."""
+    response = getattr(error.__cause__, "response", None) or {}
+    return response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
 
 
 def _endpoint() -> str:
