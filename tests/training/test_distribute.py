@@ -98,6 +98,15 @@ def test_a_logical_cpu_count_below_one_is_refused(count):
             setup({"kind": kind, "logical_cpus": count})
 
 
+def test_multiworker_without_tf_config_points_to_the_multi_worker_page(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        setup({"kind": "multiworker"})
+    message = str(refused.value)
+    assert "(see docs/how-to/multi-worker.md)" in message and "README" not in message
+    assert message.endswith("Received no TF_CONFIG")
+
+
 @pytest.mark.parametrize("device", ["/gpu:7", "/cpu:3", "foo"])
 def test_a_device_the_process_does_not_have_is_refused(device):
     """MirroredStrategy took a missing /gpu:7 and trained on the one CPU, silently."""

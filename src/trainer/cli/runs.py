@@ -1,7 +1,7 @@
 """``trainer runs OUTPUT_DIR``: every run of an outputs directory with its sessions,
 checkpoints, exports and TensorBoard log (``trainer.runs.index`` finds them); on object
 storage (``trainer runs s3://bucket/runs``), the runs' checkpoints and export versions
-from their commit markers (``trainer.runs.on_store``).
+from their commit markers (``trainer.runs.store_listing``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 
 from trainer.runs.index import format_runs, list_runs
-from trainer.runs.on_store import format_store_runs, list_store_runs
+from trainer.runs.store_listing import format_store_runs, list_store_runs
 from trainer.storage.locations import is_remote
 
 
