@@ -23,7 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError, TrainerError
+from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError
 from trainer.storage.cache import cache_root
 from trainer.storage.locations import is_remote
 from trainer.storage.remote import RemoteCheckpoints
@@ -83,7 +83,7 @@ def locate(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
     failure, path = None, None
     try:  # the chief's copy is in its cache already; another host downloads it now
         path = remote.fetch(chosen)
-    except TrainerError as error:
+    except Exception as error:  # any: the other workers must not wait for this one
         failure = error
     everyone_ready(dist, failure)
     return mirror, path
