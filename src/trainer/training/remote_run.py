@@ -61,8 +61,8 @@ def check(cfg: DictConfig) -> None:
         problems.append(f"checkpoint.directory={directory!r} (give a relative name)")
     if problems:
         raise ConfigError(
-            f"run_dir={cfg.run_dir} is on object storage, which supports a single-machine "
-            f"run resumed from its own checkpoints only: fix {'; '.join(problems)}. "
+            f"run_dir={cfg.run_dir} is on object storage, which supports a run "
+            f"resumed from its own checkpoints only: fix {'; '.join(problems)}. "
             f"Received: {problems[0]}"
         )
 
