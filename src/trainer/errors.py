@@ -125,6 +125,11 @@ class DirectoryInUseError(TrainerError):
     """Another live process writes the run (or checkpoint) directory."""
 
 
+class PeerWorkerError(TrainerError):
+    """Another worker of a multi-worker run stopped before training (its own error is in
+    its log), so this one stops too instead of waiting for it in a collective."""
+
+
 class SaveError(TrainerError):
     """Writing a checkpoint failed; the previous checkpoints are intact."""
 

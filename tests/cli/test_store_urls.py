@@ -14,6 +14,7 @@ import pytest
 from trainer.checkpointing import CheckpointManager
 from trainer.cli.app import main as cli_main
 from trainer.state import TrainingState
+from trainer.storage.remote import RemoteCheckpoints
 
 
 @pytest.fixture
@@ -52,3 +53,81 @@ def test_an_unsupported_scheme_is_one_error_line(capsys):
     assert cli_main(["inspect", "gs://bucket/run/checkpoints/latest"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "gs:// is not supported" in err
+
+
+def _checkpoints(url: str, steps: list[int], staging) -> None:
+    """Weights checkpoints of a small model at ``steps`` in the directory ``url``."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    with CheckpointManager(url, "weights", staging=staging) as manager:
+        for step in steps:
+            manager.save(model, TrainingState(global_step=step), wait=True)
+
+
+def test_runs_on_a_prefix_lists_what_the_commit_markers_publish(
+    saved, s3_bucket, s3_server, tmp_path, capsys
+):
+    """Two runs; a killed upload's objects (no marker) and a marker a resume set aside are
+    not listed; an export directory's numbered versions are exports."""
+    _checkpoints(f"{s3_bucket}/other/checkpoints", [3, 5], tmp_path / "staging-other")
+    root = s3_bucket[len("s3://") :]
+    s3_server.fs.pipe_file(f"{root}/run/checkpoints/step-00000099/model.weights.h5", b"partial")
+    marker = s3_server.fs.cat_file(f"{root}/other/checkpoints/.commits/step-00000003.json")
+    s3_server.fs.pipe_file(f"{root}/other/checkpoints/abandoned-1/.commits/step-9.json", marker)
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "saved_model.pb").write_bytes(b"graph")
+    RemoteCheckpoints(f"{s3_bucket}/run/export").publish(version, step=7)
+
+    assert cli_main(["runs", s3_bucket, "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in listing["runs"]] == ["other", "run"]
+    other, run = listing["runs"]
+    assert [(c["name"], c["step"], c["latest"]) for c in other["checkpoints"]] == [
+        ("step-00000003", 3, False),
+        ("step-00000005", 5, True),
+    ]
+    assert other["exports"] == [] and other["run_dir"] == f"{s3_bucket}/other"
+    assert [c["name"] for c in run["checkpoints"]] == ["step-00000007"]
+    assert [(e["name"], e["step"], e["bytes"]) for e in run["exports"]] == [("1", 7, 5)]
+
+    assert cli_main(["runs", f"{s3_bucket}/run"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"1 run(s) under {s3_bucket}/run")
+    assert "checkpoint step-00000007" in text and "(latest)" in text and "export     1" in text
+
+
+def test_runs_on_a_missing_bucket_is_one_error_line(s3_bucket, capsys):
+    assert cli_main(["runs", "s3://no-such-bucket-r/runs"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "no-such-bucket-r" in err and len(err.splitlines()) == 1
+
+
+def test_export_a_checkpoint_url(saved, tmp_path, capsys):
+    """Downloaded through the cache, then exported as a local checkpoint is; the export
+    records the checkpoint `latest` named, and serves what the checkpoint predicts."""
+    import tensorflow as tf
+
+    from trainer.exports.exporter import read_export_metadata
+    from trainer.save_backends import load_checkpoint
+
+    out = tmp_path / "serving"
+    assert cli_main(["export", f"{saved}/latest", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["version"] == 1
+    meta = read_export_metadata(out / "1")
+    assert meta["source"]["checkpoint"] == f"{saved}/step-00000007"
+    assert meta["state"]["global_step"] == 7
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    served = tf.saved_model.load(str(out / "1")).signatures["serving_default"]
+    (got,) = served(tf.constant(x)).values()
+    want = load_checkpoint(f"{saved}/latest").model.predict(x, verbose=0)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+def test_export_of_a_checkpoint_missing_on_the_store_is_one_error_line(saved, tmp_path, capsys):
+    out = tmp_path / "serving"
+    assert cli_main(["export", f"{saved}/step-00000008", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "step-00000008" in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -13,9 +13,7 @@ are bitwise repeatable, including an interrupted and resumed one.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ from hydra.utils import instantiate
 from tests.helpers.config import TINY
 from tests.helpers.paths import CHILDREN_DIR, ROOT
 from tests.helpers.processes import subprocess_env
+from tests.helpers.workers import kill, start_workers, worker_logs
 from trainer import train
 from trainer.checkpointing import all_variables
 from trainer.errors import ConfigError
@@ -97,6 +96,15 @@ def test_a_logical_cpu_count_below_one_is_refused(count):
     for kind in ("mirrored", "multiworker"):
         with pytest.raises(ConfigError, match=r"strategy\.logical_cpus must be .* at least 1"):
             setup({"kind": kind, "logical_cpus": count})
+
+
+def test_multiworker_without_tf_config_points_to_the_multi_worker_page(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        setup({"kind": "multiworker"})
+    message = str(refused.value)
+    assert "(see docs/how-to/multi-worker.md)" in message and "README" not in message
+    assert message.endswith("Received no TF_CONFIG")
 
 
 @pytest.mark.parametrize("device", ["/gpu:7", "/cpu:3", "foo"])
@@ -231,55 +239,6 @@ def test_mirrored_train_resume_and_load_across_strategies(compose_cfg, tmp_path)
 # ----------------------------------------------------------------------- multi-worker
 WORKER_TIMEOUT = 900  # hang guard for a phase of two workers, never a speed check
 STEPS = 9  # 3 epochs of 3 steps
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for each in sockets:
-            each.bind(("127.0.0.1", 0))
-        return [each.getsockname()[1] for each in sockets]
-
-
-def start_workers(
-    overrides: list[str], tmp_path: Path, phase: str, only_worker1: tuple[str, ...] = ()
-) -> list[subprocess.Popen]:
-    """Two `python train.py strategy=multiworker ...` processes, one TF_CONFIG each."""
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
-    workers = []
-    for index in range(2):
-        env = subprocess_env()
-        task = {"type": "worker", "index": index}
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": task})
-        command = [
-            sys.executable, str(ROOT / "train.py"), "strategy=multiworker", *overrides,
-            f"hydra.run.dir={tmp_path / f'hydra-{phase}-{index}'}",
-            *(only_worker1 if index == 1 else ()),
-        ]  # fmt: skip
-        with open(tmp_path / f"{phase}-worker{index}.log", "w") as log:
-            workers.append(
-                subprocess.Popen(
-                    command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
-                )
-            )
-    return workers
-
-
-def worker_logs(tmp_path: Path, phase: str) -> str:
-    return "\n".join(
-        f"--- worker {i}:\n" + (tmp_path / f"{phase}-worker{i}.log").read_text()[-3000:]
-        for i in range(2)
-    )
-
-
-def kill(workers: list[subprocess.Popen]) -> None:
-    for worker in workers:
-        if worker.poll() is None:
-            worker.kill()
-    for worker in workers:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.wait(timeout=30)
 
 
 def read_step(path: Path) -> int:

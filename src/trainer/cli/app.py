@@ -122,7 +122,7 @@ def _add_commands(command) -> None:
     export = command(
         "export",
         "export a checkpoint of any backend as OUT_DIR/<version>/ for serving",
-        ("checkpoint", CHECKPOINT_HELP),
+        ("checkpoint", CHECKPOINT_HELP + STORE_HELP, _local_or_url),
         ("out_dir", "directory of numbered versions (created if missing)"),
     )
     _add_export_options(export)
@@ -139,7 +139,12 @@ def _add_commands(command) -> None:
     command(
         "runs",
         "list every run with its checkpoints, exports and TensorBoard log",
-        ("output_dir", "a Hydra outputs directory (outputs/, multirun/) or a run"),
+        (
+            "output_dir",
+            "a Hydra outputs directory (outputs/, multirun/) or a run; or a "
+            "prefix on object storage (s3://bucket/runs), listed from its commit markers",
+            _local_or_url,
+        ),
     )
 
 

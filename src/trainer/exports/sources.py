@@ -21,7 +21,21 @@ from trainer import data as data_sets
 from trainer.errors import ExportError, TensorBoardWriteError, TrainerError
 from trainer.exports.exporter import DEFAULT_KEEP, check_format_and_keep, export_serving
 from trainer.exports.warmup import check_warmup_limit
+from trainer.storage.locations import is_remote
 from trainer.tensorboard.board import LINK_KEY, RunBoard
+
+
+def _local_copy(checkpoint_path: str | os.PathLike) -> tuple[Path, str]:
+    """The checkpoint as a local path and what the export records as its source: a URL on
+    object storage is downloaded into the local cache (checked against its commit marker)
+    and recorded as the URL of the checkpoint ``latest`` named; a local path, resolved."""
+    from trainer.save_backends.registry import fetch_remote
+
+    if not is_remote(checkpoint_path):
+        return Path(checkpoint_path), str(Path(checkpoint_path).resolve())
+    local = fetch_remote(os.fspath(checkpoint_path))
+    directory = os.fspath(checkpoint_path).rstrip("/").rpartition("/")[0]
+    return local, f"{directory}/{local.name}"
 
 
 def export_from_checkpoint(
@@ -52,9 +66,8 @@ def export_from_checkpoint(
     counted = isinstance(warmup, int) and not isinstance(warmup, bool)  # N examples
     if counted:
         warmup_count(warmup, "warmup")  # before the checkpoint is loaded
-    checkpoint = load_checkpoint(
-        checkpoint_path, compile=bool(with_optimizer), safe_mode=bool(safe_mode)
-    )
+    local, source = _local_copy(checkpoint_path)
+    checkpoint = load_checkpoint(local, compile=bool(with_optimizer), safe_mode=bool(safe_mode))
     meta = checkpoint.metadata
     if counted:
         warmup = (
@@ -62,8 +75,8 @@ def export_from_checkpoint(
         )
     extra = {
         "source": {
-            # Resolved: `latest` (a symlink the next save moves) must not be recorded.
-            "checkpoint": str(Path(checkpoint_path).resolve()),
+            # Resolved: `latest` (a pointer the next save moves) must not be recorded.
+            "checkpoint": source,
             "backend": meta.get("backend"),
             "format_version": meta.get("format_version"),
         },

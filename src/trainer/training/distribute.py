@@ -286,7 +286,7 @@ def _build(kind: str, options: dict[str, Any]) -> tf.distribute.Strategy:
         raise DistributeError(
             "strategy=multiworker needs the TF_CONFIG environment variable on every worker, "
             'e.g. {"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": '
-            '"worker", "index": 0}} (see README). Received no TF_CONFIG'
+            '"worker", "index": 0}} (see docs/how-to/multi-worker.md). Received no TF_CONFIG'
         )
     communication = {
         "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,

@@ -115,7 +115,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     scratch directory (``dist.output_dir``). A signal during ``fit`` stops after the current
     batch (with an interrupt checkpoint), before or after it at once."""
     trainer.training.config.check_values(cfg)  # before anything is built or written
-    run_dir, resume_from = locate_run(cfg)
+    run_dir, resume_from = locate_run(cfg, dist)
     try:
         out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
     except DirectoryInUseError:
@@ -123,7 +123,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         raise
     # This session's log and Hydra config go to the run it continues (sessions.py).
     with sessions.session(out_dir, resume_from):
-        if not remote_run.is_remote_run(cfg):
+        if not (remote_run.is_remote_run(cfg) and dist.is_chief):  # the chief uploads
             return run_session(cfg, dist, run_dir, resume_from)
         events = store_sync.EventSync(str(cfg.run_dir), out_dir, cfg.trainer.tensorboard_dir)
         try:
@@ -163,6 +163,7 @@ def run_session(
                 parts.board,
                 parts.config_record,
                 resumed_finished=parts.finished_before,
+                to_store=dist.is_chief,
             )
         finally:
             parts.board.close()
@@ -175,11 +176,12 @@ def run_session(
         parts.manager.release()  # on a store: the next writer need not wait for the expiry
 
 
-def locate_run(cfg: DictConfig) -> tuple[Path, Path | None]:
+def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
     """The run directory of this session and the checkpoint it resumes from (or None). A
-    run on object storage: its local mirror, and a local copy of the store's checkpoint."""
+    run on object storage: its local mirror, and a local copy of the store's checkpoint
+    (under ``strategy=multiworker``: the one the chief chose, on every worker)."""
     if remote_run.is_remote_run(cfg):
-        return remote_run.locate(cfg)
+        return remote_run.locate(cfg, dist)
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     resume_from = resume.resolve_resume(
@@ -298,7 +300,9 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
     epoch-end saves; TensorBoard scalars), checkpointing, the epoch cutter; the progress
     bar right after the configured ones."""
     local = out_dir / cfg.checkpoint.directory
-    on_store = remote_run.is_remote_run(cfg)
+    # Only the chief writes to the store (and holds its lease); another worker's saves go
+    # to its scratch directory and are removed at once (``dist.backend``).
+    on_store = remote_run.is_remote_run(cfg) and dist.is_chief
     manager = CheckpointManager(
         remote_run.checkpoint_url(cfg) if on_store else local,
         dist.backend(build_backend(cfg)),

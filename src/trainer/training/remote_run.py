@@ -8,8 +8,10 @@ TensorBoard log are then copied to the store (``training.store_sync``); the log,
 config and the staged checkpoints are not.
 
 Kept narrow on purpose: ``resume`` must be ``auto`` or ``latest`` (the run's own
-checkpoints), ``resume_dir`` is not used, and ``strategy=multiworker`` is refused (every
-worker would need the store's checkpoints and only the chief may write them).
+checkpoints) and ``resume_dir`` is not used. Under ``strategy=multiworker`` only the chief
+writes to the store (checkpoints, lease, export, TensorBoard log); it alone chooses the
+checkpoint to resume from, and every other worker downloads that very checkpoint from the
+store into its own cache (``training.chief_decides``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointEr
 from trainer.storage.cache import cache_root
 from trainer.storage.locations import is_remote
 from trainer.storage.remote import RemoteCheckpoints
+from trainer.training.chief_decides import chief_decides, everyone_ready
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +59,40 @@ def check(cfg: DictConfig) -> None:
     directory = str(cfg.checkpoint.directory)
     if directory.startswith("/") or is_remote(directory):
         problems.append(f"checkpoint.directory={directory!r} (give a relative name)")
-    strategy = cfg.get("strategy")
-    if hasattr(strategy, "get") and "MultiWorker" in str(strategy.get("_target_", "")):
-        problems.append("strategy=multiworker (not supported on a store yet)")
     if problems:
         raise ConfigError(
-            f"run_dir={cfg.run_dir} is on object storage, which supports a single-machine "
-            f"run resumed from its own checkpoints only: fix {'; '.join(problems)}. "
+            f"run_dir={cfg.run_dir} is on object storage, which supports a run "
+            f"resumed from its own checkpoints only: fix {'; '.join(problems)}. "
             f"Received: {problems[0]}"
         )
 
 
-def locate(cfg: DictConfig) -> tuple[Path, Path | None]:
+def locate(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
     """The local mirror of the run and the checkpoint it resumes from (a verified local
-    copy of the store's newest complete one), or None for a fresh start."""
+    copy of the store's newest complete one), or None for a fresh start. Under
+    ``strategy=multiworker`` (``dist``) the chief chooses and every worker gets a copy of
+    the chief's choice (``chief_decides``)."""
     check(cfg)
     remote = RemoteCheckpoints(checkpoint_url(cfg))
-    found = remote.committed()  # raises a StoreError line for a wrong bucket, keys, endpoint
+    chosen = chief_decides(dist, lambda: choose(cfg, remote))
     mirror = mirror_dir(str(cfg.run_dir))
     mirror.mkdir(parents=True, exist_ok=True)
+    if chosen is None:
+        everyone_ready(dist, None)
+        return mirror, None
+    failure, path = None, None
+    try:  # the chief's copy is in its cache already; another host downloads it now
+        path = remote.fetch(chosen)
+    except Exception as error:  # any: the other workers must not wait for this one
+        failure = error
+    everyone_ready(dist, failure)
+    return mirror, path
+
+
+def choose(cfg: DictConfig, remote: RemoteCheckpoints) -> str | None:
+    """The name of the checkpoint the run resumes from (checked whole: downloaded into
+    the cache), or None for a fresh start; refuses what a fresh run would overwrite."""
+    found = remote.committed()  # raises a StoreError line for a wrong bucket, keys, endpoint
     resume = cfg.get("resume")
     if resume is None:
         if found:
@@ -84,7 +102,7 @@ def locate(cfg: DictConfig) -> tuple[Path, Path | None]:
                 f"resume=auto (or resume=latest), or start this one at another URL. "
                 f"Received: newest {found[-1]['name']}, resume=null"
             )
-        return mirror, None
+        return None
     if not found:
         if resume == "latest":
             raise NotACheckpointError(
@@ -92,12 +110,13 @@ def locate(cfg: DictConfig) -> tuple[Path, Path | None]:
                 f"to start afresh when there is none. Received: run_dir={cfg.run_dir}"
             )
         log.info("resume=auto: no complete checkpoint in %s yet; starting a fresh run", remote.url)
-        return mirror, None
-    return mirror, newest_whole(remote, found)
+        return None
+    return newest_whole(remote, found)
 
 
-def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> Path:
-    """A local copy of the newest complete checkpoint whose objects match its marker; a
+def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> str:
+    """The name of the newest complete checkpoint whose objects match its marker (now in
+    the local cache); a
     damaged newer one is skipped with a warning (as on disk: the run continues from the
     one before, and the manager then sets the damaged one aside). If every one is damaged,
     nothing is chosen: a fresh start would write over them."""
@@ -105,7 +124,8 @@ def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> Path:
     for marker in reversed(found):
         log.info("Downloading checkpoint %s", remote.url_of(marker["name"]))
         try:
-            return remote.fetch(marker["name"])
+            remote.fetch(marker["name"])
+            return marker["name"]
         except CorruptCheckpointError as error:
             log.warning("Skipping damaged checkpoint %s (%s)", remote.url_of(marker["name"]), error)
             damaged.append(error)

@@ -72,10 +72,12 @@ def finish_run(
     config_record: dict[str, Any],
     *,
     resumed_finished: bool,
+    to_store: bool = True,
 ) -> dict[str, float]:
     """Final metrics, hparams and the serving export of a run whose training is complete.
     ``resumed_finished``: the run was complete before this session, so hparams and the
-    export are written only if an earlier session did not get to them."""
+    export are written only if an earlier session did not get to them. ``to_store``: a
+    run on object storage publishes its export there (only its chief does)."""
     metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
     log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
     tb_dir = out_dir / cfg.trainer.tensorboard_dir
@@ -93,7 +95,7 @@ def finish_run(
     existing = export_of_step(out_dir, export_cfg, state) if resumed_finished else None
     if existing is not None:
         log.info("Export:        %s (already written at step %d)", existing, state.global_step)
-        if remote_run.is_remote_run(cfg):  # a session stopped before its upload
+        if to_store and remote_run.is_remote_run(cfg):  # stopped before its upload
             publish_on_store(cfg, export_cfg, existing, state, unless_there=True)
         return metrics
     exported = export_for_run(
@@ -107,7 +109,7 @@ def finish_run(
     )
     if exported is not None:
         log.info("Export:        %s", exported)
-        if remote_run.is_remote_run(cfg):
+        if to_store and remote_run.is_remote_run(cfg):
             publish_on_store(cfg, export_cfg, exported, state, unless_there=False)
     return metrics
 
