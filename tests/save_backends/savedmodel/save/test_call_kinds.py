@@ -48,6 +48,12 @@ CASES = {
         lambda: keras.layers.HashedCrossing(num_bins=5, output_mode="one_hot"),
         (np.array([1, 2, 3]), np.array([4, 5, 4])),
     ),
+    # Passes a sparse input through in inference, fails on it in training: its sparse
+    # inference trace must not be kept (the save then failed tracing it for training).
+    "augmentation_on_dense": (
+        lambda: keras.layers.RandomBrightness(0.2, seed=1),
+        np.linspace(0, 1, 48, dtype="float32").reshape(1, 4, 4, 3),
+    ),
     "int16_images": (
         lambda: keras.layers.Rescaling(1 / 255, offset=0.5),
         np.arange(18, dtype="int16").reshape(3, 2, 3),

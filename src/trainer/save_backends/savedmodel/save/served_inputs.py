@@ -61,7 +61,23 @@ def _trace_composites(model: keras.Model, recorder: tracing.CallRecorder, served
     sparse or ragged tensors is then revived taking them, as the original does."""
     for structure in served:
         for variant in input_signature.composite_variants(model, structure):
-            first_tracing(model, recorder, [variant])
+            before = recorder.snapshot()
+            if first_tracing(model, recorder, [variant]) is not None and not _trains_on(
+                model, variant
+            ):
+                recorder.restore(before)
+
+
+def _trains_on(model: keras.Model, structure: Any) -> bool:
+    """Whether a throwaway training-mode trace of the model runs on ``structure``. A
+    random image augmentation passes a sparse input through unchanged in inference and
+    fails on it in training: every layer's training function is traced from what the
+    inference trace recorded, so a kind the model only infers on would fail the save."""
+    try:
+        endpoints.make_serve(model, structure, training=True).get_concrete_function()
+    except Exception:  # the model's own code, in a tf.function: user code
+        return False
+    return True
 
 
 def first_tracing(
