@@ -112,7 +112,22 @@ def _rebuilt_from(cls: type, config: dict[str, Any]) -> keras.layers.Layer:
     """A dropped copy built from ``config`` by the class's own ``from_config`` (constructor
     only: not built, no weights), leaving Keras's automatic names as they were."""
     with keras_compat.unchanged_object_names():
-        return cls.from_config(copy.deepcopy(config))
+        return cls.from_config(plain_copy(config))
+
+
+def plain_copy(value: Any) -> Any:
+    """A deep copy of a config with every list and dict as a plain one, as a load gets it
+    back from JSON. A Keras layer's config may hold its own tracked list (Keras 3.15's
+    ``RandomBrightness`` returns its ``value_range`` attribute), which keeps a reference
+    to the layer's tracker and cannot be deep-copied, although Keras's saving writes it as
+    a list."""
+    if isinstance(value, dict):
+        return {key: plain_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain_copy(item) for item in value]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(plain_copy(item) for item in value)
+    return copy.deepcopy(value)
 
 
 def _compared(attribute: str, value: Any) -> bool:

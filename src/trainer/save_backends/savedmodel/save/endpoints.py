@@ -263,15 +263,16 @@ def named_args(
     return named_args_, specs, [d for d in described if d is not None]
 
 
-def make_serve(model: keras.Model, args: tuple[Any, ...]) -> Any:
+def make_serve(model: keras.Model, args: tuple[Any, ...], *, training: bool = False) -> Any:
     """``serve(*args)``: the model in inference mode on its own positional structure,
-    returning its own output structure, as Keras's export's ``serve``."""
+    returning its own output structure, as Keras's export's ``serve``. With ``training``:
+    the same in training mode, a throwaway probe of whether the model trains on ``args``."""
     ref = weakref.ref(model)  # the trace cache must not keep the model alive
 
     def serve(*inputs):
         target = ref()
         args, kwargs = _bound_inputs(target, inputs)
-        outputs = target(*args, training=False, **kwargs)
+        outputs = target(*args, training=training, **kwargs)
         keras_compat.clear_losses(target)
         return outputs
 

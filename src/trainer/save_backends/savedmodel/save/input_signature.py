@@ -105,21 +105,39 @@ def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
         return []
     flat = tf.nest.flatten(structure)
     candidates = []
-    for position, spec in enumerate(flat):
-        if isinstance(spec, tf.TensorSpec) and spec.dtype.is_floating:
-            ids = tf.TensorSpec(spec.shape, tf.int32, name=spec.name)
-            changed = [ids if i == position else s for i, s in enumerate(flat)]
-            candidates.append(tf.nest.pack_sequence_as(structure, changed))
+    floats = [i for i, s in enumerate(flat) if isinstance(s, tf.TensorSpec) and s.dtype.is_floating]
+    for position in floats:
+        candidates.append(_as_ids(structure, flat, [position], tf.int32))
+    # Then every float input as ids at once: a layer crossing or hashing several id inputs
+    # (``HashedCrossing``) takes integers on all of them, and NumPy's int64 first.
+    if len(floats) > 1:
+        candidates += [_as_ids(structure, flat, floats, d) for d in (tf.int64, tf.int32)]
     return candidates
+
+
+def _as_ids(structure: Any, flat: list, positions: list[int], dtype: tf.DType) -> Any:
+    """``structure`` with the specs at ``positions`` (of ``flat``) typed ``dtype``."""
+    changed = [
+        tf.TensorSpec(s.shape, dtype, name=s.name) if i in positions else s
+        for i, s in enumerate(flat)
+    ]
+    return tf.nest.pack_sequence_as(structure, changed)
+
+
+# The integer dtypes a model holding converting layers (``Rescaling``, augmentations) is
+# traced on: NumPy's default, Keras's and TensorFlow's, then 8-bit and 16-bit images and
+# 16-bit audio samples. Traced once per model (the trace cache keeps the save).
+IMAGE_INTEGERS = (tf.int64, tf.int32, tf.uint8, tf.int16, tf.uint16, tf.int8)
 
 
 def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
     """For a subclassed model that declares no input dtypes: the structure with every
-    float input as int64 (NumPy's default), then as int32 (``keras.Input``'s, TensorFlow's
-    default), to trace besides the floats Keras' signature gives it. Keras records no
-    dtype for the calls of a subclassed model; one called on integer images would
-    otherwise be revived taking floats only. Each is kept only where the model traces on it
-    (its own code on those dtypes, as a tf.function of the original would run)."""
+    float input as each of ``IMAGE_INTEGERS`` (NumPy's int64, then ``keras.Input``'s and
+    TensorFlow's int32, then the widths images and audio are stored in) to trace besides
+    the floats Keras' signature gives it. Keras records no dtype for the calls of a
+    subclassed model; one called on integer images would otherwise be revived taking
+    floats only. Each is kept only where the model traces on it (its own code on those
+    dtypes, as a tf.function of the original would run)."""
     graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
     if graph or model.input_spec is not None:
         return []
@@ -127,7 +145,7 @@ def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
     if not any(isinstance(s, tf.TensorSpec) and s.dtype.is_floating for s in flat):
         return []
     variants = []
-    for dtype in (tf.int64, tf.int32):
+    for dtype in IMAGE_INTEGERS:
         typed = [
             tf.TensorSpec(s.shape, dtype, name=s.name)
             if isinstance(s, tf.TensorSpec) and s.dtype.is_floating
@@ -136,6 +154,38 @@ def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
         ]
         variants.append(tf.nest.pack_sequence_as(structure, typed))
     return variants
+
+
+def composite_variants(model: keras.Model, structure: Any) -> list[Any]:
+    """For a subclassed model that declares no input spec: the structure with every dense
+    input as a ``tf.SparseTensorSpec``, then as a ``tf.RaggedTensorSpec`` (same dtype and
+    shape), to trace besides the dense specs Keras' signature gives it. Keras records only
+    the shapes of a subclassed model's calls, not the kind of tensor it was called on: one
+    called on sparse features or ragged rows would otherwise be revived taking dense
+    tensors only. Each is kept only where the model traces on it (its own code on such
+    tensors, as a tf.function of the original would run)."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    if graph or model.input_spec is not None:
+        return []
+    flat = tf.nest.flatten(structure)
+    if not flat or not all(isinstance(s, tf.TensorSpec) and s.shape.rank for s in flat):
+        return []
+    sparse = [tf.SparseTensorSpec(s.shape, s.dtype) for s in flat]
+    ragged = [_ragged_spec(s) for s in flat]
+    variants = [sparse]
+    if all(r is not None for r in ragged):
+        variants.append(ragged)
+    return [tf.nest.pack_sequence_as(structure, v) for v in variants]
+
+
+def _ragged_spec(spec: tf.TensorSpec) -> tf.RaggedTensorSpec | None:
+    """The ragged spec of a dense one, its ragged dimensions the leading ones of unknown
+    size after the batch (as ``tf.ragged.constant`` makes them); None for rank 1."""
+    if spec.shape.rank < 2:
+        return None
+    dims = spec.shape.as_list()[1:]
+    rank = max(1, next((i for i, d in enumerate(dims) if d is not None), len(dims)))
+    return tf.RaggedTensorSpec(spec.shape, spec.dtype, ragged_rank=rank)
 
 
 def declared_batch(model: keras.Model, structure: Any) -> Any | None:

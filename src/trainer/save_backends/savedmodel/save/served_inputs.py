@@ -45,11 +45,39 @@ def record_served_specs(
         if _converts_its_inputs(model):
             for variant in input_signature.integer_variants(model, args):
                 first_tracing(model, recorder, [variant])
+        _trace_composites(model, recorder, [args])
         return args
     other = input_signature.other_integer_width(integer)
-    if other is not None:
-        first_tracing(model, recorder, [other])
+    if other is not None and first_tracing(model, recorder, [other]) is not None:
+        _trace_composites(model, recorder, [integer, other])
+    else:
+        _trace_composites(model, recorder, [integer])
     return integer
+
+
+def _trace_composites(model: keras.Model, recorder: tracing.CallRecorder, served: list) -> None:
+    """Trace the sparse and ragged forms of each served input structure where the model
+    runs on them (``input_signature.composite_variants``): a subclassed model called on
+    sparse or ragged tensors is then revived taking them, as the original does."""
+    for structure in served:
+        for variant in input_signature.composite_variants(model, structure):
+            before = recorder.snapshot()
+            if first_tracing(model, recorder, [variant]) is not None and not _trains_on(
+                model, variant
+            ):
+                recorder.restore(before)
+
+
+def _trains_on(model: keras.Model, structure: Any) -> bool:
+    """Whether a throwaway training-mode trace of the model runs on ``structure``. A
+    random image augmentation passes a sparse input through unchanged in inference and
+    fails on it in training: every layer's training function is traced from what the
+    inference trace recorded, so a kind the model only infers on would fail the save."""
+    try:
+        endpoints.make_serve(model, structure, training=True).get_concrete_function()
+    except Exception:  # the model's own code, in a tf.function: user code
+        return False
+    return True
 
 
 def first_tracing(
