@@ -28,6 +28,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer.errors import ConfigError, DirectoryInUseError
@@ -59,10 +60,19 @@ def lease_seconds() -> float:
 class Lease:
     """This process's claim to write the checkpoint directory ``store`` holds."""
 
-    def __init__(self, store: Store, seconds: float | None = None):
+    def __init__(
+        self,
+        store: Store,
+        seconds: float | None = None,
+        *,
+        on_acquire: Callable[[], Any] | None = None,
+    ):
         self.store = store
         self.seconds = lease_seconds() if seconds is None else float(seconds)
         self.token: str | None = None  # set while held
+        # Run each time the lease is taken (not renewed): what only the one writer may
+        # do before it writes, such as cleaning a killed writer's leftovers.
+        self.on_acquire = on_acquire
 
     @property
     def url(self) -> str:
@@ -77,6 +87,8 @@ class Lease:
         another live writer holds it, or if this one's was taken over."""
         if self.token is None:
             self._acquire()
+            if self.on_acquire is not None:
+                self.on_acquire()
             return
         current = self._read()
         if current is None:  # deleted by hand, or by a taker not done yet: ours if we win
