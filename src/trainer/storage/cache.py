@@ -87,7 +87,7 @@ def fetch_objects(store: Any, name: str, kind: str, objects: list[dict[str, Any]
             integrity.safe_relative(item["path"], target)  # never outside the entry
             local.parent.mkdir(parents=True, exist_ok=True)
             pairs.append((key, local))
-        store.get_files(pairs)  # concurrently: one by one, each waited a round trip
+        store.get_files(pairs)  # concurrently (one after another, each waits a round trip)
         for (key, local), item in zip(pairs, objects, strict=True):
             _check(local, item, store.url_of(key))
         try:

@@ -4,7 +4,7 @@ the markers only, deleted marker first, read through a local cache.
 A store has no atomic rename, so a checkpoint cannot appear whole under its name the way
 ``trainer.storage.atomic`` makes it appear on disk. Instead the backend writes the
 checkpoint into a local directory exactly as it does on disk (manifest, sizes, digests),
-and ``publish`` uploads it object by object, then writes the marker
+and ``publish`` uploads its objects (concurrently, one PUT each), then writes the marker
 ``.commits/<name>.json`` last: it lists every object with its size and SHA-256. A writer
 killed during the upload leaves objects without a marker, which nothing reads: listing,
 ``latest``, resume and load see a checkpoint only through its marker. Retention deletes the
@@ -27,6 +27,7 @@ Layout under a checkpoint directory URL::
     <dir>/<name>/...            a directory checkpoint's files (savedmodel, weights)
     <dir>/<name>.h5             a single-file checkpoint (h5)
     <dir>/.commits/<name>.json  its commit marker, written last
+    <dir>/.pending/<name>       the intent record of an upload or delete in progress
     <dir>/latest                the newest checkpoint's name
 """
 
