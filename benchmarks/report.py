@@ -267,6 +267,7 @@ def render(payload: dict[str, Any], analysis: Path | None = None) -> str:
         "python -m benchmarks.saver_floor --size deep   # TensorFlow's floor under a first save",
         "python -m benchmarks.page_cache --mib 97    # writing into fresh vs reused pages",
         "python -m benchmarks.verify_cost           # load with vs without the digest check",
+        "python -m benchmarks.store_cost --sizes small,large --repeats 3   # s3:// vs plain s3fs",
         "python -m benchmarks.load_pair --repeats 7   # loads only: ours vs .keras, interleaved",
         "python -m benchmarks.async_cost --runs 3    # what one async save costs its epochs",
         "python -m benchmarks.async_cost --runs 2 --writer files   # the same, at the disk's floor",

@@ -225,3 +225,25 @@ def test_load_pair_reports_both_loads_and_how_the_blocks_came_back(tmp_path, mon
     (row,) = json.loads(out.read_text())
     assert len(row["times"]["ours"]) == len(row["times"]["keras"]) == 2
     assert row["ratio"] > 0 and "revived from config: 2" in row["note"]
+
+
+def test_store_cost_reports_ours_and_the_s3fs_floor_side_by_side(monkeypatch, capsys):
+    """``benchmarks.store_cost`` on the tiny model: its own moto server on 127.0.0.1, every
+    row measured, and the ratio to the plain s3fs transfer printed beside ours."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "restored after the test")  # the benchmark sets them
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("TRAINER_STORE_CACHE", "restored after the test")
+    from benchmarks import store_cost
+
+    out = _main_output(
+        store_cost, ["--sizes", "tiny", "--backends", "weights", "--repeats", "1"], capsys
+    )
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| tiny |")]
+    assert {row[3] for row in rows} == set(store_cost.ROWS.values()), out
+    for row in rows:
+        assert float(row[4]) > 0, row  # the median, measured
+        if row[3] in (store_cost.ROWS[key] for key in store_cost.FLOORS):
+            assert row[7].rstrip(" |").endswith("x") and float(row[7].rstrip(" |x")) > 0, row
+    assert int(rows[0][2].replace(",", "")) > 0  # the checkpoint's bytes

@@ -20,6 +20,8 @@ from tests.helpers.train_py import HANG_GUARD
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy, all_variables
 from trainer.errors import NotACheckpointError, StoreError
 from trainer.save_backends import load_checkpoint
+from trainer.storage.lease import LEASE
+from trainer.storage.store import Store
 
 X = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
 Y = (X.sum(axis=1) > 0).astype("int32")
@@ -161,8 +163,15 @@ def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
     ]
     leftover = "step-00000001/" if where == "upload" else "step-00000000/"
     assert any(k.startswith(leftover) for k in keys)  # objects without a marker
+    complete = markers[0][len(".commits/") : -len(".json")]
+    kept = {k: _read(s3_server, url, k) for k in keys if k.startswith((complete, markers[0]))}
     manager = CheckpointManager(url, "weights", staging=tmp_path / "again")
-    assert [str(p).rsplit("/", 1)[1] for p in manager.all()] == [markers[0][9:-5]]
+    assert [str(p).rsplit("/", 1)[1] for p in manager.all()] == [complete]
+    assert any(k.startswith(leftover) for k in objects(s3_server, url))  # a reader cleans nothing
+    manager.claim()  # the next writer takes the lease: the killed one's leftovers go
+    keys = objects(s3_server, url)
+    assert not [k for k in keys if k.startswith((leftover, ".pending/"))], keys
+    assert {k: _read(s3_server, url, k) for k in kept} == kept  # the complete one untouched
     loaded = load_checkpoint(f"{url}/latest")
     assert loaded.state.global_step == (0 if where == "upload" else 1)
     manager.adopt(loaded.state)
@@ -170,6 +179,35 @@ def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
     model.fit(X, Y, epochs=1, batch_size=8, verbose=0)
     manager.save(model, wait=True)
     assert load_checkpoint(f"{url}/latest").state.global_step == 4
+
+
+def _read(server, url: str, key: str) -> bytes:
+    server.fs.invalidate_cache()  # s3fs would answer from its listing of before
+    return server.fs.cat_file(f"{url[len('s3://') :]}/{key}")
+
+
+def test_a_new_writer_cleans_only_recorded_names_without_a_marker(s3_bucket, s3_server, tmp_path):
+    """A writer killed after its marker but before removing its intent record, objects
+    no writer recorded, and a set-aside checkpoint's objects: taking the lease removes the
+    record alone and touches none of them."""
+    url = f"{s3_bucket}/ckpts"
+    model = _model()
+    with CheckpointManager(url, "weights", staging=tmp_path / "staging") as manager:
+        name = str(manager.save(model, wait=True)).rsplit("/", 1)[1]
+    store = Store(url)
+    store.put_bytes(f".pending/{name}", b"publish")  # killed right after its marker
+    store.put_bytes("notes/readme.txt", b"a user's object")
+    store.put_bytes("abandoned-1/.commits/step-00000009.json", b"{}")
+    store.put_bytes("step-00000009/model.weights.h5", b"set aside")
+    before = {k: _read(s3_server, url, k) for k in objects(s3_server, url)}
+    writer = CheckpointManager(url, "weights", staging=tmp_path / "other")
+    writer.claim()
+    after = {k: _read(s3_server, url, k) for k in objects(s3_server, url)}
+    writer.release()
+    assert set(before) - set(after) == {f".pending/{name}"}
+    assert set(after) - set(before) == {LEASE}  # held by the new writer
+    assert all(after[k] == before[k] for k in after if k != LEASE)
+    assert load_checkpoint(f"{url}/latest").state.global_step == 0
 
 
 def test_a_bucket_url_is_no_checkpoint(s3_bucket):

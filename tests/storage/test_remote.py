@@ -165,3 +165,33 @@ def test_an_exclusive_put_creates_only_once(s3_bucket):
     assert store.put_bytes("lease", b"first", exclusive=True) is True
     assert store.put_bytes("lease", b"second", exclusive=True) is False
     assert store.get_bytes("lease") == b"first"
+
+
+def test_a_savedmodel_checkpoint_changed_before_its_upload_is_refused_at_download(
+    s3_bucket, tmp_path
+):
+    """The marker of a savedmodel checkpoint takes every file's digest from its manifest
+    (in ``assets.extra/``) instead of hashing the files again: a staged file changed
+    after the backend wrote it (same size) is refused when downloaded, by the cache's
+    check against the marker, before any backend reads it."""
+    import keras
+
+    from trainer.save_backends import get_backend
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    local = tmp_path / "staging" / "ckpt-1"
+    get_backend("savedmodel").save(model, local)
+    assert integrity.find_manifest(local)[0] == f"assets.extra/{integrity.MANIFEST_FILE}"
+    data = local / "variables" / "variables.data-00000-of-00001"
+    content = bytearray(data.read_bytes())
+    content[-1] ^= 0xFF
+    data.write_bytes(bytes(content))
+    remote = RemoteCheckpoints(f"{s3_bucket}/run/checkpoints")
+    marker = remote.publish(local, step=1)
+    manifest = integrity.find_manifest(local)[1]
+    assert {e["path"]: e["sha256"] for e in manifest["files"]}.items() <= {
+        e["path"]: e["sha256"] for e in marker["objects"]
+    }.items()
+    with pytest.raises(IntegrityError, match="differs from its commit marker"):
+        remote.fetch("ckpt-1")

@@ -5,11 +5,15 @@ mirror; ``resume=auto`` continues from the store."""
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
+import uuid
 
 import numpy as np
 import pytest
 
+from tests.helpers.config import compose_run
 from tests.helpers.s3_server import objects
 from tests.helpers.train_py import TINY_ARGS, train_py
 from trainer import train
@@ -28,15 +32,30 @@ def _final(url: str):
     return [np.asarray(v) for v in all_variables(checkpoint.model)], checkpoint.state
 
 
+@pytest.fixture(scope="module")
+def never_stopped(s3_server, tmp_path_factory):
+    """The final variables and state of the run never stopped, trained once for the
+    module (with the weights backend: the backend changes what is written, not how the
+    model trains, which the tests below check by comparing every backend's resumed run
+    with this one)."""
+    tmp = tmp_path_factory.mktemp("never-stopped")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_server.env().items():
+            patch.setenv(name, value)
+        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
+        bucket = f"test-{uuid.uuid4().hex[:12]}"
+        s3_server.fs.mkdir(bucket)
+        url = f"s3://{bucket}/straight"
+        train(compose_run(tmp / "run", *RUN, f"run_dir={url}"))
+        return _final(url)
+
+
 def test_interrupted_run_on_the_store_resumes_to_the_same_weights(
-    compose_cfg, s3_bucket, s3_server
+    compose_cfg, s3_bucket, s3_server, never_stopped
 ):
     """Stopped by SIGTERM after step 4 of 6 and re-run with resume=auto (the command a
     preempted job repeats), the run ends where a run never stopped ends."""
-    straight = f"{s3_bucket}/straight"
-    train(compose_cfg(*RUN, f"run_dir={straight}"))
-    expected, expected_state = _final(straight)
-
+    expected, expected_state = never_stopped
     broken = f"{s3_bucket}/broken"
     hook = "+callbacks.sigterm={_target_: faults.SignalAtStep, step: 4}"
     train(compose_cfg(*RUN, f"run_dir={broken}", "resume=auto", hook))
@@ -55,6 +74,33 @@ def test_interrupted_run_on_the_store_resumes_to_the_same_weights(
         np.testing.assert_array_equal(got, want)
     keys = objects(s3_server, f"{broken}/checkpoints")
     assert len([k for k in keys if k.startswith(".commits/")]) == 2  # keep_last=2, on the store
+
+
+@pytest.mark.parametrize("backend", ["savedmodel", "h5"])
+def test_a_run_stopped_at_random_on_the_store_resumes_bitwise_with_every_backend(
+    compose_cfg, s3_bucket, never_stopped, backend
+):
+    """Stopped by SIGTERM after a random step (the seed is printed, and
+    ``TRAINER_KILL_SEED`` replays it) and re-run with resume=auto, a run saving with
+    ``backend`` ends bitwise where the run never stopped ends (the weights backend's run
+    is the test above)."""
+    seed = int(os.environ.get("TRAINER_KILL_SEED") or random.randrange(2**32))
+    step = random.Random(seed).randint(1, 5)  # of the 6 steps
+    print(f"TRAINER_KILL_SEED={seed}: SIGTERM after step {step}")
+    url = f"{s3_bucket}/{backend}"
+    run = [*RUN, f"save={backend}", f"run_dir={url}", "resume=auto"]
+    hook = f"+callbacks.sigterm={{_target_: faults.SignalAtStep, step: {step}}}"
+    train(compose_cfg(*run, hook))
+    stopped = load_checkpoint(f"{url}/checkpoints/latest")
+    # Stopped after the batch in flight, or at the step itself at an epoch's end.
+    assert step <= stopped.state.global_step <= min(step + 1, 6), (seed, stopped.state)
+    assert stopped.metadata["backend"] == backend, (seed, stopped.metadata["backend"])
+    train(compose_cfg(*run))
+    actual, actual_state = _final(url)
+    expected, expected_state = never_stopped
+    assert actual_state.global_step == expected_state.global_step == 6, seed
+    for got, want in zip(actual, expected, strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=f"TRAINER_KILL_SEED={seed}")
 
 
 def test_a_fresh_run_over_a_run_on_the_store_is_refused(compose_cfg, s3_bucket):

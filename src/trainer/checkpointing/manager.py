@@ -100,7 +100,8 @@ class CheckpointManager(SavePath):
         self.lease: Lease | None = None  # one writer per URL: taken at the first write
         if is_remote(directory):
             self.remote = RemoteCheckpoints(os.fspath(directory))
-            self.lease = Lease(self.remote.store)
+            remote = self.remote  # taking the lease cleans a killed writer's leftovers
+            self.lease = Lease(remote.store, on_acquire=lambda: on_store.clean(remote))
             self.remote.store.check_bucket()  # a wrong URL fails now, not at the first save
             staging = staging if staging is not None else staging_dir(self.remote.url)
         self.directory = local_path(

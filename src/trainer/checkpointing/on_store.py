@@ -35,6 +35,20 @@ def prune(
     return sorted(gone)
 
 
+def clean(remote: RemoteCheckpoints) -> list[str]:
+    """Right after this writer took the directory's lease: delete the objects a killed
+    writer left without a marker (``RemoteCheckpoints.clean_leftovers``). Returns their
+    names."""
+    removed = remote.clean_leftovers()
+    for name in removed:
+        log.warning(
+            "Removed the objects of %s, left without a commit marker by a writer that "
+            "stopped during an upload or a delete",
+            remote.url_of(name),
+        )
+    return removed
+
+
 def set_aside_after(remote: RemoteCheckpoints, step: int) -> str | None:
     """Training continues from a checkpoint at ``step`` older than the store's newest: the
     markers of the later ones move to ``abandoned-<n>/`` (their objects stay), and

@@ -80,12 +80,15 @@ def fetch_objects(store: Any, name: str, kind: str, objects: list[dict[str, Any]
     tmp = root / f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         target = tmp / name
+        pairs = []
         for item in objects:
             local = target / item["path"] if kind == "directory" else target
             key = f"{name}/{item['path']}" if kind == "directory" else name
             integrity.safe_relative(item["path"], target)  # never outside the entry
             local.parent.mkdir(parents=True, exist_ok=True)
-            store.get_file(key, local)
+            pairs.append((key, local))
+        store.get_files(pairs)  # concurrently (one after another, each waits a round trip)
+        for (key, local), item in zip(pairs, objects, strict=True):
             _check(local, item, store.url_of(key))
         try:
             os.rename(tmp, entry)

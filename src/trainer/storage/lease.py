@@ -31,6 +31,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer.errors import ConfigError, DirectoryInUseError, StoreError
@@ -65,7 +66,13 @@ def lease_seconds() -> float:
 class Lease:
     """This process's claim to write the checkpoint directory ``store`` holds."""
 
-    def __init__(self, store: Store, seconds: float | None = None):
+    def __init__(
+        self,
+        store: Store,
+        seconds: float | None = None,
+        *,
+        on_acquire: Callable[[], Any] | None = None,
+    ):
         self.store = store
         self.seconds = lease_seconds() if seconds is None else float(seconds)
         self.token: str | None = None  # set while held
@@ -73,6 +80,9 @@ class Lease:
         self._lost: DirectoryInUseError | None = None  # found by the renewal thread
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        # Run each time the lease is taken (not renewed): what only the one writer may
+        # do before it writes, such as cleaning a killed writer's leftovers.
+        self.on_acquire = on_acquire
 
     @property
     def url(self) -> str:
@@ -89,11 +99,13 @@ class Lease:
             if self._lost is not None:
                 lost, self._lost = self._lost, None
                 raise lost
-            if self.token is None:
-                self._acquire()
-                self._start_renewing()
+            if self.token is not None:
+                self._renew()
                 return
-            self._renew()
+            self._acquire()
+            self._start_renewing()
+        if self.on_acquire is not None:  # outside the lock: renewed while it cleans
+            self.on_acquire()
 
     def release(self) -> None:
         """Delete the lease if it is still this writer's (never another's)."""

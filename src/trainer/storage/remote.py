@@ -4,7 +4,7 @@ the markers only, deleted marker first, read through a local cache.
 A store has no atomic rename, so a checkpoint cannot appear whole under its name the way
 ``trainer.storage.atomic`` makes it appear on disk. Instead the backend writes the
 checkpoint into a local directory exactly as it does on disk (manifest, sizes, digests),
-and ``publish`` uploads it object by object, then writes the marker
+and ``publish`` uploads its objects (concurrently, one PUT each), then writes the marker
 ``.commits/<name>.json`` last: it lists every object with its size and SHA-256. A writer
 killed during the upload leaves objects without a marker, which nothing reads: listing,
 ``latest``, resume and load see a checkpoint only through its marker. Retention deletes the
@@ -12,11 +12,22 @@ marker first, so a kill during the delete leaves objects without a marker again,
 marker naming missing objects. ``latest`` is one small object holding a name, replaced by
 a single PUT (a reader sees the old name or the new one).
 
+Leftovers are cleaned by the next writer. Before a publication or a delete touches the
+objects of ``<name>``, an intent record ``.pending/<name>`` is written, and it is removed
+once the marker is written (or the objects are gone). A writer killed in between leaves its
+record: the next writer, once it holds the directory's lease (``trainer.storage.lease``),
+deletes the objects of every recorded name that has no marker, then the record
+(``clean_leftovers``), as orbax cleans a killed writer's temporaries on GCS. Only names a
+writer recorded are touched: objects written by anything else under the prefix, and the
+objects of checkpoints set aside (their markers moved), are not; a name whose marker is
+there is complete and is never deleted by the cleaning.
+
 Layout under a checkpoint directory URL::
 
     <dir>/<name>/...            a directory checkpoint's files (savedmodel, weights)
     <dir>/<name>.h5             a single-file checkpoint (h5)
     <dir>/.commits/<name>.json  its commit marker, written last
+    <dir>/.pending/<name>       the intent record of an upload or delete in progress
     <dir>/latest                the newest checkpoint's name
 """
 
@@ -35,6 +46,7 @@ from trainer.storage.cache import fetch_objects
 from trainer.storage.store import Store
 
 COMMITS = ".commits"
+PENDING = ".pending"
 LATEST = "latest"
 FORMAT = "trainer-commit"
 VERSION = 1
@@ -72,11 +84,20 @@ class RemoteCheckpoints:
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
         anything). Returns the marker."""
         name = name or local.name
-        self.delete(name)
+        self.store.put_bytes(_pending_key(name), b"publish")
+        self._remove(name, report=False)
         objects = _describe(local)
-        for entry in sorted(objects, key=lambda e: e["path"] in last):
-            source = local / entry["path"] if local.is_dir() else local
-            self.store.put_file(source, _object_key(local, name, entry["path"]))
+        for group in (False, True):  # the ``last`` ones after every other object
+            self.store.put_files(
+                [
+                    (
+                        local / e["path"] if local.is_dir() else local,
+                        _object_key(local, name, e["path"]),
+                    )
+                    for e in objects
+                    if (e["path"] in last) == group
+                ]
+            )
         marker = {
             "format": FORMAT,
             "version": VERSION,
@@ -88,6 +109,7 @@ class RemoteCheckpoints:
             "objects": objects,
         }
         self.store.put_bytes(_marker_key(name), json.dumps(marker, indent=1).encode())
+        self.store.delete([_pending_key(name)])
         return marker
 
     def point_latest(self, name: str) -> None:
@@ -160,12 +182,32 @@ class RemoteCheckpoints:
     # ------------------------------------------------------------------- delete
     def delete(self, name: str) -> bool:
         """Delete checkpoint ``name``: its marker first (from then on it is not listed),
-        then its objects. Returns whether it had a marker."""
-        had = self.store.get_bytes(_marker_key(name)) is not None
-        self.store.delete([_marker_key(name)])
-        keys = [name] if self.store.get_bytes(name) is not None else []
-        keys += [f"{name}/{rel}" for rel in self.store.walk(name)]
-        self.store.delete(keys)
+        then its objects, under an intent record (a kill in between leaves objects the next
+        writer cleans). Returns whether it had a marker."""
+        self.store.put_bytes(_pending_key(name), b"delete")
+        had = self._remove(name)
+        self.store.delete([_pending_key(name)])
+        return had
+
+    def clean_leftovers(self) -> list[str]:
+        """Delete what killed writers left: the objects of every name with an intent record
+        (``.pending/<name>``) and no commit marker, then the records. Call it only while
+        holding the directory's lease (a live writer's upload is recorded too, and only the
+        lease keeps it safe). Returns the names whose objects were deleted."""
+        removed = []
+        for name in self.store.list(PENDING):
+            if self.store.get_bytes(_marker_key(name)) is None:
+                self._remove(name)
+                removed.append(name)
+            self.store.delete([_pending_key(name)])
+        return sorted(removed)
+
+    def _remove(self, name: str, *, report: bool = True) -> bool:
+        """Delete the marker of ``name`` (first), then its objects. Returns whether it had
+        a marker (found with one more request; ``report=False`` skips it)."""
+        had = report and self.store.get_bytes(_marker_key(name)) is not None
+        self.store.delete([_marker_key(name)])  # an absent key: a no-op for S3
+        self.store.delete(self.store.walk_name(name))
         return had
 
     def set_aside(self, names: list[str], folder: str) -> None:
@@ -184,6 +226,10 @@ def _marker_key(name: str) -> str:
     return f"{COMMITS}/{name}.json"
 
 
+def _pending_key(name: str) -> str:
+    return f"{PENDING}/{name}"
+
+
 def _object_key(local: Path, name: str, relative: str) -> str:
     return f"{name}/{relative}" if local.is_dir() else name
 
@@ -195,7 +241,8 @@ def _describe(local: Path) -> list[dict[str, Any]]:
     if not local.is_dir():
         return [{"path": local.name, **_measure(local)}]
     known = {}
-    manifest = integrity.read_manifest(local)
+    found = integrity.find_manifest(local)  # the savedmodel backend's is in assets.extra/
+    manifest = found[1] if found is not None else None
     if manifest is not None:
         known = {e["path"]: e for e in manifest["files"] if isinstance(e.get("sha256"), str)}
     objects = []

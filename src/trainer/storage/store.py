@@ -115,6 +115,18 @@ class Store:
         with self.errors("download", relative):
             self.fs.get_file(self.key(relative), os.fspath(local))
 
+    def get_files(self, pairs: list[tuple[str, Path]]) -> None:
+        """Download several objects (relative key, local path) in one call: s3fs runs
+        the transfers concurrently, as its own recursive ``get`` does, instead of one
+        request round trip after another."""
+        if not pairs:
+            return
+        with self.errors("download", pairs[0][0]):
+            self.fs.get(
+                [self.key(relative) for relative, _ in pairs],
+                [os.fspath(local) for _, local in pairs],
+            )
+
     def list(self, relative: str = "") -> list[str]:
         """Names (not keys) directly under ``relative``: objects and common prefixes;
         [] if there is none (the bucket exists)."""
@@ -133,6 +145,15 @@ class Store:
             found = self.fs.find(self.key(relative), refresh=True)
         prefix = self.key(relative).rstrip("/") + "/"
         return sorted(p[len(prefix) :] for p in found if p.startswith(prefix))
+
+    def walk_name(self, relative: str) -> list[str]:
+        """The object ``relative`` and every object under ``relative/``, as keys relative to
+        this store (one listing request: a checkpoint is one file or one prefix)."""
+        key = self.key(relative)
+        with self.errors("list", relative):
+            found = self.fs.find(key, refresh=True)
+        root = self.key("").rstrip("/") + "/"
+        return sorted(p[len(root) :] for p in found if p == key or p.startswith(key + "/"))
 
     def check_bucket(self) -> None:
         """Raise ``StoreError`` if the bucket does not exist (an absent object under a
@@ -198,6 +219,17 @@ class Store:
     def put_file(self, local: Path, relative: str) -> None:
         with self.errors("upload", relative):
             self.fs.put_file(os.fspath(local), self.key(relative))
+
+    def put_files(self, pairs: list[tuple[Path, str]]) -> None:
+        """Upload several files (local path, relative key) in one call, concurrently (see
+        ``get_files``). Each object still appears whole, by its own PUT."""
+        if not pairs:
+            return
+        with self.errors("upload", pairs[0][1]):
+            self.fs.put(
+                [os.fspath(local) for local, _ in pairs],
+                [self.key(relative) for _, relative in pairs],
+            )
 
     def delete(self, relatives: list[str]) -> None:
         """Delete these objects, in the order given (absent ones are skipped)."""
