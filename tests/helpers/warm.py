@@ -12,7 +12,7 @@ says why, in these cases:
 - ``TRAINER_TEST_COLD_CHILDREN=1``: every child, to check that both ways give the same
   results;
 - another executable, interpreter options (``-c``, ``-X``, ``-W`` ...), a module other than
-  the CLI's, or a ``subprocess`` keyword this module does not reproduce;
+  the CLI's and TensorBoard's, or a ``subprocess`` keyword this module does not reproduce;
 - an environment variable read while TensorFlow, Keras or Python start (``KERAS_BACKEND``,
   ``TF_ENABLE_ONEDNN_OPTS``, ``TF_CPP_*``, ``PYTHONHASHSEED``, locale ...: every name with a
   prefix in ``IMPORT_TIME_PREFIXES``) that differs from the server's: the server already
@@ -41,15 +41,17 @@ from tests.helpers.processes import subprocess_env
 from tests.helpers.warm_process import WarmProcess, run_to_end
 
 COLD_SWITCH = "TRAINER_TEST_COLD_CHILDREN"
-WARM_MODULES = ("trainer", "trainer.cli")
+WARM_MODULES = ("trainer", "trainer.cli", "tensorboard.main")
 SERVER = Path(__file__).with_name("warm_server.py")
 START_GUARD = 900  # seconds; against a hung server start only, never asserted
 IMPORT_TIME_PREFIXES = (
     "TF_", "KERAS_", "PYTHON", "CUDA", "XLA_", "OMP_", "MKL", "KMP_", "LD_", "LC_",
     "LANG", "TENSORBOARD", "ABSL", "GRPC_", "HDF5_", "NUMPY", "OPENBLAS",
 )  # fmt: skip
-# Read when used, not at import (checked in TensorFlow's and trainer's sources).
-READ_WHEN_USED = {"TF_CONFIG"}
+# Read when used, not at import. TF_CONFIG: by the cluster resolvers. TF_NUM_*_THREADS: when
+# the eager context is created (checked: a warm child given 1 runs 2 fewer threads, as a
+# cold one does).
+READ_WHEN_USED = {"TF_CONFIG", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"}
 PRELOADED_TOP = ("tensorflow", "keras", "hydra", "omegaconf", "trainer")
 SUPPORTED = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines"}
 
