@@ -59,7 +59,8 @@ SUPPORTED = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newli
 class _Server:
     """This pytest worker's fork server, started at the first warm launch."""
 
-    def __init__(self):
+    def __init__(self, preload: bool = True):
+        self.preload = preload  # False: a server that imports nothing (its own tests)
         self.lock = threading.Lock()
         self.control: socket.socket | None = None
         self.env: dict[str, str] | None = None
@@ -72,7 +73,7 @@ class _Server:
         # lives as long as the server.
         log = tempfile.TemporaryFile()  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, str(SERVER), str(theirs.fileno())],
+            [sys.executable, str(SERVER), str(theirs.fileno()), "" if self.preload else "bare"],
             env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, cwd="/",
         )  # fmt: skip

@@ -153,7 +153,8 @@ def main() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["tests_warm_child"] = module
     spec.loader.exec_module(module)
-    preload()
+    if sys.argv[2:] != ["bare"]:
+        preload()
     control.sendall(b"ready")
     Server(control).serve()
 

@@ -7,9 +7,11 @@ processes throughout; the probe is ``tests/children/warm_probe.py``.
 from __future__ import annotations
 
 import json
+import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +158,28 @@ def test_an_import_time_variable_or_the_switch_runs_the_child_cold(
     assert warm.why_cold(command, {"env": subprocess_env()}) is None
     monkeypatch.setenv(warm.COLD_SWITCH, "1")
     assert warm.why_cold(command, {"env": subprocess_env()}) == f"{warm.COLD_SWITCH}=1"
+
+
+def test_the_server_and_its_children_end_when_its_pytest_worker_is_gone(tmp_path):
+    """The control socket's other end closing (its pytest worker died) ends the server,
+    which kills the children still running: nothing outlives a dead worker. A server that
+    preloads nothing, for speed; the mechanism is the same."""
+    server = warm._Server(preload=False)
+    spec = warm._spec([sys.executable, str(PROBE), str(tmp_path), "wait"], tmp_path, None)
+    child = WarmProcess(spec["orig_args"], spec, server.launch, {"stdout": subprocess.PIPE}, True)
+    assert child.stdout.readline() == "started\n"
+    assert child.poll() is None and server.process.poll() is None
+    server.control.close()  # what the worker's death does
+    assert server.process.wait(timeout=GUARD) == 0
+    # Killed: its end of the pipe closed (a live child would never close it).
+    assert select.select([child.stdout], [], [], GUARD)[0], "the child outlived the server"
+    assert child.stdout.read() in ("", "waiting\n")
+    assert _gone_or_zombie(child.pid)
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"  # not reaped yet by its new parent
