@@ -28,6 +28,7 @@ seed (a fresh interpreter draws its own), so nothing here may depend on set orde
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import socket
@@ -91,6 +92,19 @@ class _Server:
             raise RuntimeError(f"the warm fork server did not start: {tail}")
         ours.settimeout(None)
         self.control, self.env = ours, env
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """At the worker's exit: close the control socket (the server kills what is left
+        and exits) and reap the server, so that its CPU time is the worker's."""
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=60)
 
     def launch(self, spec: dict, stdio: list[int]) -> socket.socket:
         """Send one request; returns the status socket that says ``pid`` and ``exit``."""

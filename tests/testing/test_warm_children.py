@@ -170,6 +170,7 @@ def test_the_server_and_its_children_end_when_its_pytest_worker_is_gone(tmp_path
     assert child.stdout.readline() == "started\n"
     assert child.poll() is None and server.process.poll() is None
     server.control.close()  # what the worker's death does
+    server.control = None
     assert server.process.wait(timeout=GUARD) == 0
     # Killed: its end of the pipe closed (a live child would never close it).
     assert select.select([child.stdout], [], [], GUARD)[0], "the child outlived the server"
