@@ -140,24 +140,25 @@ def why_cold(args, kwargs: dict) -> str | None:
         return "interpreter options"
     env = kwargs.get("env")
     env = dict(os.environ) if env is None else env
-    return env_difference(env, SERVER_STATE.env or subprocess_env())
+    return env_difference(env, SERVER_STATE.env or subprocess_env(), kwargs.get("cwd"))
 
 
-def env_difference(env: dict, server: dict) -> str | None:
+def env_difference(env: dict, server: dict, cwd=None) -> str | None:
     names = set(env) | set(server)
     for name in sorted(names - READ_WHEN_USED - {"PYTHONPATH"}):
         if name.startswith(IMPORT_TIME_PREFIXES) and env.get(name) != server.get(name):
             return f"{name} differs from the server's (read at import time)"
-    return pythonpath_difference(env.get("PYTHONPATH", ""), server.get("PYTHONPATH", ""))
+    return pythonpath_difference(env.get("PYTHONPATH", ""), server.get("PYTHONPATH", ""), cwd)
 
 
-def pythonpath_difference(child: str, server: str) -> str | None:
+def pythonpath_difference(child: str, server: str, cwd=None) -> str | None:
     ours = [p for p in server.split(os.pathsep) if p]
     theirs = [p for p in child.split(os.pathsep) if p]
     extra = [p for p in theirs if p not in ours]
     if [p for p in theirs if p in ours] != ours:
         return "PYTHONPATH lacks or reorders the server's entries"
     for entry in extra:
+        entry = Path(cwd or os.getcwd(), entry)  # a relative entry is the child's cwd's
         for name in PRELOADED_TOP:
             if (Path(entry) / name).exists() or (Path(entry) / f"{name}.py").exists():
                 return f"PYTHONPATH entry {entry} holds its own {name}"

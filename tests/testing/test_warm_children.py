@@ -157,6 +157,11 @@ def test_an_import_time_variable_or_the_switch_runs_the_child_cold(
     command = [sys.executable, str(ROOT / "train.py")]
     assert "KERAS_BACKEND" in warm.why_cold(command, {"env": {**env, "KERAS_BACKEND": "jax"}})
     assert warm.why_cold(command, {"env": subprocess_env()}) is None
+    # A PYTHONPATH entry ahead of the server's that holds its own trainer: another copy.
+    shadowing = subprocess_env()
+    (tmp_path / "src-copy" / "trainer").mkdir(parents=True)
+    shadowing["PYTHONPATH"] = f"{tmp_path / 'src-copy'}:{env['PYTHONPATH']}"
+    assert "holds its own trainer" in warm.why_cold(command, {"env": shadowing})
     monkeypatch.setenv(warm.COLD_SWITCH, "1")
     assert warm.why_cold(command, {"env": subprocess_env()}) == f"{warm.COLD_SWITCH}=1"
 
