@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import csv
 import signal
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.config import compose_run
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
@@ -115,12 +115,12 @@ def test_sigkill_and_rerun_stops_at_the_same_epoch(tmp_path, straight):
         "export.enabled=false", f"hydra.run.dir={run}", "hydra/job_logging=disabled",
     ]  # fmt: skip
     kill = f"+callbacks.kill={{_target_: faults.SignalAtStep, step: 7, signum: {signal.SIGKILL}}}"
-    first = subprocess.run(
+    first = warm.run(
         [*command, kill], env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     assert load_checkpoint(run / "checkpoints" / "latest").state.global_step == 6
-    again = subprocess.run(
+    again = warm.run(
         [*command, "resume=latest"], env=subprocess_env(), capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip

@@ -6,13 +6,13 @@ same weights, optimizer and RNG states as a run never stopped, for every backend
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import CHILDREN_DIR
 from tests.helpers.processes import subprocess_env
 from trainer.checkpointing import AsyncBackend, CheckpointManager, CheckpointPolicy
@@ -25,7 +25,7 @@ TIMEOUT = 600  # hang guard only
 
 def run_example(cwd, out, *args):
     cwd.mkdir(exist_ok=True)
-    return subprocess.run(
+    return warm.run(
         [sys.executable, str(CHILD), str(out), *args],
         cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip

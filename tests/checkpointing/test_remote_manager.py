@@ -6,13 +6,13 @@ through the verified cache what a local save would have given."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from tests.helpers.s3_server import objects
@@ -151,7 +151,7 @@ def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
     carries on over them."""
     url = f"{s3_bucket}/ckpts"
     child = ROOT / "tests" / "children" / "store_kill_child.py"
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, str(child), url, str(tmp_path / "staging"), where],
         env=subprocess_env(), capture_output=True, text=True, timeout=HANG_GUARD,
     )  # fmt: skip

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.config import TINY, compose_run, config_options
 from tests.helpers.paths import ROOT
@@ -200,7 +201,7 @@ def _train_cmd(run_dir, *extra):
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_zero(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         _train_cmd(run, "trainer.epochs=200", "save=h5", "hydra/job_logging=default"),
         env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -247,7 +248,7 @@ def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
     previous_step = -1
     while kills < KILLS_PER_RUN:
         resume = ["resume=latest"] if list_checkpoints_safe(run / "checkpoints") else []
-        proc = subprocess.Popen(
+        proc = warm.Popen(
             _train_cmd(run, "trainer.epochs=1000", *slow, *policy, *resume),
             env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -273,7 +274,7 @@ def test_sigkill_during_saves_never_leaves_a_loadable_partial(tmp_path, seed):
     assert kills == KILLS_PER_RUN and previous_step > 0
     # A partial write may be left as a hidden temporary; it is never a candidate, and the
     # next start removes it.
-    final = subprocess.run(
+    final = warm.run(
         _train_cmd(run, f"trainer.epochs={2 + previous_step // 13}", *slow, *policy,
                    "resume=latest"),
         env=subprocess_env(), capture_output=True, text=True, timeout=300,
@@ -449,7 +450,7 @@ def test_training_that_diverges_stops_and_keeps_its_finite_checkpoints(tmp_path,
     tiny = [o for o in TINY if not o.startswith("trainer.epochs=")]
     command = [sys.executable, str(ROOT / "train.py"), *tiny, f"save={save}", "model=mlp"]
     command += ["trainer.epochs=6", "checkpoint.policy.keep_last=2", hook, f"hydra.run.dir={run}"]
-    result = subprocess.run(
+    result = warm.run(
         command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 2, result.stderr[-3000:]

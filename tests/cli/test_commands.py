@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.config import TINY, config_options
 from tests.helpers.paths import ROOT
@@ -17,7 +18,7 @@ from trainer.save_backends import load_checkpoint
 
 
 def run(args: list[str], cwd, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, *args],
         cwd=cwd,
         env=subprocess_env(),
@@ -138,7 +139,7 @@ def test_a_command_whose_reader_went_away_stops_quietly(tmp_path):
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
     checkpoint = get_backend("h5").save(model, tmp_path / "ckpt")
-    child = subprocess.Popen(
+    child = warm.Popen(
         [sys.executable, "-m", "trainer", "inspect", str(checkpoint), "--json"],
         cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip

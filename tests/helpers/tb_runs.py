@@ -17,6 +17,8 @@ import keras
 import numpy as np
 from omegaconf import OmegaConf
 
+from tests.helpers import warm
+from tests.helpers.processes import subprocess_env
 from trainer.data import make_synthetic
 from trainer.models import build_mlp
 from trainer.save_backends import get_backend
@@ -112,16 +114,19 @@ def free_port() -> int:
 @contextlib.contextmanager
 def tensorboard_server(logdir: Path, timeout: float = 600.0):
     """``tensorboard --logdir`` on a free loopback port; yields ``get(path, body=None)``
-    returning parsed JSON. The server starts at once (its start-up, mostly importing
-    TensorFlow, overlaps whatever the test does next); the first ``get`` waits for it, for
-    at most ``timeout`` seconds. The process is always killed."""
+    returning parsed JSON. The server starts at once, warm where it can (its start-up,
+    mostly importing TensorFlow when cold, overlaps whatever the test does next); the first
+    ``get`` waits for it, for at most ``timeout`` seconds. The process is always killed."""
     port = free_port()
     command = [
         sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
         "--port", str(port), "--host", "127.0.0.1", "--load_fast", "false",
         "--reload_interval", "1",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Warm (tests.helpers.warm): TensorBoard imports TensorFlow too.
+    process = warm.Popen(
+        command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     base = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     ready = False

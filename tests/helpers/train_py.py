@@ -1,11 +1,12 @@
-"""``python train.py ...`` in a child process, for the tests of whole sessions and sweeps."""
+"""``python train.py ...`` in a child process, for the tests of whole sessions and sweeps;
+a warm one (``tests.helpers.warm``) where a fork is faithful."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import warm
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 
@@ -25,7 +26,7 @@ HANG_GUARD = 300  # seconds; only against a hung child, never asserted as a dura
 
 def train_py(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None):
     """Run ``python train.py ARGS`` to the end; stdout and stderr together in ``.output``."""
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd, env=env or subprocess_env(), capture_output=True, text=True, timeout=HANG_GUARD,
     )  # fmt: skip

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.fault_corpus import BACKENDS, build_model
 from tests.helpers.paths import CHILDREN_DIR
 from tests.helpers.processes import subprocess_env
@@ -37,7 +38,7 @@ class Child:
     def __init__(self, *args: str):
         env = subprocess_env()
         env["PYTHONPATH"] = f"{CHILDREN_DIR}:{env['PYTHONPATH']}"
-        self.process = subprocess.Popen(
+        self.process = warm.Popen(
             [sys.executable, str(CHILD), *args],
             env=env,
             stdout=subprocess.PIPE,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import warm
 from tests.helpers.fault_corpus import (
     BACKENDS,
     build_model,
@@ -93,7 +93,7 @@ def test_verify_reports_files_added_after_the_save(saved, tmp_path, capsys):
 def test_verify_as_a_command_exits_2_with_one_line(saved, tmp_path):
     path = copy_checkpoint(saved["savedmodel"], tmp_path)
     (path / "variables" / "variables.index").unlink()
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "trainer", "verify", str(path)],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.config import TINY
 from tests.helpers.paths import ROOT
@@ -78,7 +79,7 @@ def test_a_second_writer_is_refused_until_the_first_dies(tmp_path, other_process
 def test_train_py_on_a_run_directory_in_use_is_refused_before_writing(tmp_path, other_process):
     run = tmp_path / "run"
     holder = other_process(holding=run)
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, str(ROOT / "train.py"), *TINY, "model=mlp", f"hydra.run.dir={run}"],
         capture_output=True, text=True, env=subprocess_env(), check=False,
     )  # fmt: skip
@@ -93,13 +94,13 @@ def test_a_refused_train_py_leaves_the_runs_hydra_config_as_it_was(tmp_path, oth
     process's config (seed 9) replaced the run's own, which `trainer runs` then read."""
     run = tmp_path / "run"
     command = [sys.executable, str(ROOT / "train.py"), *TINY, "model=mlp", f"hydra.run.dir={run}"]
-    first = subprocess.run(command, capture_output=True, text=True, env=subprocess_env())
+    first = warm.run(command, capture_output=True, text=True, env=subprocess_env())
     assert first.returncode == 0, first.stderr[-2000:]
     files = {
         name: (run / ".hydra" / name).read_text() for name in ("config.yaml", "overrides.yaml")
     }
     holder = other_process(holding=run)
-    refused = subprocess.run(
+    refused = warm.run(
         [*command, "seed=9", "resume=auto"], capture_output=True, text=True, env=subprocess_env()
     )
     assert refused.returncode == 2 and f"in use by PID {holder.pid}" in refused.stderr

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import CHILDREN_DIR
 from tests.helpers.processes import subprocess_env
 
@@ -26,7 +27,7 @@ def start(out, on_save_error: str, every_n_steps: str) -> subprocess.Popen:
     env = subprocess_env()
     env["PYTHONPATH"] = f"{CHILDREN_DIR}:{env['PYTHONPATH']}"
     args = [str(out), str(LIMIT), on_save_error, every_n_steps]
-    return subprocess.Popen(
+    return warm.Popen(
         [sys.executable, str(CHILD), *args],
         env=env,
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.config import TINY
 from tests.helpers.paths import ROOT
@@ -169,6 +170,7 @@ def test_a_signal_while_tensorflow_is_imported_exits_zero_with_one_line(tmp_path
     """It was killed by the signal (exit code -15) or ended in a KeyboardInterrupt
     traceback, saying nothing, although SIGTERM or Ctrl-C at any point exits 0."""
     run = tmp_path / "run"
+    # A real process, never a warm one (tests.helpers.warm): this is about the imports.
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "model=mlp", *TINY, f"hydra.run.dir={run}"],
         cwd=tmp_path, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -197,7 +199,7 @@ def test_a_console_pipe_whose_reader_is_gone_costs_no_interrupt_checkpoint(tmp_p
     /dev/null, and the run stops as asked, its log still written."""
     run = tmp_path / "run"
     tiny = [o for o in TINY if not o.startswith(("trainer.epochs=", "trainer.verbose="))]
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         [
             sys.executable, str(ROOT / "train.py"), "model=mlp", "save=weights", *tiny,
             "trainer.epochs=200", "trainer.verbose=1", f"hydra.run.dir={run}",

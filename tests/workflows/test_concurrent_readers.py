@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import CHILDREN_DIR, ROOT
 from tests.helpers.processes import subprocess_env
 
@@ -36,11 +37,11 @@ def test_reader_never_sees_a_partial_checkpoint(tmp_path, backend):
     quiet = {**subprocess_env(), "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
     trainer_log = tmp_path / "trainer.log"
     with open(trainer_log, "w") as log:  # a file, not a pipe: a full pipe would stall it
-        trainer = subprocess.Popen(  # one core each: the trainer leaves the other to the reader
+        trainer = warm.Popen(  # one core each: the trainer leaves the other to the reader
             train_command(run, backend), env=quiet, stdout=subprocess.DEVNULL, stderr=log
         )
     try:  # started together, so that both TensorFlow start-ups overlap
-        reader = subprocess.Popen(
+        reader = warm.Popen(
             [sys.executable, str(CHILDREN_DIR / "reader_child.py"),
              str(run / "checkpoints"), str(LOADS), str(NEW_EVERY)],
             env=quiet, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import warm
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from trainer.checkpointing import all_variables
@@ -57,7 +58,7 @@ def command(run_dir, backend):
 
 
 def run_to_end(run_dir, backend) -> None:
-    done = subprocess.run(
+    done = warm.run(
         command(run_dir, backend), env=subprocess_env(), capture_output=True, text=True,
         timeout=HANG_GUARD,
     )  # fmt: skip
@@ -129,7 +130,7 @@ def test_killed_anywhere_and_rerun_ends_like_a_run_never_stopped(tmp_path, refer
     kills, finished_early = [], 0  # (phase, newest checkpoint step when killed)
     while len(kills) < len(KILLS[backend]):
         phase = KILLS[backend][len(kills)]
-        proc = subprocess.Popen(
+        proc = warm.Popen(
             command(run, backend), env=subprocess_env(),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 import keras
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from tests.helpers.tb_runs import make_run
@@ -46,7 +47,7 @@ def run(tmp_path_factory):
 
 
 def trainer_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "trainer", *map(str, args)],
         cwd=ROOT,
         env=subprocess_env(),

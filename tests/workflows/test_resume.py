@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import warm
 from tests.helpers.checkpoints import list_checkpoints
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
@@ -41,7 +42,7 @@ HANG_GUARD = 300  # seconds; only against a hung child, never asserted as a dura
 
 def train_py(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None):
     """Run ``python train.py ARGS`` to the end; stdout and stderr together."""
-    return subprocess.run(
+    return warm.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd, env=env or subprocess_env(), capture_output=True, text=True, timeout=HANG_GUARD,
     )  # fmt: skip
@@ -142,7 +143,7 @@ def test_one_command_rerun_after_sigterm_in_the_export(tmp_path):
         sys.executable, str(ROOT / "train.py"), *TINY, "resume=auto", f"hydra.run.dir={run}",
         "checkpoint.policy.keep_last=1", "checkpoint.policy.keep_best=0",
     ]  # fmt: skip
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         command, cwd=ROOT, env=subprocess_env(),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -162,7 +163,7 @@ def test_one_command_rerun_after_sigterm_in_the_export(tmp_path):
     assert list_checkpoints(run / "checkpoints") == [run / "checkpoints" / "step-00000006"]
     assert "Checkpoints:   " + f"{run / 'checkpoints'}: step-00000006 (latest)" in first
 
-    second = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True,
+    second = warm.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True,
                             text=True, timeout=HANG_GUARD)  # fmt: skip
     assert second.returncode == 0, output_of(second)[-3000:]
     assert "Already trained 2 of 2 epochs" in output_of(second)
