@@ -120,11 +120,13 @@ def _repeat(manager, model, state, index: int, scratch: Path, bucket: str) -> di
     (staged,) = [p for p in staging.iterdir() if not p.name.startswith(".")]
     other = RemoteCheckpoints(f"{url}-publish")
     got["publish"] = _timed(lambda: other.publish(staged, step=state.global_step))
+    # An empty cache of its own: the load's entry holds the same objects (same content key).
+    os.environ["TRAINER_STORE_CACHE"] = os.fspath(scratch / f"cache-{index}-2")
     got["fetch"] = _timed(lambda: other.fetch(staged.name))
     other.delete(staged.name)
     got["local_load"] = _timed(lambda: load_checkpoint(loaded[-1].path))
-    for ours in (0, 1):
-        shutil.rmtree(scratch / f"cache-{index}-{ours}", ignore_errors=True)
+    for which in (0, 1, 2):
+        shutil.rmtree(scratch / f"cache-{index}-{which}", ignore_errors=True)
     writer = get_backend(innermost(manager.backend).name)
     target = Path(writer.checkpoint_path(scratch / f"local-{index}"))
     got["local_write"] = _timed(lambda: writer.save(model, target))

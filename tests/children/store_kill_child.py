@@ -6,7 +6,7 @@ of a publication or of a retention delete, at a chosen object.
 Two checkpoints are saved with the weights backend (retention keeps 1). ``upload``: the
 second one's upload dies after its first object; ``delete``: retention's delete of the
 first one dies right after the marker is gone (before any of its objects). The kill is
-injected by wrapping ``Store.put_file`` / ``Store.delete`` in this process only: the store
+injected by wrapping ``Store.put_files`` / ``Store.delete`` in this process only: the store
 has no crash point of its own, and a kill at a random moment would rarely land there.
 """
 
@@ -49,7 +49,13 @@ def main(url: str, staging: str, where: str) -> None:
     manager.save(model)
     model.fit(x, np.zeros((8, 2), "float32"), epochs=1, verbose=0)
     if where == "upload":  # after the first object of the second checkpoint
-        kill_after("put_file", lambda *args: True)
+        real = Store.put_files
+
+        def first_then_kill(self, pairs):
+            real(self, pairs[:1])
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        Store.put_files = first_then_kill
     else:  # retention's delete of the first checkpoint, right after its marker went
         kill_after("delete", lambda keys: keys == [".commits/step-00000000.json"])
     manager.save(model)
