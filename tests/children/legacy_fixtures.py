@@ -241,11 +241,16 @@ def unfused_output(model, feed):
             layer.fused = True
 
 
-if __name__ == "__main__":
-    names = sys.argv[2:] or list(CASES)
-    for case in names:
-        write(sys.argv[1], case)
-    if not sys.argv[2:]:  # the built-in layers' configs (legacy_builtin_configs.py)
+def write_all(out, names=()):
+    """Every case (or ``names``) into ``out``; with every case, also the built-in layers'
+    configs (``legacy_builtin_configs.py``)."""
+    for case in names or list(CASES):
+        write(out, case)
+    if not names:
         from legacy_builtin_configs import write_configs
 
-        write_configs(os.path.join(sys.argv[1], "builtin_configs.json"))
+        write_configs(os.path.join(out, "builtin_configs.json"))
+
+
+if __name__ == "__main__":
+    write_all(sys.argv[1], sys.argv[2:])

@@ -217,9 +217,14 @@ CASES = {
 }
 
 
-if __name__ == "__main__":
-    for case in sys.argv[2:] or list(CASES):
+def write_all(out, names=()):
+    """Every case (or ``names``) into ``out/<case>``, each from seed 0."""
+    for case in names or list(CASES):
         k.utils.set_random_seed(0)
-        folder = os.path.join(sys.argv[1], case)
+        folder = os.path.join(out, case)
         os.makedirs(folder, exist_ok=True)
         CASES[case](folder)
+
+
+if __name__ == "__main__":
+    write_all(sys.argv[1], sys.argv[2:])

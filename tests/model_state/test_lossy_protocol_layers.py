@@ -52,33 +52,57 @@ def _lora_model(kind: str) -> tuple[keras.Model, np.ndarray, np.ndarray]:
     return model, x, y
 
 
-def _assert_same_variables(original: keras.Model, loaded: keras.Model) -> None:
-    """Every variable, the optimizer's included, equal by position (names may differ)."""
-    pairs = [
-        *zip(original.variables, loaded.variables, strict=True),
-        *zip(original.optimizer.variables, loaded.optimizer.variables, strict=True),
-    ]
-    for want, got in pairs:
-        np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=want.path)
+def _variables(model: keras.Model) -> list[np.ndarray]:
+    """Every variable, the optimizer's included, in order (names may differ)."""
+    return [np.array(v.numpy()) for v in [*model.variables, *model.optimizer.variables]]
 
 
-def _assert_same_and_trains_the_same(original, loaded, x, y) -> None:
+class Trajectory:
+    """What the original model holds and does from its save on: its variables, its
+    predictions, three more training steps' losses and its variables after them. Recorded
+    once, so that several loads can be compared with one original (training it moves it)."""
+
+    def __init__(self, original: keras.Model, x: np.ndarray, y: np.ndarray):
+        self.variables = _variables(original)
+        self.prediction = original.predict(x, verbose=0)
+        self.losses = [original.train_on_batch(x, y) for _ in range(3)]
+        self.after = _variables(original)
+
+
+def _assert_same_variables(want: list[np.ndarray], loaded: keras.Model) -> None:
+    got = _variables(loaded)
+    assert len(got) == len(want)
+    paths = [v.path for v in [*loaded.variables, *loaded.optimizer.variables]]
+    for w, g, path in zip(want, got, paths, strict=True):
+        np.testing.assert_array_equal(g, w, err_msg=path)
+
+
+def _assert_same_and_trains_the_same(original: Trajectory, loaded, x, y) -> None:
     adapters = [v for v in loaded.layers[0].variables if "lora" in v.path]
     assert len(adapters) == 2 and all(np.any(v.numpy() != 0) for v in adapters)
-    _assert_same_variables(original, loaded)
-    np.testing.assert_array_equal(loaded.predict(x, verbose=0), original.predict(x, verbose=0))
-    losses = [[m.train_on_batch(x, y) for _ in range(3)] for m in (original, loaded)]
-    assert losses[0] == losses[1]
-    _assert_same_variables(original, loaded)
+    _assert_same_variables(original.variables, loaded)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), original.prediction)
+    assert [loaded.train_on_batch(x, y) for _ in range(3)] == original.losses
+    _assert_same_variables(original.after, loaded)
 
 
-@pytest.mark.parametrize("kind", ["dense", "embedding", "int8"])
+@pytest.fixture(scope="module", params=["dense", "embedding", "int8"])
+def lora_saved(request, tmp_path_factory):
+    """(paths by backend, trajectory, x, y): each kind's model built and fine-tuned once,
+    saved through every backend, then its trajectory recorded; each backend's test loads
+    its save and compares with that one original (building and fine-tuning it traces two
+    training steps: most of a test's time)."""
+    model, x, y = _lora_model(request.param)
+    folder = tmp_path_factory.mktemp(f"lora-{request.param}")
+    paths = {backend: get_backend(backend).save(model, folder / backend) for backend in BACKENDS}
+    return paths, Trajectory(model, x, y), x, y
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_lora_adapters_come_back_as_trained_and_keep_training(backend, kind, tmp_path):
-    model, x, y = _lora_model(kind)
-    path = get_backend(backend).save(model, tmp_path / "ckpt")
-    loaded = load_checkpoint(path).model
-    _assert_same_and_trains_the_same(model, loaded, x, y)
+def test_lora_adapters_come_back_as_trained_and_keep_training(backend, lora_saved):
+    paths, original, x, y = lora_saved
+    loaded = load_checkpoint(paths[backend]).model
+    _assert_same_and_trains_the_same(original, loaded, x, y)
 
 
 @pytest.mark.parametrize("backend", ["savedmodel", "weights"])
@@ -90,7 +114,8 @@ def test_lora_adapters_survive_an_async_save(backend, tmp_path):
         manager.save(model)
         manager.wait()
         path = manager.latest()
-    _assert_same_and_trains_the_same(model, load_checkpoint(path).model, x, y)
+    original = Trajectory(model, x, y)
+    _assert_same_and_trains_the_same(original, load_checkpoint(path).model, x, y)
 
 
 def _as_older_trainer_saved(monkeypatch) -> None:
@@ -118,7 +143,7 @@ def test_an_older_savedmodel_holding_merged_lora_loads_its_variables(tmp_path, m
         _as_older_trainer_saved(patch)
         path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
     assert (path / "assets.extra" / "trainer_layer_state.h5").is_file()
-    _assert_same_and_trains_the_same(model, load_checkpoint(path).model, x, y)
+    _assert_same_and_trains_the_same(Trajectory(model, x, y), load_checkpoint(path).model, x, y)
 
 
 TEXTS = np.array(["the cat sat", "the dog ran far", "a cat and a dog", "far far away"])

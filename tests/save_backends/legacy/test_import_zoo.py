@@ -2,7 +2,8 @@
 compiled, trainable Keras 3 models.
 
 The zoo is written by ``tests/children/legacy_fixtures.py`` with tf_keras in ONE subprocess per
-session (tf_keras and Keras 3 never share a process); each test reads it from there.
+session, the one that also writes ``test_state_beyond_weights.py``'s models (tf_keras and
+Keras 3 never share a process); each test reads it from there.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import numpy as np
 import pytest
 
 from tests.helpers.paths import CHILDREN_DIR
-from tests.helpers.processes import written_once
 from trainer.errors import (
     ModelNotReadyError,
     NotACheckpointError,
@@ -61,10 +61,10 @@ class Block(keras.layers.Layer):
 
 
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory) -> Path:
-    """Written once per test run, by its own tf_keras process
-    (``tests.helpers.processes.written_once``)."""
-    return written_once(tmp_path_factory, "legacy_zoo", FIXTURES)
+def zoo(legacy_written) -> Path:
+    """Written once per test run by ``FIXTURES`` in the legacy writers' tf_keras process
+    (``conftest.legacy_written``)."""
+    return legacy_written / "zoo"
 
 
 def _case(case: str) -> tuple[str, dict]:

@@ -4,7 +4,8 @@ adapted preprocessing state, metric names. Each is carried over so that the impo
 computes and trains as tf_keras did, or refused with an ``UnsupportedLegacyError``.
 
 The models are written by ``tests/children/legacy_state_fixtures.py`` with tf_keras in ONE
-subprocess per session (tf_keras and Keras 3 never share a process).
+subprocess per session, the one that also writes the import zoo (tf_keras and Keras 3 never
+share a process).
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ import numpy as np
 import pytest
 
 from tests.helpers.paths import CHILDREN_DIR
-from tests.helpers.processes import written_once
 from trainer.save_backends.registry import load_checkpoint
 
 FIXTURES = CHILDREN_DIR / "legacy_state_fixtures.py"
 
 
 @pytest.fixture(scope="session")
-def made(tmp_path_factory) -> Path:
-    """Written once per test run, by its own tf_keras process
-    (``tests.helpers.processes.written_once``)."""
-    return written_once(tmp_path_factory, "legacy_state", FIXTURES)
+def made(legacy_written) -> Path:
+    """Written once per test run by ``FIXTURES`` in the legacy writers' tf_keras process
+    (``conftest.legacy_written``)."""
+    return legacy_written / "state"
 
 
 def _npy(folder: Path, name: str) -> np.ndarray:
