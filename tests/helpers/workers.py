@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.helpers import warm
 from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 
@@ -30,7 +31,7 @@ def start_workers(
     phase: str,
     only_worker1: tuple[str, ...] = (),
     env_of: Callable[[int], dict[str, str]] | None = None,
-) -> list[subprocess.Popen]:
+) -> list:
     """Two `python train.py strategy=multiworker ...` processes, one TF_CONFIG each;
     ``env_of(index)``: more environment for worker ``index`` (a machine of its own)."""
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
@@ -47,9 +48,7 @@ def start_workers(
         ]  # fmt: skip
         with open(tmp_path / f"{phase}-worker{index}.log", "w") as log:
             workers.append(
-                subprocess.Popen(
-                    command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT
-                )
+                warm.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
             )
     return workers
 
@@ -64,7 +63,7 @@ def worker_logs(tmp_path: Path, phase: str) -> str:
     )
 
 
-def kill(workers: list[subprocess.Popen]) -> None:
+def kill(workers: list) -> None:
     for worker in workers:
         if worker.poll() is None:
             worker.kill()

@@ -14,7 +14,6 @@ are bitwise repeatable, including an interrupted and resumed one.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import pytest
 from hydra.utils import instantiate
 
+from tests.helpers import warm
 from tests.helpers.config import TINY
 from tests.helpers.paths import CHILDREN_DIR, ROOT
 from tests.helpers.processes import subprocess_env
@@ -72,7 +72,7 @@ def run_child(spec: dict, tmp_path: Path) -> None:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     child = [sys.executable, str(CHILDREN_DIR / "distribute_child.py"), str(path)]
-    result = subprocess.run(
+    result = warm.run(
         child, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
         timeout=CHILD_TIMEOUT,
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_a_device_the_process_does_not_have_is_refused(device):
 
 
 def test_train_py_exits_2_for_a_missing_device(tmp_path):
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, str(ROOT / "train.py"), *BASE, "strategy=mirrored",
          "strategy.devices=[/gpu:7]", f"hydra.run.dir={tmp_path}"],
         cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
