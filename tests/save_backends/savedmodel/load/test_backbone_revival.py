@@ -362,13 +362,10 @@ def test_backbone_inside_a_classifier_revives_with_its_classes_missing(tmp_path)
         _assert_revived_behaves(model, loaded, tmp_path)
 
 
-def test_keyword_only_attention_call_revives(saved_backbone):
+def test_keyword_only_attention_call_revives_and_saves_again(tmp_path, saved_backbone):
     """A layer called with keyword arguments only (``query=..., value=...``), as keras-hub's
     decoder calls its attention: revived from traces, calling it directly and saving it
-    again failed ("missing a required argument: 'inputs'"). Saving it again is checked by
-    ``test_backbone_with_its_classes_missing_revives_from_traces``: it saves this same
-    revived backbone (``saved_backbone`` loaded with the classes hidden) again, and loads
-    that save; here, the direct calls."""
+    again failed ("missing a required argument: 'inputs'")."""
     model, saved = saved_backbone
     with classes_hidden(HIDDEN, PKG):
         loaded = load_checkpoint(saved).model
@@ -382,7 +379,7 @@ def test_keyword_only_attention_call_revives(saved_backbone):
         _assert_close(attention(**kwargs), original(**kwargs))
         _assert_close(attention(**kwargs, training=False), original(**kwargs, training=False))
         x = _inputs(0)
-        _assert_close(loaded(x), model(x))
+        _assert_close(load_checkpoint(_save(loaded, tmp_path / "again")).model(x), model(x))
 
 
 def test_mask_set_inside_call_survives_revival(tmp_path):
