@@ -108,3 +108,35 @@ def test_one_training_step_moves_the_revived_model_alike(revived):
     assert len(loaded.weights) == len(model.weights)
     for a, b in zip(model.weights, loaded.weights, strict=True):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-7)
+
+
+class PerRow(keras.Model):
+    """Maps its Dense over the rows with ``tf.map_fn``: on the sparse rows the save tries,
+    its ``fn`` fails inside ``map_fn``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        return tf.map_fn(lambda row: self.dense(row[None])[0], inputs)
+
+
+def test_the_saves_failed_tries_leave_the_process_as_it_was(tmp_path):
+    """A failed try inside ``tf.map_fn`` left a caching device on the process's variable
+    scope: every later ``tf.distribute`` scope then failed half-entered, and every later
+    ``fit`` of the process with it (``colocate_vars_with``), so one save broke the rest of
+    the user's program."""
+    scope = tf.compat.v1.get_variable_scope()
+    model = PerRow()
+    model(np.ones((4, 3), "float32"))
+    try:
+        get_backend("savedmodel").save(model, tmp_path / "ckpt")
+        assert scope.caching_device is None
+        with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+            other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            other.compile("sgd", "mse")
+        other.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=1, verbose=0)
+    finally:  # a failure here must not break the other tests of this worker
+        with tf.compat.v1.get_default_graph().as_default():
+            scope.set_caching_device(None)

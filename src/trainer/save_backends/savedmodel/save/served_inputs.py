@@ -9,9 +9,12 @@ serving function that records what every layer's ``call`` receives.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import keras
+import tensorflow as tf
 
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends.savedmodel.save import endpoints, input_signature, tracing
@@ -120,6 +123,27 @@ def record_call_specs(
             f"Received {type(model).__name__}"
         ) from err
     return concrete
+
+
+@contextlib.contextmanager
+def leaving_no_trace_state() -> Iterator[None]:
+    """Undo what a failed trace leaves in TensorFlow's process-wide state. ``tf.map_fn`` in
+    a traced function sets a caching device on the variable scope, which a tf.function
+    shares with the eager program, and unsets it only when its ``fn`` succeeds: a throwaway
+    trace failing inside it (a model's per-row ``map_fn`` tried on sparse rows) left every
+    later ``tf.distribute`` scope of the process unusable ("Caching devices is not yet
+    supported when eager execution is enabled"), half-entered, and with it every later
+    ``fit``. The save's tries must cost the user's process nothing: ``trace_cache`` runs
+    the whole tracing of a save inside this."""
+    scope = tf.compat.v1.get_variable_scope()  # the same object the traces see
+    caching_device = scope.caching_device
+    try:
+        yield
+    finally:
+        if scope.caching_device is not caching_device:
+            # Its setter refuses to run eagerly; the scope is the default graph's.
+            with tf.compat.v1.get_default_graph().as_default():
+                scope.set_caching_device(caching_device)
 
 
 def _converts_its_inputs(model: keras.Model) -> bool:

@@ -31,7 +31,12 @@ from tensorflow.core.protobuf import saved_model_pb2
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.bundle import saver_def, variables_writer
-from trainer.save_backends.savedmodel.save import object_graph, structure, variables_first
+from trainer.save_backends.savedmodel.save import (
+    object_graph,
+    served_inputs,
+    structure,
+    variables_first,
+)
 from trainer.storage import integrity
 
 log = logging.getLogger(__name__)
@@ -70,7 +75,8 @@ def write_saved_model(
     plan = object_graph.plan_variables(model)
     early = variables_first.start(plan, directory)  # written while the functions trace
     try:
-        traced = object_graph.trace_model(model, plan)
+        with served_inputs.leaving_no_trace_state():  # failed tries leave nothing behind
+            traced = object_graph.trace_model(model, plan)
         writer = _save_with_our_saver(traced, directory, plan, early)
     except BaseException:
         if early is not None:
