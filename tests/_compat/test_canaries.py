@@ -12,10 +12,8 @@ or when an installed Keras still has the bugs but is not covered by the version 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +28,7 @@ from tensorflow.python.trackable.resource import CapturableResource
 
 from tests.helpers.paths import CHILDREN_DIR
 from tests.helpers.processes import subprocess_env
+from tests.helpers.workers import free_ports
 from trainer._compat import keras as keras_compat
 from trainer._compat import keras_bugs
 from trainer._compat import tensorflow as tf_compat
@@ -38,15 +37,6 @@ from trainer.save_backends.savedmodel.features import keras_objects
 from trainer.save_backends.savedmodel.save import object_graph, tracing
 
 CHILD_TIMEOUT = 600  # hang guard for the two workers, never a speed check
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all bound at once, then released)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for each in sockets:
-            each.bind(("127.0.0.1", 0))
-        return [each.getsockname()[1] for each in sockets]
 
 
 class Block(keras.layers.Layer):

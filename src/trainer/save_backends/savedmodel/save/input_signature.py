@@ -18,6 +18,14 @@ from trainer._compat import keras as keras_compat
 from trainer.model_state import serving
 
 
+def _types_unrecorded(model: keras.Model) -> bool:
+    """Whether Keras recorded nothing of the dtypes and kinds of the model's inputs: a
+    subclassed model without an ``input_spec`` (a Functional or Sequential model has its
+    ``keras.Input``s)."""
+    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
+    return not graph and model.input_spec is None
+
+
 def unlinked_sequential_input(model: keras.Model) -> tf.TensorSpec | None:
     """A Sequential model whose layers Keras could not link into a graph (a ``Lambda``
     whose output shape it cannot infer, such as ``tf.strings.lower``) is built but has no
@@ -51,8 +59,7 @@ def integer_inputs(model: keras.Model, structure: Any, concrete: Any) -> Any | N
     ids it was trained on. A cast to string (a ``TextVectorization`` or ``StringLookup``
     first) likewise means the model takes strings: TensorFlow cannot even run that cast,
     so the float signature served nothing."""
-    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
-    if graph or model.input_spec is not None:  # typed by its inputs, or as it declares
+    if not _types_unrecorded(model):  # typed by its inputs, or as it declares
         return None
     flat = tf.nest.flatten(structure)
     typed = []
@@ -100,8 +107,7 @@ def id_candidates(model: keras.Model, structure: Any) -> list[Any]:
     ``tf.gather``, ``one_hot`` of them) takes integers only, and Keras records no dtype for
     the calls of a subclassed model; one input at a time, so float features beside the
     ids are never served (and truncated) as integers."""
-    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
-    if graph or model.input_spec is not None:
+    if not _types_unrecorded(model):
         return []
     flat = tf.nest.flatten(structure)
     candidates = []
@@ -140,8 +146,7 @@ def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
     subclassed model; one called on integer images would otherwise be revived taking
     floats only. Each is kept only where the model traces on it (its own code on those
     dtypes, as a tf.function of the original would run)."""
-    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
-    if graph or model.input_spec is not None:
+    if not _types_unrecorded(model):
         return []
     flat = tf.nest.flatten(structure)
     if not any(isinstance(s, tf.TensorSpec) and s.dtype.is_floating for s in flat):
@@ -166,8 +171,7 @@ def composite_variants(model: keras.Model, structure: Any) -> list[Any]:
     called on sparse features or ragged rows would otherwise be revived taking dense
     tensors only. Each is kept only where the model traces on it (its own code on such
     tensors, as a tf.function of the original would run)."""
-    graph = keras_compat.is_functional(model) or isinstance(model, keras.Sequential)
-    if graph or model.input_spec is not None:
+    if not _types_unrecorded(model):
         return []
     flat = tf.nest.flatten(structure)
     if not flat or not all(isinstance(s, tf.TensorSpec) and s.shape.rank for s in flat):
