@@ -11,25 +11,21 @@ import dataclasses
 import datetime as _dt
 import inspect
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
-from google.protobuf.message import DecodeError
 
 from trainer.errors import (
-    CorruptCheckpointError,
-    IncompatibleFormatError,
-    IntegrityError,
-    NotACheckpointError,
     SaveError,
     TrainerError,
 )
 from trainer.model_state import config_check, readiness, vocabularies
 from trainer.model_state.serializables import register_serializables
+from trainer.save_backends import load_refusals, naming
+from trainer.save_backends.integrity_hooks import IntegrityHooks
 from trainer.state import TrainingState
 from trainer.storage import integrity, limits, targets
 from trainer.storage.atomic import atomic_write, is_temporary, write_error
@@ -63,7 +59,7 @@ Checkpoint = LoadedCheckpoint
 """The former name of ``LoadedCheckpoint``, kept so that code importing it runs."""
 
 
-class SaveBackend(abc.ABC):
+class SaveBackend(IntegrityHooks, abc.ABC):
     """Abstract save backend: ``save`` a model with its training state, ``load`` it back.
 
     Subclasses set ``name`` and ``format_version``, say whether a checkpoint is one file
@@ -90,39 +86,17 @@ class SaveBackend(abc.ABC):
     format_version: ClassVar[int] = 1
     # Oldest format version ``load`` still reads (format versions are major versions).
     min_format_version: ClassVar[int] = 1
-    # Manifest location inside a directory checkpoint (``trainer.storage.integrity``); None: none.
-    manifest_file: ClassVar[str | None] = integrity.MANIFEST_FILE
     is_directory: ClassVar[bool] = True
     suffix: ClassVar[str] = ""
     # Whether the checkpoint callback writes in a background thread unless told otherwise.
     async_by_default: ClassVar[bool] = False
-    # Files (``fnmatch`` patterns, relative to a directory checkpoint) that ``_read`` reads
-    # only after calling ``integrity.await_digests()``: their digests are checked in a
-    # thread while it rebuilds the model from the rest. Any other file is checked first.
-    read_late: ClassVar[tuple[str, ...]] = ()
     # Whether ``save`` may return before the checkpoint is written (``wait`` finishes it):
     # the async wrapper (``trainer.checkpointing.AsyncBackend``); a backend never does.
     writes_in_background: ClassVar[bool] = False
 
     def __repr__(self) -> str:
-        """``H5Backend()``, ``H5Backend(compression='gzip')``: the class and the constructor
-        arguments that differ from their defaults (read from the attributes of the same
-        name). The start-of-training log line shows the backend, wrappers included
-        (``AsyncBackend(SavedModelBackend())``); object's default was an address."""
-        try:
-            parameters = inspect.signature(type(self).__init__).parameters.values()
-        except (TypeError, ValueError):  # a C-level or otherwise unreadable constructor
-            parameters = ()
-        shown = []
-        for parameter in parameters:
-            if parameter.name == "self" or parameter.kind in _VARIADIC:
-                continue
-            if parameter.name not in vars(self):  # not kept under its own name: not shown
-                continue
-            value = vars(self)[parameter.name]
-            if not _is_default(value, parameter.default):
-                shown.append(f"{parameter.name}={value!r}")
-        return f"{type(self).__name__}({', '.join(shown)})"
+        """``H5Backend()``, ``H5Backend(compression='gzip')``: see ``naming.constructor_repr``."""
+        return naming.constructor_repr(self)
 
     # ----------------------------------------------------------------- public API
     def save(
@@ -252,7 +226,7 @@ class SaveBackend(abc.ABC):
         register_serializables()  # the classes it may name, before anything is rebuilt
         custom_objects = custom_objects or {}
         signature = inspect.signature(self._read)
-        options = self._read_options(signature, safe_mode, options)
+        options = load_refusals.read_options(self, signature, safe_mode, options)
         signature.bind(  # unknown options: TypeError, as documented
             path, custom_objects=custom_objects, compile=compile, **options
         )
@@ -264,28 +238,8 @@ class SaveBackend(abc.ABC):
                 late.wait()  # damage explains any failure: its IntegrityError wins
                 raise
             late.wait()  # before the model is handed out
-        self._refuse_unsealed(path, manifest is not None, checkpoint.metadata)
+        load_refusals.refuse_unsealed(path, manifest is not None, checkpoint.metadata)
         return checkpoint
-
-    def _read_options(
-        self, signature: inspect.Signature, safe_mode: bool, options: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The keyword arguments ``_read`` gets besides ``custom_objects`` and ``compile``.
-
-        ``safe_mode`` is part of the ``_read`` contract. A ``_read`` written before it was
-        (no ``safe_mode`` parameter) is called without it for one more release, with a
-        DeprecationWarning: such a backend has no way to run stored code to allow."""
-        parameters = signature.parameters
-        if "safe_mode" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            return {"safe_mode": safe_mode, **options}
-        warnings.warn(
-            f"{type(self).__qualname__}._read takes no safe_mode argument; declare "
-            f"`safe_mode: bool` (True: never run code a checkpoint stores). Trainer will pass "
-            f"it to every backend's _read from the next release on.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return dict(options)
 
     def _read_checked(
         self, path: Path, custom_objects: dict[str, Any], compile: bool, options: dict
@@ -299,27 +253,11 @@ class SaveBackend(abc.ABC):
             self.check_format_version(checkpoint.metadata, path)
         except TrainerError:
             raise
-        except DAMAGED_DATA_ERRORS as error:  # untrusted data: a clear error, not a raw one
-            raise CorruptCheckpointError(
-                f"{path} could not be loaded: its content is damaged or inconsistent "
-                f"({type(error).__name__} while rebuilding it). Run `python -m trainer "
-                f"verify {path}`, or load an older checkpoint. Received error: "
-                f"{type(error).__name__}: {str(error)[:500]}"
-            ) from error
+        except (
+            load_refusals.DAMAGED_DATA_ERRORS
+        ) as error:  # untrusted data: a clear error, not a raw one
+            raise load_refusals.damaged(path, error) from error
         return checkpoint
-
-    def _refuse_unsealed(self, path: Path, sealed: bool, metadata: dict[str, Any]) -> None:
-        """A checkpoint whose metadata says it was sealed must still have its manifest."""
-        record = metadata.get("integrity")
-        if not sealed and record:
-            where = record.get("manifest") if isinstance(record, dict) else record
-            raise IntegrityError(
-                f"{path}: the manifest of its files ({where!r}) is missing, although the "
-                f"checkpoint was written with one; files may have been removed or replaced. "
-                f"Restore it from a copy or load an older checkpoint. Received: no manifest",
-                path=path,
-                file=str(where),
-            )
 
     def check_savable(self, model: keras.Model) -> None:
         """Refuse, before anything is written, a model this backend could not load back.
@@ -396,7 +334,7 @@ class SaveBackend(abc.ABC):
     # What a caller of many saves (``CheckpointManager``) asks of any backend, wrappers
     # included, so that it needs to know none of them: here, for a backend that writes in
     # the caller's thread, there is nothing to prepare and nothing to wait for.
-    def prepare(self, model: keras.Model) -> None:  # noqa: B027  (a no-op by design)
+    def prepare(self, model: keras.Model) -> None:
         """Training of ``model`` starts: a backend may pay its one-time work of the first
         saves now (the async wrapper builds its copy of the model). Nothing here.
 
@@ -416,7 +354,7 @@ class SaveBackend(abc.ABC):
         """
         job(self, model)
 
-    def wait(self) -> None:  # noqa: B027  (a no-op by design)
+    def wait(self) -> None:
         """Return once every write handed to this backend is on disk.
 
         A backend that writes in the caller's thread has none pending.
@@ -468,124 +406,18 @@ class SaveBackend(abc.ABC):
             IncompatibleFormatError: A version newer than this trainer reads, or older
                 than ``min_format_version``.
         """
-        if not isinstance(metadata, dict):
-            raise CorruptCheckpointError(
-                f"{path}: the stored metadata must be a JSON object; the checkpoint is "
-                f"damaged. Load an older checkpoint. Received {type(metadata).__name__}"
-            )
-        version = metadata.get("format_version")
-        if type(version) is not int:
-            raise CorruptCheckpointError(
-                f"{path}: the stored format_version must be an integer; the checkpoint is "
-                f"damaged. Load an older checkpoint. Received format_version={version!r}"
-            )
-        if version > self.format_version:
-            raise IncompatibleFormatError(
-                f"{path} was written in {self.name!r} format version {version!r}, but this "
-                f"trainer reads versions up to {self.format_version}. Upgrade trainer to load "
-                f"it. Received format_version={version!r}"
-            )
-        if version < self.min_format_version:
-            raise IncompatibleFormatError(
-                f"{path} was written in {self.name!r} format version {version}, which this "
-                f"trainer no longer reads (oldest supported: {self.min_format_version}). "
-                f"Load it with an older trainer and save it again. "
-                f"Received format_version={version}"
-            )
-
-    # ----------------------------------------------------------------- integrity
-    def integrity_record(self) -> dict[str, Any] | None:
-        """Where this backend keeps its manifest; stored in the metadata so that a
-        checkpoint whose manifest was removed is detected.
-
-        Returns:
-            The manifest's file name and digest algorithm, or None: no manifest.
-        """
-        if not (self.is_directory and self.manifest_file):
-            return None
-        return {"manifest": self.manifest_file, "algorithm": integrity.ALGORITHM}
-
-    def seal(self, tmp: Path, known: integrity.Known | None = None) -> None:
-        """Write the manifest of a finished directory checkpoint, before its rename.
-
-        Args:
-            tmp: The temporary directory the checkpoint was written into.
-            known: What ``_write`` returned: sizes and digests it need not read back.
-        """
-        if self.is_directory and self.manifest_file:
-            integrity.write_manifest(
-                tmp,
-                self.manifest_file,
-                known,
-                backend=self.name,
-                backend_class=class_path(type(self)),  # named in errors, never imported
-                format_version=self.format_version,
-            )
-
-    def check_for_load(
-        self, path: Path, *, verify: bool
-    ) -> tuple[dict[str, Any] | None, integrity.DigestCheck]:
-        """What ``load`` checks before ``_read``.
-
-        Args:
-            path: The checkpoint.
-            verify: Check digests too, not only sizes.
-
-        Returns:
-            The manifest (None: the checkpoint has none) and the check of the digests of
-            the ``read_late`` files, still being computed while the load reads them.
-
-        Raises:
-            IntegrityError: A file is missing, of another size or (``verify``) digest.
-        """
-        if verify and self.is_directory and self.manifest_file:
-            return integrity.check_for_load(path, self.manifest_file, self.read_late)
-        return self.check_integrity(path, digests=verify), integrity.NOTHING_PENDING
-
-    def check_integrity(
-        self, path: Path, *, digests: bool, strict: bool = False
-    ) -> dict[str, Any] | None:
-        """Check files against the manifest (sizes; digests and unlisted files on request).
-
-        Single-file backends that embed a manifest override this.
-
-        Args:
-            path: The checkpoint.
-            digests: Check SHA-256 digests too.
-            strict: Also refuse files the manifest does not list.
-
-        Returns:
-            The manifest, or None if the checkpoint has none.
-
-        Raises:
-            IntegrityError: A file is missing, of another size or digest, or unlisted
-                (``strict``).
-        """
-        if self.is_directory and self.manifest_file:
-            return integrity.verify_directory(
-                path, self.manifest_file, digests=digests, strict=strict
-            )
-        return None
+        load_refusals.check_format_version(
+            metadata,
+            path,
+            backend=self.name,
+            newest=self.format_version,
+            oldest=self.min_format_version,
+        )
 
     def _not_ours(self, path: Path) -> TrainerError:
         """Why ``path`` is not ours: another backend's, damaged (its manifest says which
         file), or nothing trainer knows."""
-        if is_temporary(path):
-            actual = "it is the temporary of a save in progress or of a crashed one"
-        elif targets.format_detector() is None:
-            actual = "no backend registry was imported to tell what it is"
-        else:
-            try:
-                actual = f"it is a {targets.format_detector()(path).name!r} checkpoint"
-            except CorruptCheckpointError as error:
-                return error
-            except TrainerError as error:
-                actual = f"no backend recognises it ({str(error).split('. ')[0]})"
-        return NotACheckpointError(
-            f"{path} is not a complete {self.name!r} checkpoint: {actual}. Load it with "
-            f"`trainer.save_backends.load_checkpoint`, which detects the format. "
-            f"Received: {str(path)!r}"
-        )
+        return load_refusals.not_ours(path, self.name)
 
     # ------------------------------------------------------------ implementation
     @abc.abstractmethod
@@ -607,39 +439,8 @@ class SaveBackend(abc.ABC):
         checkpoint stores may run only when ``safe_mode`` is False."""
 
 
-# What reading damaged or inconsistent stored data raises inside Keras, TensorFlow, h5py,
-# protobuf and json: turned into CorruptCheckpointError at the load boundary. Anything
-# else (AttributeError, NameError, AssertionError...) is a bug in trainer and surfaces as
-# itself, instead of blaming the checkpoint.
-DAMAGED_DATA_ERRORS: tuple[type[BaseException], ...] = (
-    ValueError,  # includes json's JSONDecodeError and UnicodeDecodeError
-    TypeError,
-    LookupError,  # KeyError, IndexError
-    OSError,  # includes h5py's read errors
-    EOFError,
-    # h5py's errors for damaged HDF5 structures ("bad local heap signature", "link
-    # iteration failed"), met when a load skips digests (verify=False, unsealed files);
-    # RecursionError too.
-    RuntimeError,
-    tf.errors.OpError,
-    DecodeError,
-)
+# Kept importable from here, where it was defined first.
+DAMAGED_DATA_ERRORS = load_refusals.DAMAGED_DATA_ERRORS
 
-
-_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    """Whether a constructor argument kept as ``value`` is its ``default`` (an argument
-    without a default, or one whose ``==`` does not give a bool, is shown)."""
-    if default is inspect.Parameter.empty:
-        return False
-    try:
-        return bool(value is default or value == default)
-    except Exception:  # e.g. an array's ambiguous truth value
-        return False
-
-
-def class_path(cls: type) -> str:
-    """``"module:Qualified.Name"``: how ``register_backend`` and entry points name a class."""
-    return f"{cls.__module__}:{cls.__qualname__}"
+# Kept importable from here, where it was defined first.
+class_path = naming.class_path
