@@ -31,6 +31,8 @@ from tests.helpers.processes import subprocess_env
 from tests.helpers.workers import free_ports
 from trainer._compat import keras as keras_compat
 from trainer._compat import keras_bugs
+from trainer._compat import keras_inputs as inputs_compat
+from trainer._compat import keras_training as training_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.save_backends.savedmodel.features import keras_objects
@@ -217,8 +219,8 @@ def test_optimizer_built_for_and_uses_weight_decay_read_what_keras_set():
     optimizer = keras.optimizers.AdamW(weight_decay=0.1)
     optimizer.exclude_from_weight_decay(var_list=[model.layers[1].kernel], var_names=["bias"])
     optimizer.build(model.trainable_variables[:3])
-    assert keras_compat.optimizer_built_for(optimizer) == model.trainable_variables[:3]
-    decayed = [keras_compat.uses_weight_decay(optimizer, v) for v in model.trainable_variables]
+    assert training_compat.optimizer_built_for(optimizer) == model.trainable_variables[:3]
+    decayed = [training_compat.uses_weight_decay(optimizer, v) for v in model.trainable_variables]
     assert decayed == [True, False, False, False]  # kernel, bias, the listed kernel, bias
 
 
@@ -447,12 +449,12 @@ def test_exported_variable_handles_name_each_variables_own_node(tmp_path):
 
 def test_input_signature_of_a_built_model():
     model = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
-    (structure,) = keras_compat.get_input_signature(model)
+    (structure,) = inputs_compat.get_input_signature(model)
     spec = tf.nest.flatten(structure)[0]
-    tensor_spec = keras_compat.make_tf_tensor_spec(spec, dynamic_batch=True)
+    tensor_spec = inputs_compat.make_tf_tensor_spec(spec, dynamic_batch=True)
     assert tensor_spec.shape.as_list() == [None, 4] and tensor_spec.dtype == tf.float32
     with pytest.raises(ValueError):
-        keras_compat.get_input_signature(keras.Sequential([keras.layers.Dense(2)]))
+        inputs_compat.get_input_signature(keras.Sequential([keras.layers.Dense(2)]))
 
 
 # ------------------------------------------------------------------ workaround canaries

@@ -126,7 +126,7 @@ def test_manager_refuses_what_it_cannot_do(tmp_path):
 
 def test_compat_set_initial_epoch_moves_the_start_of_fit():
     """The one private hook the callback needs (``model._initial_epoch``): still honoured."""
-    from trainer._compat.keras import set_initial_epoch
+    from trainer._compat.keras_training import set_initial_epoch
 
     model, x, y = small_model()
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.savedmodel_zoo import classes_hidden
-from trainer._compat.keras import wrapped_function_arguments
+from trainer._compat.keras_training import wrapped_function_arguments
 from trainer.checkpointing import CheckpointManager, CheckpointPolicy
 from trainer.errors import MissingClassError
 from trainer.save_backends import get_backend, load_checkpoint

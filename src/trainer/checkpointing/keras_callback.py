@@ -29,7 +29,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer._compat.keras import before_finalizing, innermost_optimizer, set_initial_epoch
+from trainer._compat.keras_training import (
+    before_finalizing,
+    innermost_optimizer,
+    set_initial_epoch,
+)
 from trainer.checkpointing.callback_state import keeps_state, load_state, state_of
 from trainer.checkpointing.manager import CheckpointManager, batches_trained
 from trainer.checkpointing.policy import CheckpointPolicy, scalar_metrics

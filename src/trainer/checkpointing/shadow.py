@@ -12,7 +12,8 @@ from typing import Any
 import keras
 
 from trainer._compat import live_objects
-from trainer._compat.keras import get_input_signature, sublayers
+from trainer._compat.keras import sublayers
+from trainer._compat.keras_inputs import get_input_signature
 from trainer.errors import SaveError
 from trainer.model_state import dtype_policy, kit, readiness
 

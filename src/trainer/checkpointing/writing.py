@@ -22,7 +22,7 @@ from typing import Any
 
 import keras
 
-from trainer._compat import keras as keras_compat
+from trainer._compat import keras_training as training_compat
 from trainer.checkpointing import on_store
 from trainer.checkpointing.listing import point_latest
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained, scalar_metrics
@@ -216,7 +216,7 @@ def batches_trained(model: keras.Model) -> int | None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or not optimizer.built:
         return None
-    return int(keras.ops.convert_to_numpy(keras_compat.batches_trained(optimizer)))
+    return int(keras.ops.convert_to_numpy(training_compat.batches_trained(optimizer)))
 
 
 class Blocking:

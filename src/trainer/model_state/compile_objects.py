@@ -20,7 +20,7 @@ from typing import Any
 
 import keras
 
-from trainer._compat import keras as keras_compat
+from trainer._compat import keras_training as training_compat
 from trainer.errors import ModelNotReadyError
 
 # The compile arguments that hold losses and metrics, in their output structure.
@@ -31,7 +31,7 @@ _MISSING = object()
 def complete(serialized: dict[str, Any], arguments: dict[str, Any], model_name: str) -> None:
     """Add to ``serialized`` (a compile config, changed in place) every argument its losses
     and metrics compute with but their configs leave out; ``arguments``: what ``compile``
-    was given (``keras_compat.compile_arguments``)."""
+    was given (``training_compat.compile_arguments``)."""
     for key in _HOLDING:
         if key in serialized and key in arguments:
             _walk(arguments[key], serialized[key], f"{key}", model_name)
@@ -53,7 +53,7 @@ def _walk(live: Any, stored: Any, where: str, model_name: str) -> None:
 def _complete_one(live: Any, config: dict[str, Any], where: str, model_name: str) -> None:
     taken = inspect.signature(type(live).__init__).parameters
     lost = {}
-    for name, value in keras_compat.wrapped_function_arguments(live).items():
+    for name, value in training_compat.wrapped_function_arguments(live).items():
         if name in config:
             continue
         if name in taken and _plain(value):
@@ -83,5 +83,5 @@ def _rebuilt_differently(live: Any, config: dict[str, Any], lost: dict[str, Any]
         rebuilt = type(live).from_config(dict(config))
     except Exception:  # any failure: it cannot be rebuilt as it is
         return True
-    again = keras_compat.wrapped_function_arguments(rebuilt)
+    again = training_compat.wrapped_function_arguments(rebuilt)
     return any(again.get(name, _MISSING) != value for name, value in lost.items())

@@ -35,6 +35,7 @@ import keras
 import numpy as np
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_training as training_compat
 from trainer.errors import (
     CorruptCheckpointError,
     ModelNotReadyError,
@@ -104,7 +105,7 @@ def compile_config(model: keras.Model) -> dict[str, Any] | None:
     if not getattr(model, "compiled", False) or not saving_optimizer():
         return None
     config = copy.deepcopy(model.get_compile_config())
-    compile_objects.complete(config, keras_compat.compile_arguments(model), model.name)
+    compile_objects.complete(config, training_compat.compile_arguments(model), model.name)
     if config.get("optimizer") is None and getattr(model, "optimizer", None) is not None:
         # Keras' legacy .h5 save pops "optimizer" from the live compile config (3.15,
         # legacy/saving/saving_utils.py); without this a reload would compile RMSprop.
@@ -139,7 +140,7 @@ RECORDED_KEYS = (BUILT_FOR, NO_DECAY, NO_LOSS_SCALING, TUPLES)
 def _tuple_paths(model: keras.Model) -> dict[str, list[list[str | int]]] | None:
     """For each structured compile argument, the paths (dict keys and list positions) of
     the tuples in it, deepest first; None if there is none anywhere."""
-    arguments = keras_compat.compile_arguments(model)
+    arguments = training_compat.compile_arguments(model)
     found = {}
     for name in _STRUCTURED:
         paths: list[list[str | int]] = []

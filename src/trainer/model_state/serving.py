@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_inputs as inputs_compat
 from trainer.errors import CorruptCheckpointError, ModelNotReadyError
 
 SERVING_KEY = "serving_default"
@@ -35,8 +36,8 @@ def input_signature(model: keras.Model) -> list[Any]:
     if _functional(model) and model.inputs:
         # The inputs' own structure: a dict of inputs stays a dict (as a flat list, the
         # model refused it: "the structure of inputs doesn't match").
-        (structure,) = keras_compat.get_input_signature(model)
-        names = keras_compat.input_layer_names(model) or [t.name for t in model.inputs]
+        (structure,) = inputs_compat.get_input_signature(model)
+        names = inputs_compat.input_layer_names(model) or [t.name for t in model.inputs]
         flat = keras.tree.flatten(structure)
         specs = [
             tf.TensorSpec((None, *tuple(s.shape)[1:]), s.dtype, name=n)
@@ -44,10 +45,10 @@ def input_signature(model: keras.Model) -> list[Any]:
         ]
         return [keras.tree.pack_sequence_as(structure, specs)]
     try:
-        structure = keras_compat.get_input_signature(model)
+        structure = inputs_compat.get_input_signature(model)
     except (ValueError, TypeError) as error:  # what Keras raises for an unbuilt model
         # A model rebuilt from its config (h5, weights) is built but was never called.
-        structure = keras_compat.recorded_input_signature(model) if model.built else None
+        structure = inputs_compat.recorded_input_signature(model) if model.built else None
         if structure is not None:
             opened = [tf.nest.map_structure(_open_batch, s) for s in structure]
             return declared_dtypes(model, opened)

@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_training as training_compat
 from trainer.errors import CorruptCheckpointError, SaveError
 
 # Keys of the compile config (never passed to ``compile``) holding optimizer_built_for
@@ -39,7 +40,7 @@ def optimizer_built_for(model: keras.Model) -> list[int] | None:
     if optimizer is None or not optimizer.built:
         return None
     try:
-        tracked = keras_compat.optimizer_built_for(optimizer)
+        tracked = training_compat.optimizer_built_for(optimizer)
     except AttributeError:  # not a Keras BaseOptimizer: built for the trainable variables
         return None
     if [id(v) for v in tracked] == [id(v) for v in model.trainable_variables]:
@@ -84,16 +85,16 @@ def no_weight_decay(model: keras.Model) -> list[int] | None:
     config: a load from the config alone would decay them, and train differently."""
     optimizer = getattr(model, "optimizer", None)
     # A LossScaleOptimizer has no weight decay of its own: its inner optimizer decays.
-    decaying = keras_compat.innermost_optimizer(optimizer) if optimizer is not None else None
+    decaying = training_compat.innermost_optimizer(optimizer) if optimizer is not None else None
     if decaying is None or not getattr(decaying, "weight_decay", None):
         return None
     try:
         candidates = (
-            keras_compat.optimizer_built_for(optimizer)
+            training_compat.optimizer_built_for(optimizer)
             if optimizer.built
             else list(model.trainable_variables)
         )
-        excluded = {id(v) for v in candidates if not keras_compat.uses_weight_decay(decaying, v)}
+        excluded = {id(v) for v in candidates if not training_compat.uses_weight_decay(decaying, v)}
     except AttributeError:  # not a Keras BaseOptimizer
         return None
     positions = [i for i, v in enumerate(model.weights) if id(v) in excluded]
@@ -118,7 +119,7 @@ def build_optimizer(
     weights = model.weights
     if no_decay is not None:
         chosen = _weights_at(weights, no_decay, where, "left out of weight decay")
-        keras_compat.innermost_optimizer(optimizer).exclude_from_weight_decay(var_list=chosen)
+        training_compat.innermost_optimizer(optimizer).exclude_from_weight_decay(var_list=chosen)
     if built_for is None:
         optimizer.build(model.trainable_variables)
     else:

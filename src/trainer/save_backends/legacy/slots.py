@@ -20,7 +20,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer._compat import keras as keras_compat
+from trainer._compat import keras_training as training_compat
 from trainer.save_backends.legacy.reader import LegacyDir
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def restore(model: keras.Model, legacy: LegacyDir) -> str:
         log.warning("%s holds no optimizer state; the optimizer starts fresh", legacy.path)
         return "none saved"
     model.optimizer.build(model.trainable_variables)
-    optimizer = keras_compat.innermost_optimizer(model.optimizer)  # the slots' owner
+    optimizer = training_compat.innermost_optimizer(model.optimizer)  # the slots' owner
     children = legacy.children(optimizer_id)
     if "_variables" in children:  # tf.keras.optimizers.* (tf_keras' optimizer.Optimizer)
         saved = len(legacy.listed(optimizer_id, "_variables")) > 1  # not only iterations
@@ -96,7 +96,7 @@ def _needs_slots(optimizer: Any, table: dict) -> bool:
         return True
     if getattr(optimizer, "use_ema", False):
         kinds = {**kinds, **_EMA_KINDS}
-    lists = [keras_compat.optimizer_slot_list(optimizer, a) or [] for a in kinds.values()]
+    lists = [training_compat.optimizer_slot_list(optimizer, a) or [] for a in kinds.values()]
     return any(slot is not None for slots in lists for slot in slots)
 
 
@@ -155,10 +155,10 @@ def _restore_slots(optimizer: Any, legacy: LegacyDir, table: dict, find: _Find) 
     if getattr(optimizer, "use_ema", False):
         kinds = {**kinds, **_EMA_KINDS}
     placed = {id(v): node_id for node_id, v in legacy.placed.items()}
-    built_for = keras_compat.optimizer_built_for(optimizer)
+    built_for = training_compat.optimizer_built_for(optimizer)
     assignments = []
     for kind, attribute in kinds.items():
-        slots = keras_compat.optimizer_slot_list(optimizer, attribute) or []
+        slots = training_compat.optimizer_slot_list(optimizer, attribute) or []
         for variable, slot in zip(built_for, slots, strict=False):
             if slot is None:
                 continue

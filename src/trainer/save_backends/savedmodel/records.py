@@ -17,6 +17,7 @@ from typing import Any
 import keras
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_inputs as inputs_compat
 from trainer._compat import live_objects
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends.savedmodel.features import constraints, training_logic
@@ -159,7 +160,7 @@ def _stored_or_fallback(
 # A layer built on a ``tf.Tensor``'s shape records a ``TensorShape`` in its build config,
 # which JSON cannot hold: without this the record kept no build config, and every load then
 # failed as though the class were missing.
-plain_shapes = keras_compat.plain_shapes
+plain_shapes = inputs_compat.plain_shapes
 
 
 def carries_code(config: dict[str, Any] | None, layer: keras.layers.Layer) -> bool:

@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
+from trainer._compat import keras_inputs as inputs_compat
 from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import ModelNotReadyError
@@ -55,10 +56,10 @@ def model_call_args(model: keras.Model) -> tuple[Any, ...]:
     if unlinked is not None:
         return (unlinked,)
     try:
-        signature = list(keras_compat.get_input_signature(model))
+        signature = list(inputs_compat.get_input_signature(model))
     except (ValueError, TypeError) as err:
         # Rebuilt from a config (an h5 or weights checkpoint): built, never called.
-        recorded = keras_compat.recorded_input_signature(model) if model.built else None
+        recorded = inputs_compat.recorded_input_signature(model) if model.built else None
         if recorded is not None:
             return model_args_from(model, list(recorded))
         unrecorded = readiness.unrecorded_build_error(model, "savedmodel")
@@ -79,7 +80,7 @@ def model_args_from(model: keras.Model, signature: list[Any]) -> tuple[Any, ...]
     args = []
     for arg, name in zip(signature, names, strict=True):
         arg = tf.nest.map_structure(
-            lambda s: keras_compat.make_tf_tensor_spec(s, dynamic_batch=True), arg
+            lambda s: inputs_compat.make_tf_tensor_spec(s, dynamic_batch=True), arg
         )
         if name is not None and isinstance(arg, tf.TensorSpec) and len(signature) > 1:
             arg = tf.TensorSpec(arg.shape, arg.dtype, name=name)
@@ -253,7 +254,7 @@ def named_args(
     if model is not None and (
         isinstance(model, keras.Sequential) or keras_compat.is_functional(model)
     ):
-        hints = keras_compat.input_layer_names(model)
+        hints = inputs_compat.input_layer_names(model)
     names = input_names(structure, hints)
     flat = flat_named_specs(structure, hints)
     named = tf.nest.pack_sequence_as(structure, flat)
