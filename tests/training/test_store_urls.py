@@ -1,0 +1,100 @@
+"""``train(cfg)`` / ``python train.py`` with URLs for ``resume``, ``resume_dir``,
+``export.directory`` and ``trainer.tensorboard_dir`` (issue 40), against a real
+S3-compatible server on 127.0.0.1 (``tests/helpers/s3_server``)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from tests.helpers.config import compose_run
+from tests.helpers.s3_server import objects
+from tests.helpers.train_py import TINY_ARGS, train_py
+from trainer import train
+from trainer.checkpointing import all_variables
+from trainer.errors import NotACheckpointError, UnsupportedLocationError
+from trainer.save_backends import load_checkpoint
+
+# schedule=none: a cosine schedule spans trainer.epochs, which the resumed runs raise.
+RUN = ["model=mlp", "model.dropout=0.3", "save=weights", "schedule=none"]
+
+
+def _variables(checkpoint) -> list[np.ndarray]:
+    return [np.asarray(v) for v in all_variables(checkpoint.model)]
+
+
+@pytest.fixture(scope="module")
+def store_run(s3_server, tmp_path_factory):
+    """A run of one epoch on the store (the checkpoint others resume from), and the final
+    variables of a run of two epochs on disk never stopped: a run resumed from the first
+    for a second epoch ends there, bitwise."""
+    tmp = tmp_path_factory.mktemp("store-run")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_server.env().items():
+            patch.setenv(name, value)
+        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
+        bucket = f"test-{uuid.uuid4().hex[:12]}"
+        s3_server.fs.mkdir(bucket)
+        url = f"s3://{bucket}/source"
+        train(compose_run(tmp / "mirror", *RUN, f"run_dir={url}", "trainer.epochs=1"))
+        train(compose_run(tmp / "straight", *RUN))
+        straight = load_checkpoint(tmp / "straight" / "checkpoints" / "latest")
+        return url, _variables(straight), straight.state.global_step
+
+
+def test_a_run_on_disk_resumes_from_a_checkpoint_url(compose_cfg, s3_bucket, s3_server, store_run):
+    """``resume=<run URL>/checkpoints/latest`` with a local ``run_dir``: the checkpoint is
+    downloaded, the run continues in its own directory and ends where a run never stopped
+    ends; the store it came from is only read."""
+    source, expected, steps = store_run
+    before = objects(s3_server, source)
+    cfg = compose_cfg(*RUN, f"resume={source}/checkpoints/latest")
+    train(cfg)
+    final = load_checkpoint(f"{cfg.run_dir}/checkpoints/latest")
+    assert final.state.global_step == steps
+    for got, want in zip(_variables(final), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert objects(s3_server, source) == before
+
+
+def test_a_run_on_the_store_resumes_from_another_runs_url(
+    s3_bucket, s3_server, store_run, tmp_path
+):
+    """``resume_dir=<run URL> resume=auto`` with ``run_dir`` on the store: the newest
+    checkpoint of that run, continued in the new run's URL; re-running the same command
+    then continues the new run's own checkpoints (here: nothing left to train)."""
+    source, expected, steps = store_run
+    before = objects(s3_server, source)
+    url = f"{s3_bucket}/continued"
+    args = [*RUN, f"run_dir={url}", f"resume_dir={source}", "resume=auto"]
+    train(compose_run(tmp_path / "mirror", *args))
+    final = load_checkpoint(f"{url}/checkpoints/latest")
+    assert final.state.global_step == steps
+    for got, want in zip(_variables(final), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert objects(s3_server, source) == before
+    names = [k for k in objects(s3_server, url) if k.startswith("checkpoints/.commits/")]
+    train(compose_run(tmp_path / "mirror", *args))  # its own newest: already finished
+    assert [k for k in objects(s3_server, url) if k.startswith("checkpoints/.commits/")] == names
+
+
+def test_a_url_that_names_no_checkpoint_is_refused(compose_cfg, s3_bucket, store_run):
+    source, _, _ = store_run
+    with pytest.raises(NotACheckpointError, match="names no complete checkpoint"):
+        train(compose_cfg(*RUN, f"resume={s3_bucket}/nothing/here"))
+    with pytest.raises(NotACheckpointError, match="names no complete checkpoint"):
+        train(compose_cfg(*RUN, f"resume={source}/checkpoints/ckpt-no-such"))
+    with pytest.raises(NotACheckpointError, match="no complete checkpoint in"):
+        train(compose_cfg(*RUN, f"resume_dir={s3_bucket}/empty", "resume=latest"))
+    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
+        train(compose_cfg(*RUN, "resume=gs://bucket/run/checkpoints/latest"))
+
+
+def test_train_py_resuming_from_a_missing_bucket_is_one_error_line(s3_bucket, tmp_path):
+    proc = train_py(*TINY_ARGS, "resume=s3://no-such-bucket-z/run/checkpoints/latest", cwd=tmp_path)
+    assert proc.returncode == 2, proc.output
+    errors = [line for line in proc.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no-such-bucket-z" in errors[0], proc.output
+    assert not (tmp_path / "s3:").exists()
