@@ -5,6 +5,7 @@ S3-compatible server on 127.0.0.1 (``tests/helpers/s3_server``)."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +99,88 @@ def test_train_py_resuming_from_a_missing_bucket_is_one_error_line(s3_bucket, tm
     errors = [line for line in proc.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no-such-bucket-z" in errors[0], proc.output
     assert not (tmp_path / "s3:").exists()
+
+
+@pytest.fixture(scope="module")
+def targets_run(s3_server, tmp_path_factory):
+    """A run on disk whose serving export and TensorBoard log go to URLs on the store
+    (``export.directory=s3://...``, ``trainer.tensorboard_dir=s3://...``)."""
+    tmp = tmp_path_factory.mktemp("targets")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in s3_server.env().items():
+            patch.setenv(name, value)
+        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
+        bucket = f"s3://test-{uuid.uuid4().hex[:12]}"
+        s3_server.fs.mkdir(bucket[5:])
+        export_url, tb_url = f"{bucket}/serving/model", f"{bucket}/logs/run-1"
+        train(
+            compose_run(
+                tmp / "run",
+                *RUN,
+                "trainer.epochs=1",
+                "export.enabled=true",
+                "export.warmup_examples=0",
+                f"export.directory={export_url}",
+                f"trainer.tensorboard_dir={tb_url}",
+            )
+        )
+        yield tmp / "run", export_url, tb_url
+
+
+def _files(root) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_export_goes_to_its_url_published_by_its_marker(s3_server, targets_run):
+    """``export.directory=s3://...`` with a run on disk: the version is written locally
+    (``<run>/export/1``), then uploaded to ``<URL>/1/`` and published (marker written last,
+    ``latest``); ``trainer verify`` checks the published version whole."""
+    from trainer.cli.app import main as cli_main
+    from trainer.storage.remote import RemoteCheckpoints
+
+    run, export_url, _ = targets_run
+    local = _files(run / "export" / "1")
+    assert "saved_model.pb" in local
+    on_store = {k[2:]: k for k in objects(s3_server, export_url) if k.startswith("1/")}
+    assert sorted(on_store) == sorted(local)
+    for relative, key in on_store.items():
+        assert s3_server.fs.cat_file(f"{export_url[5:]}/{key}") == local[relative], relative
+    marker = RemoteCheckpoints(export_url).marker("1")
+    assert marker is not None and sorted(o["path"] for o in marker["objects"]) == sorted(local)
+    assert s3_server.fs.cat_file(f"{export_url[5:]}/latest") == b"1"
+    assert cli_main(["verify", f"{export_url}/latest"]) == 0
+    assert not (run / "s3:").exists()
+
+
+def test_the_event_files_go_to_the_log_url_and_the_links_name_it(s3_server, targets_run):
+    """``trainer.tensorboard_dir=s3://...``: the local log (``<run>/tb``) is on the store
+    byte for byte; the checkpoint's and the export's TensorBoard links record the log's
+    URL, and the export's card records the version's URL."""
+    import json
+
+    from trainer.exports.exporter import export_metadata_path
+
+    run, export_url, tb_url = targets_run
+    local = _files(run / "tb")
+    assert any("tfevents" in name for name in local)
+    assert sorted(objects(s3_server, tb_url)) == sorted(local)
+    for relative, data in local.items():
+        assert s3_server.fs.cat_file(f"{tb_url[5:]}/{relative}") == data, relative
+    checkpoint = load_checkpoint(run / "checkpoints" / "latest")
+    assert checkpoint.metadata["tensorboard"]["log_url"] == tb_url
+    exported = json.loads(export_metadata_path(run / "export" / "1").read_text())
+    assert exported["tensorboard"]["log_url"] == tb_url
+    assert any(f"{export_url}/1".encode() in data for data in local.values())
+
+
+def test_a_missing_bucket_or_unknown_scheme_of_a_target_is_refused_before_training(
+    compose_cfg, s3_bucket
+):
+    from trainer.errors import StoreError
+
+    cfg = compose_cfg(*RUN, "export.directory=s3://no-such-bucket-e/serving")
+    with pytest.raises(StoreError, match="no-such-bucket-e"):
+        train(cfg)
+    assert not (Path(cfg.run_dir) / "checkpoints").exists()  # refused before training
+    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
+        train(compose_cfg(*RUN, "trainer.tensorboard_dir=gs://bucket/tb"))
