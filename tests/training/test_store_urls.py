@@ -182,5 +182,5 @@ def test_a_missing_bucket_or_unknown_scheme_of_a_target_is_refused_before_traini
     with pytest.raises(StoreError, match="no-such-bucket-e"):
         train(cfg)
     assert not (Path(cfg.run_dir) / "checkpoints").exists()  # refused before training
-    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
+    with pytest.raises(UnsupportedLocationError, match=r"gs:// is not supported.*gcsfs"):
         train(compose_cfg(*RUN, "trainer.tensorboard_dir=gs://bucket/tb"))
