@@ -97,7 +97,7 @@ def test_train_py_resuming_from_a_missing_bucket_is_one_error_line(s3_bucket, tm
     proc = train_py(*TINY_ARGS, "resume=s3://no-such-bucket-z/run/checkpoints/latest", cwd=tmp_path)
     assert proc.returncode == 2, proc.output
     errors = [line for line in proc.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "no-such-bucket-z" in errors[0], proc.output
+    assert len(errors) == 1 and "bucket 'no-such-bucket-z'" in errors[0], proc.output
     assert not (tmp_path / "s3:").exists()
 
 

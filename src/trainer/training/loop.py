@@ -16,14 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 import trainer.training.config  # registers the schemas conf/ extends, before Hydra composes
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
 from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
-from trainer.errors import ConfigError, DirectoryInUseError, NotACheckpointError
+from trainer.errors import ConfigError, DirectoryInUseError
 from trainer.exports import sources
 from trainer.model_state import kit
 from trainer.runs import sessions
 from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
 from trainer.storage.atomic import temporary_sibling
-from trainer.storage.locations import is_remote
 from trainer.tensorboard.board import RunBoard, config_hash, flatten_config, tensorboard_command
 from trainer.training import (
     distribute,
@@ -189,7 +188,7 @@ def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     if remote_run.resumes_from_store(cfg):
-        return run_dir, resume_from_store(cfg, run_dir)
+        return run_dir, remote_run.resume_from_store(cfg, run_dir, configured_backend(cfg))
     resume_from = resume.resolve_resume(
         cfg.get("resume"),
         cfg.get("resume_dir"),
@@ -208,21 +207,6 @@ def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
             sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before this check
             raise
     return run_dir, resume_from
-
-
-def resume_from_store(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """A run on disk resuming from a URL (``resume=s3://...`` or ``resume_dir=s3://...``):
-    a verified local copy of the store's checkpoint; the run continues in ``run_dir``
-    (the store is only read). With ``resume_dir`` and ``resume=auto|latest``, once
-    ``run_dir`` holds checkpoints of its own the newest of those is taken instead, so that
-    re-running a preempted job's command continues its own progress."""
-    own = run_dir / cfg.checkpoint.directory
-    if not is_remote(cfg.get("resume")) and own.is_dir():
-        try:
-            return resume.find_latest(own, configured_backend(cfg))
-        except NotACheckpointError:
-            pass  # none yet: the first session starts from the store's
-    return remote_run.fetch_source(cfg)
 
 
 def build_run(

@@ -1,4 +1,5 @@
-"""A run whose ``run_dir`` is a URL on object storage (``run_dir=s3://bucket/runs/x``).
+"""A run whose ``run_dir`` is a URL on object storage (``run_dir=s3://bucket/runs/x``), and a
+run resuming from a checkpoint on one (``resume=s3://...``, ``resume_dir=s3://...``).
 
 Its checkpoints live on the store (``<run_dir>/<checkpoint.directory>``, published by
 their commit markers: ``trainer.storage.remote``), so that a preempted job re-run anywhere
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from trainer.checkpointing import find_latest
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError
 from trainer.exports.exporter import is_export
 from trainer.storage.cache import cache_root
@@ -189,6 +191,22 @@ def choose_in_source(cfg: DictConfig, source: RemoteCheckpoints, named: str | No
             f"Received: resume={cfg.get('resume')}"
         )
     return name
+
+
+def resume_from_store(cfg: DictConfig, run_dir: Path, configured: type) -> Path | None:
+    """A run on disk resuming from a URL (``resume=s3://...`` or ``resume_dir=s3://...``):
+    a verified local copy of the store's checkpoint; the run continues in ``run_dir``
+    (the store is only read). With ``resume_dir`` and ``resume=auto|latest``, once
+    ``run_dir`` holds checkpoints of its own the newest of those (read with the run's
+    backend class ``configured``) is taken instead, so that re-running a preempted job's
+    command continues its own progress."""
+    own = run_dir / cfg.checkpoint.directory
+    if not is_remote(cfg.get("resume")) and own.is_dir():
+        try:
+            return find_latest(own, configured)
+        except NotACheckpointError:
+            pass  # none yet: the first session starts from the store's
+    return fetch_source(cfg)
 
 
 def fetch_source(cfg: DictConfig, own: RemoteCheckpoints | None = None) -> Path | None:
