@@ -184,3 +184,21 @@ def test_a_missing_bucket_or_unknown_scheme_of_a_target_is_refused_before_traini
     assert not (Path(cfg.run_dir) / "checkpoints").exists()  # refused before training
     with pytest.raises(UnsupportedLocationError, match=r"gs:// is not supported.*gcsfs"):
         train(compose_cfg(*RUN, "trainer.tensorboard_dir=gs://bucket/tb"))
+
+
+def test_resuming_from_a_serving_export_on_the_store_is_refused(compose_cfg, targets_run):
+    _, export_url, _ = targets_run
+    with pytest.raises(NotACheckpointError, match="is a serving export"):
+        train(compose_cfg(*RUN, f"resume={export_url}/1"))
+
+
+def test_the_run_index_finds_the_local_copies_of_url_targets(targets_run):
+    """``trainer runs`` reads a run's directories from its config: for URL targets, the
+    local copies (``export``, ``tb``), never a path with ``s3:`` in it."""
+    from trainer.runs.index import subdir
+
+    run, export_url, tb_url = targets_run
+    config = {"export": {"directory": export_url}, "trainer": {"tensorboard_dir": tb_url}}
+    assert subdir(run, config, "export") == run / "export"
+    assert subdir(run, config, "tensorboard") == run / "tb"
+    assert (run / "export" / "1").is_dir() and (run / "tb").is_dir()

@@ -166,9 +166,9 @@ def resume_source(
 
 def choose_in_source(cfg: DictConfig, source: RemoteCheckpoints, named: str | None) -> str | None:
     """The name of the checkpoint of ``source`` the run resumes from (``named``, else the
-    newest: ``resume_source``),
-    checked whole (now in the cache); None (a fresh start) for ``resume=auto`` and no
-    checkpoint. A serving export is refused: it holds no training state to continue."""
+    newest: ``resume_source``), checked whole (now in the cache); None (a fresh start) for
+    ``resume=auto`` and no checkpoint. A serving export is refused: it holds no training
+    state to continue."""
     if named is not None:
         name, _marker = source.resolve(named)
     else:
