@@ -202,3 +202,28 @@ def test_the_run_index_finds_the_local_copies_of_url_targets(targets_run):
     assert subdir(run, config, "export") == run / "export"
     assert subdir(run, config, "tensorboard") == run / "tb"
     assert (run / "export" / "1").is_dir() and (run / "tb").is_dir()
+
+
+@pytest.mark.slow
+def test_a_killed_run_on_disk_has_its_log_on_the_store_up_to_its_checkpoint(
+    s3_bucket, s3_server, tmp_path
+):
+    """``trainer.tensorboard_dir=s3://...`` with a run on disk, SIGKILLed in its second
+    epoch (no end-of-session upload): the log was uploaded after the first epoch's
+    checkpoint, so the curves up to it are on the store."""
+    url = f"{s3_bucket}/logs/killed"
+    proc = train_py(
+        *TINY_ARGS,
+        f"trainer.tensorboard_dir={url}",
+        "checkpoint.policy.async_save=false",  # the upload is done when step 4 starts
+        "+callbacks.kill={_target_: faults.SignalAtStep, step: 5, signum: 9}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == -9, proc.output
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+    uploaded = [k for k in objects(s3_server, url) if "tfevents" in k]
+    assert uploaded, objects(s3_server, url)
+    for key in uploaded:  # each file whole, as far as it was flushed at the upload
+        local = (tmp_path / "run" / "tb" / key).read_bytes()
+        assert local.startswith(s3_server.fs.cat_file(f"{url[5:]}/{key}")), key
