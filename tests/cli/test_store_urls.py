@@ -131,3 +131,41 @@ def test_export_of_a_checkpoint_missing_on_the_store_is_one_error_line(saved, tm
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "step-00000008" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_export_to_a_url_publishes_each_version_complete(saved, s3_bucket, s3_server, capsys):
+    """``trainer export CHECKPOINT s3://...``: each version is published by its marker
+    after its objects, under the next free number, with ``latest``; ``--keep`` removes
+    the store's older versions; the published version serves what the checkpoint
+    predicts once downloaded and verified (``trainer verify``)."""
+    import tensorflow as tf
+
+    from trainer.save_backends import load_checkpoint
+    from trainer.save_backends.registry import fetch_remote
+
+    target = f"{s3_bucket}/serving/model"
+    reports = []
+    for _ in range(2):
+        assert cli_main(["export", f"{saved}/latest", target, "--keep", "1", "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out)["export"])
+    assert reports == [f"{target}/1", f"{target}/2"]
+    remote = RemoteCheckpoints(target)
+    assert [m["name"] for m in remote.committed()] == ["2"]  # --keep 1: version 1 went
+    assert s3_server.fs.cat_file(f"{target[5:]}/latest") == b"2"
+    assert sorted({k.split("/", 1)[0] for k in remote.store.walk("")}) == [
+        ".commits",
+        "2",
+        "latest",
+    ]
+    assert cli_main(["verify", f"{target}/latest"]) == 0
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+    served = tf.saved_model.load(str(fetch_remote(f"{target}/2"))).signatures["serving_default"]
+    (got,) = served(tf.constant(x)).values()
+    want = load_checkpoint(f"{saved}/latest").model.predict(x, verbose=0)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+def test_export_to_a_missing_bucket_is_one_error_line_before_exporting(saved, capsys):
+    assert cli_main(["export", f"{saved}/latest", "s3://no-such-bucket-x/serving"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "no-such-bucket-x" in err and len(err.splitlines()) == 1

@@ -102,10 +102,10 @@ def test_a_failed_upload_is_one_store_error(s3_bucket, s3_server, tmp_path):
     (tmp_path / "tb" / "events.out.tfevents.1.host.2.3").write_bytes(b"events")
     with s3_server.checking_credentials():
         with pytest.raises(StoreError, match="credentials were refused") as error:
-            publish_export(f"{s3_bucket}/run", "export", version, step=1, keep=5)
+            publish_export(f"{s3_bucket}/run/export", version, step=1, keep=5)
         assert isinstance(error.value, TrainerError)
         with pytest.raises(StoreError, match=r"run/tb/events\.out\.tfevents"):
-            EventSync(f"{s3_bucket}/run", tmp_path, "tb")()
+            EventSync(f"{s3_bucket}/run/tb", tmp_path / "tb")()
     assert objects(s3_server, f"{s3_bucket}/run") == []
 
 
@@ -117,7 +117,7 @@ def test_export_versions_beyond_keep_leave_the_store(s3_bucket, s3_server, tmp_p
         (version / "variables").mkdir(parents=True)
         (version / "saved_model.pb").write_bytes(b"graph %d" % n)
         (version / "variables" / "variables.index").write_bytes(b"index")
-        publish_export(url, "export", version, step=n, keep=2)
+        publish_export(f"{url}/export", version, step=n, keep=2)
     remote = RemoteCheckpoints(f"{url}/export")
     assert [m["name"] for m in remote.committed()] == ["2", "3"]
     assert not [k for k in objects(s3_server, f"{url}/export") if k.startswith("1/")]

@@ -118,7 +118,8 @@ class CheckpointManager(SavePath):
         self.metadata = dict(metadata or {})
         self.board = board
         self.records: list[dict[str, Any]] = []  # retention: one per kept checkpoint
-        # Called after each checkpoint is published on a store (from the writer thread).
+        # Called after each checkpoint is written (on a store: published), from the writer
+        # thread: a run copying its TensorBoard log to a store uploads it then.
         self.after_publish: list[Callable[[], Any]] = []
         self.saved: list[Path | str] = []  # written by this manager, in order (URLs: remote)
         self.failed: list[Path] = []  # saves that failed under on_save_error=continue

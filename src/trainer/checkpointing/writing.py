@@ -144,10 +144,10 @@ class SavePath:
         if self.remote is not None:
             self.saved.append(self.remote.url_of(path.name))
             self.remote.point_latest(path.name)
-            self._after_publish()
         else:
             self.saved.append(path)
             point_latest(self.directory, path)
+        self._after_publish()
         deleted = self._apply_retention()
         with self._done_lock:
             self._done.append((self.saved[-1], state.global_step, seconds))
@@ -165,10 +165,10 @@ class SavePath:
                 self.board.checkpoint_deleted(state.global_step, name)
 
     def _after_publish(self) -> None:
-        """Run ``after_publish`` (set by the caller: a run on a store uploads its
-        TensorBoard log there) once a checkpoint is on the store. A failure is logged: the
-        checkpoint is published, and the caller's own end-of-run upload raises if the store
-        stays unreachable."""
+        """Run ``after_publish`` (set by the caller: a run whose TensorBoard log goes to a
+        store uploads it there) once a checkpoint is complete (on a store: published). A
+        failure is logged: the checkpoint is complete, and the caller's own end-of-run
+        upload raises if the store stays unreachable."""
         for hook in self.after_publish:
             try:
                 hook()

@@ -123,7 +123,13 @@ def _add_commands(command) -> None:
         "export",
         "export a checkpoint of any backend as OUT_DIR/<version>/ for serving",
         ("checkpoint", CHECKPOINT_HELP + STORE_HELP, _local_or_url),
-        ("out_dir", "directory of numbered versions (created if missing)"),
+        (
+            "out_dir",
+            "directory of numbered versions (created if missing); or a URL on "
+            "object storage (s3://bucket/serving/model), where each version is published "
+            "complete, by a commit marker written last",
+            _local_or_url,
+        ),
     )
     _add_export_options(export)
     legacy = command(

@@ -15,6 +15,7 @@ from trainer.errors import NotACheckpointError, TrainerError
 from trainer.exports.exporter import is_export, read_export_metadata, versions
 from trainer.save_backends import SaveBackend
 from trainer.storage.atomic import is_temporary
+from trainer.storage.locations import is_remote
 from trainer.tensorboard.board import LINK_KEY
 from trainer.tensorboard.links import LogView, link_run_dirs
 
@@ -194,7 +195,8 @@ def subdir(run_dir: Path, config: dict[str, Any] | None, what: str) -> Path:
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, str) and node:
-            return run_dir / node
+            # A URL (export.directory=s3://...): the run's local copy has the default name.
+            return run_dir / (DEFAULT_DIRS[what] if is_remote(node) else node)
     return run_dir / DEFAULT_DIRS[what]
 
 

@@ -30,6 +30,16 @@ SCHEMES = {"s3": "s3fs"}
 INSTALL = 'pip install "trainer[s3]"'
 
 
+# Schemes an fsspec package serves but trainer does not use yet, and why: installing that
+# package is not enough, so the refusal says so instead of asking for it.
+_NOT_YET = {
+    "gs": (
+        " in this version: it needs the gcsfs package (pip install gcsfs) and GCS generation "
+        "preconditions (ifGenerationMatch) for the one-writer lease, which trainer does not "
+        "use yet, so installing gcsfs does not enable it"
+    ),
+}
+
 # Settings a filesystem is created from: a changed one (another endpoint, other keys)
 # gets a new instance, the same ones share theirs (and its connections).
 _SETTINGS = (
@@ -76,8 +86,9 @@ class Store:
         if scheme not in SCHEMES:
             raise UnsupportedLocationError(
                 f"trainer keeps data on object storage through s3:// URLs only (any "
-                f"S3-compatible server, with AWS_ENDPOINT_URL); {scheme}:// is not supported. "
-                f"Use an s3:// URL or a local path. Received: {url!r}"
+                f"S3-compatible server, with AWS_ENDPOINT_URL); {scheme}:// is not supported"
+                f"{_NOT_YET.get(scheme, '')}. Use an s3:// URL or a local path. "
+                f"Received: {url!r}"
             )
         self.scheme = scheme
         self.fs = filesystem(scheme)

@@ -110,8 +110,12 @@ class RunBoard:
         run_name: str | None = None,
         config_hash: str | None = None,
         on_write_error: str = "raise",
+        log_url: str | None = None,
     ):
         self.log_dir = Path(log_dir).absolute()
+        # Where the log is copied on object storage (``trainer.training.store_sync``): the
+        # links of checkpoints and exports name it, for a reader on another machine.
+        self.log_url = log_url
         self.run_dir = Path(run_dir).absolute() if run_dir else self.log_dir.parent
         self.run_name = run_name or os.path.relpath(self.log_dir, self.run_dir.parent)
         self.config_hash = config_hash
@@ -252,6 +256,16 @@ class RunBoard:
             )
             self.writer.flush()
 
+    def artifact_published(self, step: int, tag: str, url: str, *, kind: str = "export") -> None:
+        """One more entry on the card ``tag`` at ``step``: where the artifact was published
+        on object storage (the card itself names its local copy)."""
+        text = f"**{kind}** published on object storage: `{url}`"
+        with self.writes.writing(f"{kind} cards"), self.writer.as_default(step=step):
+            tf.summary.experimental.write_raw_pb(
+                text_summary.text_pb(tag, text).SerializeToString()
+            )
+            self.writer.flush()
+
     def link(
         self, step: int, artifact: str | os.PathLike | None = None, *, tag: str | None = None
     ) -> dict[str, Any]:
@@ -272,6 +286,8 @@ class RunBoard:
             link["tag"] = tag
         if self.config_hash:
             link["config_hash"] = self.config_hash
+        if self.log_url:
+            link["log_url"] = self.log_url
         return link
 
     def save_checkpoint(

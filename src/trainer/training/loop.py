@@ -116,6 +116,8 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     batch (with an interrupt checkpoint), before or after it at once."""
     trainer.training.config.check_values(cfg)  # before anything is built or written
     run_dir, resume_from = locate_run(cfg, dist)
+    if dist.is_chief:  # the one that uploads: a missing bucket is refused before training
+        store_sync.check_buckets(cfg)
     try:
         out_dir = dist.output_dir(run_dir)  # the chief locks the run directory
     except DirectoryInUseError:
@@ -123,9 +125,10 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         raise
     # This session's log and Hydra config go to the run it continues (sessions.py).
     with sessions.session(out_dir, resume_from):
-        if not (remote_run.is_remote_run(cfg) and dist.is_chief):  # the chief uploads
+        tb_local, tb_url = store_sync.tensorboard_location(cfg)
+        if tb_url is None or not dist.is_chief:  # only the chief uploads
             return run_session(cfg, dist, run_dir, resume_from)
-        events = store_sync.EventSync(str(cfg.run_dir), out_dir, cfg.trainer.tensorboard_dir)
+        events = store_sync.EventSync(tb_url, out_dir / tb_local)
         try:
             metrics = run_session(cfg, dist, run_dir, resume_from, events)
         except BaseException:
@@ -184,6 +187,8 @@ def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
         return remote_run.locate(cfg, dist)
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
+    if remote_run.resumes_from_store(cfg):
+        return run_dir, remote_run.resume_from_store(cfg, run_dir, configured_backend(cfg))
     resume_from = resume.resolve_resume(
         cfg.get("resume"),
         cfg.get("resume_dir"),
@@ -224,7 +229,7 @@ def build_run(
     policy = CheckpointPolicy(**OmegaConf.to_container(cfg.checkpoint.policy, resolve=True))
     policy.check_name(model.get_metrics_result(), validation=len(data.x_val) > 0)
     sources.check_export_options(  # not only once trained
-        cfg.get("export"), checkpoint_directory=cfg.checkpoint.directory
+        store_sync.export_options(cfg), checkpoint_directory=cfg.checkpoint.directory
     )
     state = TrainingState(seed=int(cfg.seed))
     if resume_from is not None:
@@ -239,15 +244,15 @@ def build_run(
     user_callbacks.check_rate_setters(configured.named, model)
     config_record = OmegaConf.to_container(cfg, resolve=True)
     progress = RunProgress(state, steps)
-    scalars = ScalarLogger(
-        out_dir / cfg.trainer.tensorboard_dir, state, on_write_error=policy.on_save_error
-    )
+    tb_local, tb_url = store_sync.tensorboard_location(cfg)
+    scalars = ScalarLogger(out_dir / tb_local, state, on_write_error=policy.on_save_error)
     # Created after ScalarLogger: its session-start mark must sort before the board's file.
     board = RunBoard(
-        out_dir / cfg.trainer.tensorboard_dir,
+        out_dir / tb_local,
         run_dir=out_dir,
         config_hash=config_hash(config_record),
         on_write_error=policy.on_save_error,
+        log_url=tb_url if dist.is_chief else None,
     )
     if state.global_step == 0:
         board.write_graph(model)
@@ -382,9 +387,11 @@ def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress)
         log.info("Checkpoints:   %s: %s (latest)", where, ", ".join(kept))
     else:
         log.info("Checkpoints:   none")
-    log_dir = run_dir / cfg.trainer.tensorboard_dir
-    name = os.path.relpath(log_dir, run_dir.parent)
+    tb_local, tb_url = store_sync.tensorboard_location(cfg)
+    name = os.path.relpath(run_dir / tb_local, run_dir.parent)
     log.info("TensorBoard:   %s  (this run: %s)", tensorboard_command(run_dir), name)
+    if tb_url is not None:
+        log.info("TensorBoard:   copied to %s", tb_url)
     if progress.interrupted:
         where = manager.saved[-1] if manager.saved else None
         # Epochs as the progress bar numbers them (from 1): "Epoch 1/2" was reported as

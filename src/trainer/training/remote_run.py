@@ -1,4 +1,5 @@
-"""A run whose ``run_dir`` is a URL on object storage (``run_dir=s3://bucket/runs/x``).
+"""A run whose ``run_dir`` is a URL on object storage (``run_dir=s3://bucket/runs/x``), and a
+run resuming from a checkpoint on one (``resume=s3://...``, ``resume_dir=s3://...``).
 
 Its checkpoints live on the store (``<run_dir>/<checkpoint.directory>``, published by
 their commit markers: ``trainer.storage.remote``), so that a preempted job re-run anywhere
@@ -7,8 +8,10 @@ mirror directory first, one per URL (``mirror_dir``): the serving export and the
 TensorBoard log are then copied to the store (``training.store_sync``); the log, the Hydra
 config and the staged checkpoints are not.
 
-Kept narrow on purpose: ``resume`` must be ``auto`` or ``latest`` (the run's own
-checkpoints) and ``resume_dir`` is not used. Under ``strategy=multiworker`` only the chief
+``resume`` and ``resume_dir`` may be URLs too, for a run on a store or on disk
+(``resume_source``): the checkpoint is downloaded into the local cache (checked against its
+commit marker) and the run continues in its own ``run_dir``; the store the checkpoint came
+from is only read. Under ``strategy=multiworker`` only the chief
 writes to the store (checkpoints, lease, export, TensorBoard log); it alone chooses the
 checkpoint to resume from, and every other worker downloads that very checkpoint from the
 store into its own cache (``training.chief_decides``).
@@ -23,10 +26,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from trainer.checkpointing import find_latest
 from trainer.errors import ConfigError, CorruptCheckpointError, NotACheckpointError
+from trainer.exports.exporter import is_export
 from trainer.storage.cache import cache_root
 from trainer.storage.locations import is_remote
-from trainer.storage.remote import RemoteCheckpoints
+from trainer.storage.remote import LATEST, RemoteCheckpoints
 from trainer.training.chief_decides import chief_decides, everyone_ready
 
 log = logging.getLogger(__name__)
@@ -52,17 +57,18 @@ def checkpoint_url(cfg: DictConfig) -> str:
 def check(cfg: DictConfig) -> None:
     """Refuse what a run on a store does not support yet, before anything is written."""
     problems = []
-    if cfg.get("resume") not in RESUMABLE:
-        problems.append(f"resume={cfg.get('resume')!r} (use resume=auto or resume=latest)")
-    if cfg.get("resume_dir"):
-        problems.append(f"resume_dir={cfg.get('resume_dir')!r} (drop it: the run is its URL)")
+    resume, resume_dir = cfg.get("resume"), cfg.get("resume_dir")
+    if resume not in RESUMABLE and not is_remote(resume):
+        problems.append(f"resume={resume!r} (use resume=auto, latest or a checkpoint's URL)")
+    if resume_dir and not is_remote(resume_dir):
+        problems.append(f"resume_dir={resume_dir!r} (give a run's URL, or drop it)")
     directory = str(cfg.checkpoint.directory)
     if directory.startswith("/") or is_remote(directory):
         problems.append(f"checkpoint.directory={directory!r} (give a relative name)")
     if problems:
         raise ConfigError(
-            f"run_dir={cfg.run_dir} is on object storage, which supports a run "
-            f"resumed from its own checkpoints only: fix {'; '.join(problems)}. "
+            f"run_dir={cfg.run_dir} is on object storage, which resumes from its own "
+            f"checkpoints or from a URL on a store only: fix {'; '.join(problems)}. "
             f"Received: {problems[0]}"
         )
 
@@ -74,7 +80,11 @@ def locate(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
     the chief's choice (``chief_decides``)."""
     check(cfg)
     remote = RemoteCheckpoints(checkpoint_url(cfg))
-    chosen = chief_decides(dist, lambda: choose(cfg, remote))
+    if resumes_from_store(cfg):
+        remote, named = resume_source(cfg, own=remote)
+        chosen = chief_decides(dist, lambda: choose_in_source(cfg, remote, named))
+    else:
+        chosen = chief_decides(dist, lambda: choose(cfg, remote))
     mirror = mirror_dir(str(cfg.run_dir))
     mirror.mkdir(parents=True, exist_ok=True)
     if chosen is None:
@@ -112,6 +122,99 @@ def choose(cfg: DictConfig, remote: RemoteCheckpoints) -> str | None:
         log.info("resume=auto: no complete checkpoint in %s yet; starting a fresh run", remote.url)
         return None
     return newest_whole(remote, found)
+
+
+def resumes_from_store(cfg: DictConfig) -> bool:
+    """Whether ``resume`` or ``resume_dir`` is a URL: a checkpoint or run on a store."""
+    return is_remote(cfg.get("resume")) or is_remote(cfg.get("resume_dir"))
+
+
+def resume_source(
+    cfg: DictConfig, own: RemoteCheckpoints | None = None
+) -> tuple[RemoteCheckpoints, str | None]:
+    """The checkpoint directory on the store a URL ``resume`` / ``resume_dir`` names, and
+    the checkpoint's name in it (None: its newest). ``resume=<URL>``: a checkpoint
+    (``<dir>/<name>``, ``<dir>/latest``) or a run (``<run>``, its newest). ``resume_dir=<URL>``
+    (with ``resume=auto|latest``): a run or a checkpoint directory, its newest; but once the
+    run's own checkpoint directory ``own`` (on a store) holds a checkpoint, that one: the run
+    continues in its own ``run_dir``, so re-running the command of a preempted job continues
+    its own progress instead of starting again from ``resume_dir``."""
+    dirname = str(cfg.checkpoint.directory).strip("/")
+    resume = cfg.get("resume")
+    if is_remote(resume):
+        url = str(resume).rstrip("/")
+        directory, _, name = url.rpartition("/")
+        if not directory.endswith(":/"):  # not s3://bucket alone
+            parent = RemoteCheckpoints(directory)
+            if name == LATEST or parent.marker(name) is not None:
+                return parent, name
+        run = RemoteCheckpoints(f"{url}/{dirname}")
+        if run.committed():
+            return run, None
+        raise NotACheckpointError(
+            f"resume={url} names no complete checkpoint on the store: neither a checkpoint "
+            f"(<dir>/<name> with its commit marker <dir>/.commits/<name>.json, or "
+            f"<dir>/latest) nor a run whose {dirname}/ holds one. List them with "
+            f"`python -m trainer runs {directory}`. Received: resume={resume!r}"
+        )
+    if own is not None and own.committed():
+        return own, None
+    url = str(cfg.get("resume_dir")).rstrip("/")
+    run = RemoteCheckpoints(f"{url}/{dirname}")
+    return (run if run.committed() else RemoteCheckpoints(url)), None
+
+
+def choose_in_source(cfg: DictConfig, source: RemoteCheckpoints, named: str | None) -> str | None:
+    """The name of the checkpoint of ``source`` the run resumes from (``named``, else the
+    newest: ``resume_source``), checked whole (now in the cache); None (a fresh start) for
+    ``resume=auto`` and no checkpoint. A serving export is refused: it holds no training
+    state to continue."""
+    if named is not None:
+        name, _marker = source.resolve(named)
+    else:
+        found = source.committed()
+        if not found and cfg.get("resume") == "auto":
+            log.info("resume=auto: no complete checkpoint in %s yet; starting afresh", source.url)
+            return None
+        if not found:
+            raise NotACheckpointError(
+                f"resume=latest found no complete checkpoint in {source.url}. Use "
+                f"resume=auto to start afresh when there is none. Received: "
+                f"resume_dir={cfg.get('resume_dir')}"
+            )
+        name = newest_whole(source, found)
+    if is_export(source.fetch(name)):
+        raise NotACheckpointError(
+            f"{source.url_of(name)} is a serving export, not a training checkpoint: "
+            f"training resumes from a run's checkpoints (weights, optimizer, data "
+            f"position). Resume from <run URL>/{cfg.checkpoint.directory}/latest instead. "
+            f"Received: resume={cfg.get('resume')}"
+        )
+    return name
+
+
+def resume_from_store(cfg: DictConfig, run_dir: Path, configured: type) -> Path | None:
+    """A run on disk resuming from a URL (``resume=s3://...`` or ``resume_dir=s3://...``):
+    a verified local copy of the store's checkpoint; the run continues in ``run_dir``
+    (the store is only read). With ``resume_dir`` and ``resume=auto|latest``, once
+    ``run_dir`` holds checkpoints of its own the newest of those (read with the run's
+    backend class ``configured``) is taken instead, so that re-running a preempted job's
+    command continues its own progress."""
+    own = run_dir / cfg.checkpoint.directory
+    if not is_remote(cfg.get("resume")) and own.is_dir():
+        try:
+            return find_latest(own, configured)
+        except NotACheckpointError:
+            pass  # none yet: the first session starts from the store's
+    return fetch_source(cfg)
+
+
+def fetch_source(cfg: DictConfig, own: RemoteCheckpoints | None = None) -> Path | None:
+    """A run on disk resuming from a URL: the local copy of the checkpoint it names (None:
+    ``resume=auto`` found none, a fresh start)."""
+    source, named = resume_source(cfg, own)
+    name = choose_in_source(cfg, source, named)
+    return None if name is None else source.fetch(name)
 
 
 def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> str:

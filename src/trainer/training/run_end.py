@@ -22,12 +22,12 @@ import tensorflow as tf
 from trainer.checkpointing.policy import scalar_metrics
 from trainer.data import DataSplits, eval_dataset
 from trainer.errors import TrainerError
-from trainer.exports.exporter import DEFAULT_KEEP, read_export_metadata, versions
+from trainer.exports.exporter import DEFAULT_KEEP, export_tag, read_export_metadata, versions
 from trainer.exports.sources import export_for_run
 from trainer.state import TrainingState
 from trainer.tensorboard.board import RunBoard, flatten_config
 from trainer.tensorboard.links import LogView
-from trainer.training import interrupts, remote_run, store_sync
+from trainer.training import interrupts, store_sync
 from trainer.wrapping import unwrap_model
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def finish_run(
     run on object storage publishes its export there (only its chief does)."""
     metrics = final_metrics(model, val, data, cfg.trainer.batch_size)
     log.info("Final metrics: %s", ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-    tb_dir = out_dir / cfg.trainer.tensorboard_dir
+    tb_dir = out_dir / store_sync.tensorboard_location(cfg)[0]
     if resumed_finished and has_final_metrics(tb_dir, state.global_step):
         log.info("HParams:       already written at step %d", state.global_step)
     else:
@@ -91,12 +91,13 @@ def finish_run(
     # own only when the run has none (an older version wrote them at the end).
     if resumed_finished and not board.replace_earlier_hparams():
         board.write_session_hparams(flatten_config(config_record))
-    export_cfg = cfg.get("export")
+    export_cfg = store_sync.export_options(cfg)  # the local directory: the URL's staging
+    export_url = store_sync.export_location(cfg)[1] if to_store else None
     existing = export_of_step(out_dir, export_cfg, state) if resumed_finished else None
     if existing is not None:
         log.info("Export:        %s (already written at step %d)", existing, state.global_step)
-        if to_store and remote_run.is_remote_run(cfg):  # stopped before its upload
-            publish_on_store(cfg, export_cfg, existing, state, unless_there=True)
+        if export_url is not None:  # stopped before its upload
+            publish_on_store(export_url, export_cfg, existing, state, board, unless_there=True)
         return metrics
     exported = export_for_run(
         unwrap_model(model) if export_cfg and export_cfg.get("unwrap") else model,
@@ -109,19 +110,20 @@ def finish_run(
     )
     if exported is not None:
         log.info("Export:        %s", exported)
-        if to_store and remote_run.is_remote_run(cfg):
-            publish_on_store(cfg, export_cfg, exported, state, unless_there=False)
+        if export_url is not None:
+            publish_on_store(export_url, export_cfg, exported, state, board, unless_there=False)
     return metrics
 
 
-def publish_on_store(cfg, export_cfg, version_dir: Path, state, *, unless_there: bool) -> None:
-    """A run on a store: publish the complete local export ``version_dir`` there
-    (``store_sync.publish_export``). ``unless_there``: not if the store already has a
-    version of this step (an earlier session's export found again locally)."""
-    options = dict(export_cfg or {})
+def publish_on_store(
+    export_url: str, options, version_dir: Path, state, board: RunBoard, *, unless_there: bool
+) -> None:
+    """Publish the complete local export ``version_dir`` at ``export_url``
+    (``store_sync.publish_export``) and note the version's URL on its TensorBoard card.
+    ``unless_there``: not if the store already has a version of this step (an earlier
+    session's export found again locally)."""
     url = store_sync.publish_export(
-        str(cfg.run_dir),
-        str(options.get("directory") or "export"),
+        export_url,
         version_dir,
         step=int(state.global_step),
         keep=int(options.get("keep") or DEFAULT_KEEP),
@@ -129,6 +131,7 @@ def publish_on_store(cfg, export_cfg, version_dir: Path, state, *, unless_there:
     )
     if url is not None:
         log.info("Export:        %s (on the store)", url)
+        board.artifact_published(int(state.global_step), export_tag(board, version_dir), url)
 
 
 def has_final_metrics(tb_dir: Path, step: int) -> bool:

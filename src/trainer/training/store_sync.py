@@ -1,10 +1,14 @@
-"""What a run on object storage (``run_dir=s3://...``) copies to the store besides its
-checkpoints: the serving export and the TensorBoard log, written locally in the run's
-mirror directory (``remote_run.mirror_dir``) first.
+"""What a run copies to object storage besides its checkpoints: the serving export and
+the TensorBoard log, written locally first (in the run directory, or in the local mirror
+``remote_run.mirror_dir`` of a run on a store). They go to the store when the run is on
+one (``run_dir=s3://...``: ``<run_dir>/<export.directory>``, ``<run_dir>/<tensorboard_dir>``)
+or when ``export.directory`` / ``trainer.tensorboard_dir`` is a URL itself, for a run on
+disk or on a store (then written locally under ``export`` / ``tb`` first:
+``export_location``, ``tensorboard_location``).
 
 - The export: once a version is complete locally (written under a temporary name,
   manifest sealed, renamed), it is uploaded object by object to
-  ``<run_dir>/<export dir>/<version>/`` and published as checkpoints are
+  ``<export URL>/<version>/`` and published as checkpoints are
   (``trainer.storage.remote``): its commit marker ``<export dir>/.commits/<version>.json``
   is written last, ``saved_model.pb`` is the last object before it (a model server
   polling the prefix finds no loadable SavedModel before every other file is there), and
@@ -12,8 +16,8 @@ mirror directory (``remote_run.mirror_dir``) first.
   versions from 1 again: a version the store already holds is published under the next
   free number instead, so a server never sees a version replaced or going backwards.
   Versions beyond ``export.keep`` are deleted from the store, marker first.
-- The TensorBoard log: every file under ``<tensorboard_dir>`` is uploaded to
-  ``<run_dir>/<same relative path>`` after each checkpoint upload and at the end of the
+- The TensorBoard log: every file under the local log directory is uploaded to the same
+  relative path under the log's URL after each checkpoint write and at the end of the
   session (normal end, signal or error). Event files only grow, so uploading a whole
   file again is correct; an unchanged one (same size and modification time) is skipped.
   A resumed session on another machine starts from an empty mirror and writes new event
@@ -28,8 +32,12 @@ import logging
 import threading
 from pathlib import Path
 
+from omegaconf import DictConfig
+
+from trainer.storage.locations import is_remote
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
+from trainer.training.remote_run import is_remote_run
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +45,62 @@ log = logging.getLogger(__name__)
 LAST = ("saved_model.pb",)
 
 
+# The local names of an export or log whose configured location is a URL.
+LOCAL_EXPORT = "export"
+LOCAL_TENSORBOARD = "tb"
+
+
+def export_location(cfg: DictConfig) -> tuple[str, str | None]:
+    """The export's directory under the run's local directory, and its URL on a store (or
+    None: a run on disk exporting to disk)."""
+    options = cfg.get("export") or {}
+    return _location(cfg, str(options.get("directory") or LOCAL_EXPORT), LOCAL_EXPORT)
+
+
+def tensorboard_location(cfg: DictConfig) -> tuple[str, str | None]:
+    """The TensorBoard log's directory under the run's local directory, and its URL on a
+    store (or None)."""
+    return _location(cfg, str(cfg.trainer.tensorboard_dir), LOCAL_TENSORBOARD)
+
+
+def _location(cfg: DictConfig, configured: str, local: str) -> tuple[str, str | None]:
+    if is_remote(configured):
+        return local, configured.rstrip("/")
+    if is_remote_run(cfg):
+        return configured, f"{str(cfg.run_dir).rstrip('/')}/{configured.strip('/')}"
+    return configured, None
+
+
+def export_options(cfg: DictConfig) -> dict:
+    """The ``export`` options with the local directory the export is written into."""
+    options = dict(cfg.get("export") or {})
+    options["directory"] = export_location(cfg)[0]
+    return options
+
+
+def check_buckets(cfg: DictConfig) -> None:
+    """Refuse a missing bucket (wrong keys, an unreachable endpoint) of a URL
+    ``export.directory`` or ``trainer.tensorboard_dir`` before training, not at its end
+    (``StoreError``)."""
+    for url in (export_location(cfg)[1], tensorboard_location(cfg)[1]):
+        if url is not None:
+            Store(url).check_bucket()
+
+
 def publish_export(
-    run_url: str,
-    export_dirname: str,
+    export_url: str,
     version_dir: Path,
     *,
     step: int,
     keep: int,
     unless_step_there: bool = False,
 ) -> str | None:
-    """Upload the complete local export ``version_dir`` (``.../export/<n>``) to the run's
-    export prefix on the store and publish it; delete store versions beyond ``keep``.
+    """Upload the complete local export ``version_dir`` (``.../export/<n>``) to
+    ``export_url`` and publish it; delete store versions beyond ``keep``.
     Returns the published version's URL, or None when ``unless_step_there`` and the store
     already has a version of ``step``. Raises ``StoreError`` if an upload fails (the
     version is then not published: it has no marker)."""
-    remote = RemoteCheckpoints(f"{run_url.rstrip('/')}/{export_dirname.strip('/')}")
+    remote = RemoteCheckpoints(export_url)
     found = [m for m in remote.committed() if m["name"].isdigit()]
     if unless_step_there and any(m["step"] == step for m in found):
         return None
@@ -74,15 +123,14 @@ def publish_export(
 
 
 class EventSync:
-    """Uploads the run's TensorBoard directory to the store, file by file, skipping files
-    unchanged since their last upload. Safe to call from the checkpoint writer thread and
-    the training thread (one upload at a time)."""
+    """Uploads the run's local TensorBoard directory ``root`` to ``url``, file by file,
+    skipping files unchanged since their last upload. Safe to call from the checkpoint
+    writer thread and the training thread (one upload at a time)."""
 
-    def __init__(self, run_url: str, out_dir: Path, tensorboard_dir: str):
-        self.store = Store(run_url)
-        self.out_dir = Path(out_dir)
-        self.root = self.out_dir / tensorboard_dir
-        self.url = self.store.url_of(Path(tensorboard_dir).as_posix())
+    def __init__(self, url: str, root: Path):
+        self.store = Store(url)
+        self.root = Path(root)
+        self.url = self.store.url
         self._sent: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
@@ -92,7 +140,7 @@ class EventSync:
         with self._lock:
             count = 0
             for path in sorted(self.root.rglob("*")) if self.root.is_dir() else []:
-                relative = path.relative_to(self.out_dir)
+                relative = path.relative_to(self.root)
                 if not path.is_file() or any(p.startswith(".") for p in relative.parts):
                     continue
                 stat = path.stat()
