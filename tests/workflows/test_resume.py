@@ -320,7 +320,8 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(compose_cf
     from trainer import train
     from trainer.save_backends import load_checkpoint
 
-    base = ("save=h5", "checkpoint.policy.keep_last=null", "checkpoint.policy.every_n_steps=2")
+    base = ("model=mlp", "save=h5", "checkpoint.policy.keep_last=null",
+            "checkpoint.policy.every_n_steps=2")  # fmt: skip
     first = compose_cfg(*base, "trainer.epochs=3")
     train(first)
     checkpoints = Path(first.run_dir) / "checkpoints"
@@ -404,7 +405,7 @@ def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(compose_cfg):
     """A fresh run (no resume) given an earlier run's directory replaced its checkpoints of
     the same names, left the later ones, and a later resume=latest continued the earlier
     run. Refused before anything is written, naming resume=auto and a new directory."""
-    base = ("save=h5", "checkpoint.policy.keep_last=null")
+    base = ("model=mlp", "save=h5", "checkpoint.policy.keep_last=null")
     first = compose_cfg(*base, "trainer.epochs=2")
     train(first)
     checkpoints = Path(first.run_dir) / "checkpoints"
@@ -421,7 +422,7 @@ def test_a_fresh_run_over_an_earlier_runs_checkpoints_is_refused(compose_cfg):
 def test_resuming_an_abandoned_checkpoint_continues_in_its_run(compose_cfg, tmp_path):
     """A checkpoint set aside in checkpoints/abandoned-<n>/ belongs to the run too: resuming
     it started a new run directory (the run-directory check missed the extra level)."""
-    base = ("save=h5", "checkpoint.policy.keep_last=null")
+    base = ("model=mlp", "save=h5", "checkpoint.policy.keep_last=null")
     train(compose_cfg(*base, "trainer.epochs=3"))
     checkpoints = tmp_path / "run" / "checkpoints"
     older = sorted(checkpoints.glob("step-*"))[0]
