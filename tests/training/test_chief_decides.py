@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.distribute import BASE, assert_close, values
 from tests.helpers.s3_server import objects
 from tests.helpers.workers import kill, start_workers, worker_log, worker_logs
-from tests.training.test_distribute import BASE, assert_close, values
 from trainer import train
 from trainer.storage.lease import LEASE
 from trainer.storage.remote import RemoteCheckpoints

@@ -3,12 +3,8 @@ worker processes on 127.0.0.1, checkpoints across strategies, resume, worker cle
 
 Strategies need a fresh process (logical devices and collectives are configured before
 TensorFlow initialises), so they run in children; the single-device runs and every check
-run here, without any strategy.
-
-Tolerance: a step under a strategy sums per-replica gradients in another order than one
-device does, so variables agree to ``RTOL``/``ATOL`` (measured on this model after 6-9
-steps: max abs difference 2e-7, relative 1e-6), not bitwise. Runs under the same strategy
-are bitwise repeatable, including an interrupted and resumed one.
+run here, without any strategy. The tolerance of a comparison across strategies, and why:
+``tests.helpers.distribute``.
 """
 
 from __future__ import annotations
@@ -25,11 +21,11 @@ from hydra.utils import instantiate
 
 from tests.helpers import warm
 from tests.helpers.config import TINY
+from tests.helpers.distribute import BASE, RTOL, assert_close, values
 from tests.helpers.paths import CHILDREN_DIR, ROOT
 from tests.helpers.processes import subprocess_env
 from tests.helpers.workers import kill, start_workers, worker_logs
 from trainer import train
-from trainer.checkpointing import all_variables
 from trainer.errors import ConfigError
 from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
 from trainer.storage.atomic import is_temporary
@@ -37,12 +33,6 @@ from trainer.tensorboard.links import resolve_link
 from trainer.training.distribute import Distribution, is_chief, scaled_optimizer_cfg, setup
 from trainer.training.resume import find_latest
 
-RTOL, ATOL = 1e-5, 1e-6
-# No dropout where runs under different strategies are compared: each replica draws its
-# own masks for its share of the batch, so dropout differs by design, not by rounding.
-# The tolerances were measured at this learning rate (at the default run's, 10x higher, the
-# largest difference grew past them: 3e-5 relative after 6 steps of the multi-worker case).
-BASE = [*TINY, "model=mlp", "model.dropout=0", "optimizer.learning_rate=0.001", "schedule=none"]
 SAVEDMODEL = "save._target_=trainer.save_backends.savedmodel.SavedModelBackend"
 BACKENDS = {"h5": "save=h5", "weights": "save=weights", "savedmodel": SAVEDMODEL}
 MIRRORED = ["strategy=mirrored", "strategy.logical_cpus=2"]
@@ -52,20 +42,6 @@ CHILD_TIMEOUT = 900  # hang guard, never a speed check
 def sigterm_at(step: int) -> str:
     """SIGTERM to the training process after ``step``; it stops after the next batch."""
     return f"+callbacks.sigterm={{_target_: faults.SignalAtStep, step: {step}}}"
-
-
-def values(checkpoint_path: Path) -> tuple[list[np.ndarray], object]:
-    checkpoint = load_checkpoint(checkpoint_path)
-    return [np.asarray(v.numpy()) for v in all_variables(checkpoint.model)], checkpoint.state
-
-
-def assert_close(got: list[np.ndarray], want: list[np.ndarray], *, exact: bool = False):
-    assert len(got) == len(want)
-    for a, b in zip(got, want, strict=True):
-        if exact or a.dtype.kind != "f":
-            np.testing.assert_array_equal(a, b)
-        else:
-            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
 def run_child(spec: dict, tmp_path: Path) -> None:
