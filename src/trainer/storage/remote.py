@@ -37,12 +37,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.storage import integrity
-from trainer.storage.cache import fetch_objects
+from trainer.storage.arrival import Arrival
+from trainer.storage.cache import fetch_objects, fetch_overlapped
 from trainer.storage.store import Store
 
 COMMITS = ".commits"
@@ -178,6 +180,15 @@ class RemoteCheckpoints:
         the local cache when an earlier fetch left the same objects there."""
         name, marker = self.resolve(name)
         return fetch_objects(self.store, name, marker["kind"], marker["objects"])
+
+    def fetch_for_load(
+        self, name: str, late: Callable[[Path], tuple[str, ...]]
+    ) -> tuple[Path, Arrival | None]:
+        """``fetch`` whose large late-read files (``late``: see
+        ``cache.fetch_overlapped``) may still be downloading when it returns: the load
+        waits for the returned ``Arrival`` (None: nothing left to download)."""
+        name, marker = self.resolve(name)
+        return fetch_overlapped(self.store, name, marker["kind"], marker["objects"], late)
 
     # ------------------------------------------------------------------- delete
     def delete(self, name: str) -> bool:

@@ -74,6 +74,9 @@ class StoredVariables:
 
     def __init__(self, directory: Path):
         prefix = str(Path(directory) / "variables" / "variables")
+        # The checkpoint's object graph is a tensor of the data file: wait for that file's
+        # digest (and, loading from a store, its arrival: ``trainer.storage.arrival``).
+        integrity.await_digests()
         try:
             self._reader, graph = tf_compat.read_checkpoint(prefix)
         except Exception as err:  # missing or damaged index/data files, foreign checkpoint

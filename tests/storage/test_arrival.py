@@ -1,0 +1,108 @@
+"""A load from object storage rebuilds the model while the variables still download
+(``trainer.storage.arrival``), and still hashes every byte once against the manifest."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests.helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (fixtures)
+from trainer.errors import IntegrityError
+from trainer.save_backends import load_checkpoint
+from trainer.save_backends.registry import get_backend
+from trainer.storage import integrity
+from trainer.storage.remote import RemoteCheckpoints
+from trainer.storage.store import Store
+
+DATA = "variables/variables.data-00000-of-00001"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A savedmodel checkpoint whose variables data file (2.3 MiB) is large enough to be
+    downloaded while the model is rebuilt (``integrity.DEFER_FROM``), and its outputs."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(768, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(768)(hidden))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
+    path = Path(get_backend("savedmodel").checkpoint_path(tmp_path_factory.mktemp("sm") / "ck"))
+    get_backend("savedmodel").save(model, path)
+    assert (path / DATA).stat().st_size >= integrity.DEFER_FROM
+    return path, x, model.predict(x, verbose=0)
+
+
+def _publish(url: str, path: Path) -> RemoteCheckpoints:
+    remote = RemoteCheckpoints(f"{url}/ckpts")
+    remote.publish(path, step=1)
+    remote.point_latest(path.name)
+    return remote
+
+
+def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypatch):  # noqa: F811
+    """The data file's download is held until the load has checked the small files and
+    started its digest thread: only a load that rebuilds meanwhile gets there."""
+    path, x, expected = saved
+    remote = _publish(s3_bucket, path)
+    started = threading.Event()
+    seen = []
+    real_get, real_check = Store.get_files, integrity.check_for_load
+
+    def get_files(self, pairs):
+        if any(key.endswith(DATA) for key, _ in pairs):
+            seen.append(started.wait(timeout=60))  # False: nothing loads before it arrives
+        return real_get(self, pairs)
+
+    def check_for_load(*args, **kwargs):
+        found = real_check(*args, **kwargs)
+        started.set()
+        return found
+
+    monkeypatch.setattr(Store, "get_files", get_files)
+    monkeypatch.setattr(integrity, "check_for_load", check_for_load)
+    loaded = load_checkpoint(f"{remote.url}/latest")
+    assert seen == [True]
+    np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+def test_a_fresh_download_is_hashed_once_and_a_cached_one_again(saved, s3_bucket, monkeypatch):  # noqa: F811
+    """A fresh download is hashed once per file (against the marker, whose digests equal
+    the manifest's); a load of the entry the cache kept hashes every file again."""
+    path, x, expected = saved
+    remote = _publish(s3_bucket, path)
+    hashed: list[str] = []
+    real = integrity.file_digest
+
+    def file_digest(target):
+        hashed.append(Path(target).name)
+        return real(target)
+
+    monkeypatch.setattr(integrity, "file_digest", file_digest)
+    load_checkpoint(f"{remote.url}/latest")
+    assert hashed.count(Path(DATA).name) == 1
+    assert len(hashed) == len(set(hashed))  # every file once
+    hashed.clear()
+    again = load_checkpoint(f"{remote.url}/latest")
+    assert hashed.count(Path(DATA).name) == 1
+    np.testing.assert_allclose(again.model.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+def test_a_damaged_variables_object_is_refused_while_overlapped(saved, s3_bucket, s3_server):  # noqa: F811
+    """Bytes of the data object changed on the store after publication (same size): the
+    load that rebuilds the model meanwhile raises the marker's IntegrityError, leaves no
+    cache entry, and a load after the object is repaired succeeds."""
+    path, x, expected = saved
+    remote = _publish(s3_bucket, path)
+    key = remote.store.key(f"{path.name}/{DATA}")
+    good = (path / DATA).read_bytes()
+    s3_server.fs.pipe_file(key, good[:-8] + b"damaged!")
+    with pytest.raises(IntegrityError, match="commit marker"):
+        load_checkpoint(f"{remote.url}/latest")
+    s3_server.fs.pipe_file(key, good)
+    loaded = load_checkpoint(f"{remote.url}/latest")
+    np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
