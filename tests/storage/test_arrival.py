@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -11,9 +12,12 @@ import numpy as np
 import pytest
 
 from tests.helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (fixtures)
+from trainer._compat import tensorflow as tf_compat
 from trainer.errors import IntegrityError
 from trainer.save_backends import load_checkpoint
 from trainer.save_backends.registry import get_backend
+from trainer.save_backends.savedmodel.bundle import index_reader
+from trainer.save_backends.savedmodel.load.revival import Reviver
 from trainer.storage import integrity
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
@@ -45,26 +49,28 @@ def _publish(url: str, path: Path) -> RemoteCheckpoints:
 
 
 def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypatch):  # noqa: F811
-    """The data file's download is held until the load has checked the small files and
-    started its digest thread: only a load that rebuilds meanwhile gets there."""
+    """The data file's download is held until the model's layers and variables are
+    rebuilt: only a load that rebuilds without the data file gets there (the object graph
+    it needs is read from the store by range)."""
     path, x, expected = saved
     remote = _publish(s3_bucket, path)
-    started = threading.Event()
+    rebuilt = threading.Event()
     seen = []
-    real_get, real_check = Store.get_files, integrity.check_for_load
+    real_get, real_revive = Store.get_files, Reviver.revive
 
     def get_files(self, pairs):
         if any(key.endswith(DATA) for key, _ in pairs):
-            seen.append(started.wait(timeout=60))  # False: nothing loads before it arrives
+            seen.append(rebuilt.wait(timeout=30))  # False: the rebuild waited for it
         return real_get(self, pairs)
 
-    def check_for_load(*args, **kwargs):
-        found = real_check(*args, **kwargs)
-        started.set()
-        return found
+    def revive(self, layer_id):
+        model = real_revive(self, layer_id)
+        if layer_id == 0:
+            rebuilt.set()
+        return model
 
     monkeypatch.setattr(Store, "get_files", get_files)
-    monkeypatch.setattr(integrity, "check_for_load", check_for_load)
+    monkeypatch.setattr(Reviver, "revive", revive)
     loaded = load_checkpoint(f"{remote.url}/latest")
     assert seen == [True]
     np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
@@ -92,17 +98,59 @@ def test_a_fresh_download_is_hashed_once_and_a_cached_one_again(saved, s3_bucket
     np.testing.assert_allclose(again.model.predict(x, verbose=0), expected, rtol=1e-6)
 
 
-def test_a_damaged_variables_object_is_refused_while_overlapped(saved, s3_bucket, s3_server):  # noqa: F811
-    """Bytes of the data object changed on the store after publication (same size): the
-    load that rebuilds the model meanwhile raises the marker's IntegrityError, leaves no
-    cache entry, and a load after the object is repaired succeeds."""
+@pytest.mark.parametrize("where", ["head", "graph", "tail"])
+def test_a_damaged_variables_object_is_refused_while_overlapped(
+    saved,
+    s3_bucket,  # noqa: F811
+    s3_server,  # noqa: F811
+    where,
+):
+    """Bytes of the data object changed on the store after publication (same size; at
+    its head, in the object graph read ahead, or at its tail): the load that
+    rebuilds the model meanwhile raises the marker's IntegrityError, keeps no cache
+    entry, and a load after the object is repaired succeeds."""
     path, x, expected = saved
     remote = _publish(s3_bucket, path)
     key = remote.store.key(f"{path.name}/{DATA}")
     good = (path / DATA).read_bytes()
-    s3_server.fs.pipe_file(key, good[:-8] + b"damaged!")
+    at = 0 if where == "head" else len(good) - 8
+    if where == "graph":
+        index = path / "variables" / "variables.index"
+        at = index_reader.find_entry(index, tf_compat.OBJECT_GRAPH_KEY).offset + 20
+    bad = good[:at] + b"damaged!" + good[at + 8 :]
+    s3_server.fs.pipe_file(key, bad)
     with pytest.raises(IntegrityError, match="commit marker"):
         load_checkpoint(f"{remote.url}/latest")
+    cache = Path(os.environ["TRAINER_STORE_CACHE"])
+    assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == []
     s3_server.fs.pipe_file(key, good)
     loaded = load_checkpoint(f"{remote.url}/latest")
     np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+def test_bytes_read_ahead_must_match_the_verified_download(
+    saved,
+    s3_bucket,  # noqa: F811
+    s3_server,  # noqa: F811
+    monkeypatch,
+):
+    """The object graph read ahead by range came from a damaged object, repaired before
+    the whole file was downloaded (which then matches the marker): the load is refused
+    rather than built from bytes that were never checked."""
+    path, _x, _expected = saved
+    remote = _publish(s3_bucket, path)
+    key = remote.store.key(f"{path.name}/{DATA}")
+    good = (path / DATA).read_bytes()
+    index = path / "variables" / "variables.index"
+    at = index_reader.find_entry(index, tf_compat.OBJECT_GRAPH_KEY).offset + 20
+    s3_server.fs.pipe_file(key, good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :])
+    real_get = Store.get_files
+
+    def get_files(self, pairs):
+        if any(k.endswith(DATA) for k, _ in pairs):
+            s3_server.fs.pipe_file(key, good)  # repaired between the two requests
+        return real_get(self, pairs)
+
+    monkeypatch.setattr(Store, "get_files", get_files)
+    with pytest.raises(IntegrityError, match="ahead of the download"):
+        load_checkpoint(f"{remote.url}/latest")

@@ -25,9 +25,11 @@ import contextlib
 import contextvars
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from trainer.errors import IntegrityError
 
 _ARRIVING: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar(
     "trainer_arriving_files", default=None
@@ -47,6 +49,9 @@ class Arrival:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        # (relative, start, end) -> bytes of that object, set by the cache
+        self.fetch_range: Callable[[str, int, int], bytes] | None = None
+        self._served: list[tuple[str, int, bytes]] = []
 
     def checked(self, relative: str, sha256: str) -> None:
         """Record that ``relative`` was just hashed and matched ``sha256`` (the marker's)."""
@@ -68,6 +73,36 @@ class Arrival:
             )
         except OSError:
             return False
+
+    def read_range(self, relative: str, offset: int, size: int) -> bytes | None:
+        """Bytes ``offset`` to ``offset + size`` of the pending file ``relative``, fetched
+        from the store now (a ranged GET), before the whole file arrives; None if this
+        arrival cannot. The download compares them with the file it verified
+        (``check_ranges``), so the load uses no byte that was not checked."""
+        if self.fetch_range is None or relative not in self.pending:
+            return None
+        data = self.fetch_range(relative, offset, offset + size)
+        with self._lock:
+            self._served.append((relative, offset, data))
+        return data
+
+    def check_ranges(self) -> None:
+        """Raise ``IntegrityError`` if a range served early differs from the verified
+        file (the object was replaced between the two requests)."""
+        with self._lock:
+            served = list(self._served)
+        for relative, offset, data in served:
+            with open(self.directory / relative, "rb") as handle:
+                handle.seek(offset)
+                if handle.read(len(data)) != data:
+                    raise IntegrityError(
+                        f"{self.directory / relative}: the bytes read from the store ahead "
+                        f"of the download (at offset {offset}) differ from the downloaded "
+                        f"file, which matches the commit marker: the object was replaced "
+                        f"while it was read. Load again. Received: {len(data)} bytes",
+                        path=self.directory,
+                        file=relative,
+                    )
 
     def is_pending(self, directory: Path, relative: str) -> bool:
         return relative in self.pending and os.path.realpath(directory) == self._root

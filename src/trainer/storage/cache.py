@@ -139,6 +139,9 @@ def _fetch_claimed(
     deferred = [i for i in big if any(fnmatch(i["path"], p) for p in patterns)]
     _download(store, name, target, [i for i in big if i not in deferred], arrival)
     arrival.pending = {item["path"] for item in deferred}
+    arrival.fetch_range = lambda relative, start, end: store.get_range(
+        f"{name}/{relative}", start, end
+    )
     for item in deferred:  # present, empty: a reader may open it before reading (TensorFlow)
         integrity.safe_relative(item["path"], target)
         (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +153,7 @@ def _fetch_claimed(
     def finish() -> None:
         try:
             _download(store, name, target, deferred, arrival)
+            arrival.check_ranges()
         except BaseException:
             _release(root, entry.name, keep=False)
             raise

@@ -111,6 +111,11 @@ class Store:
                 self.check_bucket()
                 return None
 
+    def get_range(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of the object (one ranged GET)."""
+        with self.errors("read", relative):
+            return self.fs.cat_file(self.key(relative), start=start, end=end)
+
     def get_file(self, relative: str, local: Path) -> None:
         with self.errors("download", relative):
             self.fs.get_file(self.key(relative), os.fspath(local))
