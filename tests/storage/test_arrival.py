@@ -11,7 +11,6 @@ import keras
 import numpy as np
 import pytest
 
-from tests.helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (fixtures)
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import IntegrityError
 from trainer.save_backends import load_checkpoint
@@ -48,7 +47,7 @@ def _publish(url: str, path: Path) -> RemoteCheckpoints:
     return remote
 
 
-def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypatch):  # noqa: F811
+def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypatch):
     """The data file's download is held until the model's layers and variables are
     rebuilt: only a load that rebuilds without the data file gets there (the object graph
     it needs is read from the store by range)."""
@@ -76,7 +75,7 @@ def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypat
     np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
 
 
-def test_a_fresh_download_is_hashed_once_and_a_cached_one_again(saved, s3_bucket, monkeypatch):  # noqa: F811
+def test_a_fresh_download_is_hashed_once_and_a_cached_one_again(saved, s3_bucket, monkeypatch):
     """A fresh download is hashed once per file (against the marker, whose digests equal
     the manifest's); a load of the entry the cache kept hashes every file again."""
     path, x, expected = saved
@@ -101,8 +100,8 @@ def test_a_fresh_download_is_hashed_once_and_a_cached_one_again(saved, s3_bucket
 @pytest.mark.parametrize("where", ["head", "graph", "tail"])
 def test_a_damaged_variables_object_is_refused_while_overlapped(
     saved,
-    s3_bucket,  # noqa: F811
-    s3_server,  # noqa: F811
+    s3_bucket,
+    s3_server,
     where,
 ):
     """Bytes of the data object changed on the store after publication (same size; at
@@ -130,8 +129,8 @@ def test_a_damaged_variables_object_is_refused_while_overlapped(
 
 def test_bytes_read_ahead_must_match_the_verified_download(
     saved,
-    s3_bucket,  # noqa: F811
-    s3_server,  # noqa: F811
+    s3_bucket,
+    s3_server,
     monkeypatch,
 ):
     """The object graph read ahead by range came from a damaged object, repaired before

@@ -38,6 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,30 @@ class RemoteCheckpoints:
         return self.store.url_of(name)
 
     # ------------------------------------------------------------------ publish
+    def begin(self, name: str) -> tuple[bool, list[str]]:
+        """What a publication of ``name`` does before its first object: the intent record
+        (a kill from here on leaves objects the next writer cleans), then a look for an
+        earlier checkpoint of that name (its marker, its objects), which ``publish``
+        removes. Reads only, past the record: a writer may run it while the backend still
+        writes the local files (``begin_in_background``), and if that write fails, the
+        earlier checkpoint is still whole (``abandon`` removes the record)."""
+        self.store.put_bytes(_pending_key(name), b"publish")
+        return self.store.get_bytes(_marker_key(name)) is not None, self.store.walk_name(name)
+
+    def begin_in_background(self, name: str) -> Future[tuple[bool, list[str]]]:
+        """``begin(name)`` in a thread; ``publish(..., begun=future)`` waits for it before
+        it changes anything."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-begin")
+        try:
+            return executor.submit(self.begin, name)
+        finally:
+            executor.shutdown(wait=False)
+
+    def abandon(self, name: str) -> None:
+        """Remove the intent record of a publication that ``begin`` started and that will
+        not happen (the local write failed): nothing of ``name`` was changed."""
+        self.store.delete([_pending_key(name)])
+
     def publish(
         self,
         local: Path,
@@ -77,6 +102,8 @@ class RemoteCheckpoints:
         epoch: int | None = None,
         name: str | None = None,
         last: tuple[str, ...] = (),
+        begun: Future[tuple[bool, list[str]]] | None = None,
+        latest: bool = False,
     ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
         name (or ``name``), then its commit marker: from that PUT on it is listed and
@@ -84,10 +111,15 @@ class RemoteCheckpoints:
         its objects), so that no marker ever covers a mix of old and new objects. ``last``:
         relative paths uploaded after every other object (a serving export's
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
-        anything). Returns the marker."""
+        anything). ``begun``: ``begin_in_background``'s future for this name (else ``begin``
+        runs now). ``latest``: also point ``latest`` at it, once the marker is written
+        (concurrently with the intent record's removal). Returns the marker."""
         name = name or local.name
-        self.store.put_bytes(_pending_key(name), b"publish")
-        self._remove(name, report=False)
+        # its error (an unreachable store) is this publication's
+        had, earlier = self.begin(name) if begun is None else begun.result()
+        if had:  # an earlier checkpoint of this name: unlisted first, then its objects
+            self.store.delete([_marker_key(name)])
+        self.store.delete_all(earlier)
         objects = _describe(local)
         for group in (False, True):  # the ``last`` ones after every other object
             self.store.put_files(
@@ -111,7 +143,13 @@ class RemoteCheckpoints:
             "objects": objects,
         }
         self.store.put_bytes(_marker_key(name), json.dumps(marker, indent=1).encode())
-        self.store.delete([_pending_key(name)])
+        if latest:  # two independent requests, both after the marker
+            with ThreadPoolExecutor(max_workers=1) as executor:
+                pointed = executor.submit(self.point_latest, name)
+                self.store.delete([_pending_key(name)])
+                pointed.result()
+        else:
+            self.store.delete([_pending_key(name)])
         return marker
 
     def point_latest(self, name: str) -> None:
@@ -218,7 +256,7 @@ class RemoteCheckpoints:
         a marker (found with one more request; ``report=False`` skips it)."""
         had = report and self.store.get_bytes(_marker_key(name)) is not None
         self.store.delete([_marker_key(name)])  # an absent key: a no-op for S3
-        self.store.delete(self.store.walk_name(name))
+        self.store.delete_all(self.store.walk_name(name))  # unlisted now: in any order
         return had
 
     def set_aside(self, names: list[str], folder: str) -> None:

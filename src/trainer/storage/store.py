@@ -242,6 +242,16 @@ class Store:
             with self.errors("delete", relative), contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self.key(relative))
 
+    def delete_all(self, relatives: list[str]) -> None:
+        """Delete these objects in any order, in batched requests (S3's DeleteObjects, up
+        to 1000 keys each; absent ones are skipped): for objects no marker lists any more,
+        where one DELETE after another only adds round trips."""
+        if len(relatives) <= 1:
+            self.delete(relatives)
+            return
+        with self.errors("delete", relatives[0]), contextlib.suppress(FileNotFoundError):
+            self.fs.rm([self.key(relative) for relative in relatives])
+
     # -------------------------------------------------------------------- errors
     @contextlib.contextmanager
     def errors(self, action: str, relative: str) -> Iterator[None]:
