@@ -106,12 +106,16 @@ def fetch_overlapped(
         if final.exists() and not _claim_path(root, key).exists():
             os.utime(entry)  # most recently used
             return final, None
-        _remove_abandoned(root)
+        _remove_abandoned(root)  # a dead process's claim too
+        if _claim_path(root, key).exists():
+            time.sleep(_POLL)  # another download of the same content, in place: wait
+            continue
         if late is None or kind != "directory":
             return _fetch_renamed(store, root, entry, name, kind, objects), None
         if _claim(root, key):
-            break
-        time.sleep(_POLL)  # another download of the same content, in progress: wait
+            if not final.exists():
+                break
+            remove_path(_claim_path(root, key))  # completed by another process meanwhile
     try:
         arrival = _fetch_claimed(store, entry, name, objects, late)
     except BaseException:
@@ -130,11 +134,17 @@ def _fetch_claimed(
     """Download into ``entry`` (claimed): every object but the large ones ``late`` may
     name, then those, in the returned arrival's thread."""
     root, target = entry.parent, entry / name
-    remove_path(entry)  # a dead claimer's partial entry
+    remove_path(entry)  # what a process that died while cleaning its entry left
     arrival = Arrival(target)
     big = [item for item in objects if item["size"] >= integrity.DEFER_FROM]
     first = [item for item in objects if item not in big]
     _download(store, name, target, first, arrival)
+    for item in big:  # present, empty: a backend recognises its files by their names, and
+        # a reader may open one before it reads it (TensorFlow's); each download rewrites
+        # the same file in place
+        integrity.safe_relative(item["path"], target)
+        (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (target / item["path"]).touch()
     patterns = late(target) if big else ()
     deferred = [i for i in big if any(fnmatch(i["path"], p) for p in patterns)]
     _download(store, name, target, [i for i in big if i not in deferred], arrival)
@@ -142,10 +152,6 @@ def _fetch_claimed(
     arrival.fetch_range = lambda relative, start, end: store.get_range(
         f"{name}/{relative}", start, end
     )
-    for item in deferred:  # present, empty: a reader may open it before reading (TensorFlow)
-        integrity.safe_relative(item["path"], target)
-        (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
-        (target / item["path"]).touch()
     if not deferred:
         _release(root, entry.name, keep=True)
         return arrival

@@ -183,26 +183,32 @@ class RemoteCheckpoints:
     def read_latest(self) -> str | None:
         """The name ``latest`` holds, if that checkpoint is complete; else the newest
         complete one's; None if there is none."""
+        found = self._latest()
+        return found[0] if found is not None else None
+
+    def _latest(self) -> tuple[str, dict[str, Any]] | None:
+        """``read_latest``'s name with its marker (read once: ``resolve`` needs both)."""
         data = self.store.get_bytes(LATEST)
         if data is not None:
             name = data.decode(errors="replace").strip()
-            if name and self.marker(name) is not None:
-                return name
+            marker = self.marker(name) if name else None
+            if marker is not None:
+                return name, marker
         found = self.committed()
-        return found[-1]["name"] if found else None
+        return (found[-1]["name"], found[-1]) if found else None
 
     def resolve(self, name: str) -> tuple[str, dict[str, Any]]:
         """The checkpoint ``name`` names (``latest`` resolved) with its marker; raises
         ``NotACheckpointError`` if there is no complete checkpoint of that name."""
         if name == LATEST:
-            chosen = self.read_latest()
+            chosen = self._latest()
             if chosen is None:
                 raise NotACheckpointError(
                     f"{self.url} holds no complete checkpoint, so {self.url_of(LATEST)} names "
                     f"nothing to load. Save one first, or check the URL. Received: "
                     f"{self.url_of(LATEST)!r}"
                 )
-            name = chosen
+            return chosen
         marker = self.marker(name)
         if marker is None:
             raise NotACheckpointError(
