@@ -444,7 +444,7 @@ def _fetch_for_load(
         backend claims it yet, or it does not check a manifest's digests in a thread."""
         try:
             backend = detect_backend(partial, configured=configured)
-        except TrainerError:
+        except (TrainerError, OSError):  # the load of the whole checkpoint will say why
             return ()
         manifest = backend.manifest_file
         if not (backend.is_directory and manifest and (partial / manifest).is_file()):

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.errors import CorruptCheckpointError
+from trainer.errors import CorruptCheckpointError, TrainerError
 from trainer.save_backends.savedmodel.bundle import index_reader
 from trainer.storage import arrival as arrivals
 from trainer.storage import integrity
@@ -143,7 +143,10 @@ def _graph_ahead(directory: Path) -> Any:
     entry = index_reader.find_entry(directory / "variables" / "variables.index", OBJECT_GRAPH)
     raw = None
     if entry is not None and entry.shard_id == 0 and entry.dtype == tf.string.as_datatype_enum:
-        raw = arrival.read_range(DATA, entry.offset, entry.size)
+        try:
+            raw = arrival.read_range(DATA, entry.offset, entry.size)
+        except (OSError, TrainerError):  # the whole download will say what is wrong
+            raw = None
     value = index_reader.scalar_string(raw) if raw is not None else None
     if value is None:
         integrity.await_digests()  # the whole data file, then TensorFlow's reader
