@@ -153,3 +153,32 @@ def test_bytes_read_ahead_must_match_the_verified_download(
     monkeypatch.setattr(Store, "get_files", get_files)
     with pytest.raises(IntegrityError, match="ahead of the download"):
         load_checkpoint(f"{remote.url}/latest")
+
+
+def test_a_weights_checkpoint_loads_while_its_weights_arrive(s3_bucket, tmp_path, monkeypatch):
+    """The ``weights`` backend's large ``model.weights.h5`` (one of its ``read_late``
+    files) is still downloading when the model is rebuilt, and the load gives the saved
+    outputs."""
+    keras.utils.set_random_seed(1)
+    layers = [keras.layers.Dense(768), keras.layers.Dense(768), keras.layers.Dense(8)]
+    model = keras.Sequential([keras.Input((16,)), *layers])
+    model.compile(optimizer="sgd", loss="mse")
+    backend = get_backend("weights")
+    path = Path(backend.checkpoint_path(tmp_path / "ck"))
+    backend.save(model, path)
+    assert (path / "model.weights.h5").stat().st_size >= integrity.DEFER_FROM
+    remote = _publish(s3_bucket, path)
+    deferred = []
+    real_get = Store.get_files
+
+    def get_files(self, pairs):
+        deferred.append(any(str(local).endswith("model.weights.h5") for _, local in pairs))
+        return real_get(self, pairs)
+
+    monkeypatch.setattr(Store, "get_files", get_files)
+    loaded = load_checkpoint(f"{remote.url}/latest")
+    assert deferred[-1] and not deferred[0]  # the weights last, after the small objects
+    x = np.ones((3, 16), "float32")
+    np.testing.assert_allclose(
+        loaded.model.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6
+    )
