@@ -17,6 +17,8 @@ backend, times side by side in one process:
 The floors run right before or after ours, alternating, each repeat. The issue's target
 (40) is save <= 1.5x floor up and load <= 1.5x floor down, for the large model. Also shown:
 the local write alone and the load from the local copy alone (what is not transfer).
+``--server process`` runs moto in a process of its own: the default thread shares this
+process's interpreter lock with the client and the backend, which no real store does.
 """
 
 from __future__ import annotations
