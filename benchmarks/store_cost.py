@@ -17,6 +17,8 @@ backend, times side by side in one process:
 The floors run right before or after ours, alternating, each repeat. The issue's target
 (40) is save <= 1.5x floor up and load <= 1.5x floor down, for the large model. Also shown:
 the local write alone and the load from the local copy alone (what is not transfer).
+``--server process`` runs moto in a process of its own: the default thread shares this
+process's interpreter lock with the client and the backend, which no real store does.
 """
 
 from __future__ import annotations
@@ -39,16 +41,54 @@ TARGET = 1.5
 FLOORS = {"save": "floor_up", "publish": "floor_up", "load": "floor_down", "fetch": "floor_down"}
 
 
-def start_server() -> tuple[object, str]:
-    """moto's threaded S3 server on a free port of 127.0.0.1; the environment points at
-    it (the product reads only that)."""
+class _ProcessServer:
+    """moto's server in a process of its own (``--server process``): it does not share
+    this process's interpreter lock, as a real store (another machine) does not."""
+
+    def __init__(self):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("moto's server did not start")
+
+    def get_host_and_port(self) -> tuple[str, int]:
+        return "127.0.0.1", self.port
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def start_server(kind: str = "thread") -> tuple[object, str]:
+    """moto's S3 server on a free port of 127.0.0.1, threaded in this process or in its
+    own (``kind="process"``); the environment points at it (the product reads only that)."""
     import logging
 
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    if kind == "process":
+        server = _ProcessServer()
+    else:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     os.environ.update(
@@ -236,11 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the raw timings here")
+    parser.add_argument(
+        "--server",
+        choices=("thread", "process"),
+        default="thread",
+        help="moto in this process (shares its interpreter lock) or in its own",
+    )
     args = parser.parse_args(argv)
     import json
     import sys
 
-    server, _endpoint = start_server()
+    server, _endpoint = start_server(args.server)
     scratch = Path(tempfile.mkdtemp(prefix="trainer-storecost-"))
     saved_env = os.environ.get("TRAINER_STORE_CACHE")
     try:

@@ -131,9 +131,7 @@ class SavePath:
             tag = card_tag("checkpoint", path.name)
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
-            writer.save(model, path, state=state, metadata=metadata)
-            if self.remote is not None:  # complete locally, manifest written: now upload
-                self.remote.publish(path, step=state.global_step, epoch=state.epoch)
+            self._write_and_publish(writer, model, path, state, metadata)
         except Exception as error:
             self.records = [r for r in self.records if r["name"] != path.name]
             self._failed(path, error)
@@ -141,9 +139,8 @@ class SavePath:
         seconds = time.perf_counter() - start
         # The checkpoint is complete: point at it and prune first, so that a TensorBoard
         # card that fails to write (on_save_error=raise) cannot leave ``latest`` behind.
-        if self.remote is not None:
+        if self.remote is not None:  # ``latest`` was pointed by ``publish``
             self.saved.append(self.remote.url_of(path.name))
-            self.remote.point_latest(path.name)
         else:
             self.saved.append(path)
             point_latest(self.directory, path)
@@ -163,6 +160,33 @@ class SavePath:
             )
             for name in deleted:
                 self.board.checkpoint_deleted(state.global_step, name)
+
+    def _write_and_publish(
+        self,
+        writer: SaveBackend,
+        model: keras.Model,
+        path: Path,
+        state: TrainingState,
+        metadata: dict[str, Any],
+    ) -> None:
+        """The local write, then (on a store) the upload and ``latest``. The intent record
+        and the look for an earlier checkpoint of the same name go on while the backend
+        writes the local copy (``RemoteCheckpoints.begin``); nothing is deleted or uploaded
+        before the local copy is complete."""
+        begun = self.remote.begin_in_background(path.name) if self.remote is not None else None
+        try:
+            writer.save(model, path, state=state, metadata=metadata)
+        except BaseException:
+            if begun is not None and wait_quietly(begun):
+                try:
+                    self.remote.abandon(path.name)  # nothing of it was changed
+                except Exception as error:  # the next writer cleans the record
+                    log.warning("Could not remove %s's intent record: %s", path.name, error)
+            raise
+        if self.remote is not None:  # complete locally, manifest written: now upload
+            self.remote.publish(
+                path, step=state.global_step, epoch=state.epoch, begun=begun, latest=True
+            )
 
     def _after_publish(self) -> None:
         """Run ``after_publish`` (set by the caller: a run whose TensorBoard log goes to a
@@ -239,3 +263,11 @@ class Blocking:
             return time.perf_counter() - self._called  # written in the training thread
         self._set.wait()
         return self._seconds
+
+
+def wait_quietly(future: Any) -> bool:
+    """Wait for ``future`` to finish; whether it succeeded (its error is not raised)."""
+    try:
+        return future.exception() is None
+    except BaseException:
+        return False

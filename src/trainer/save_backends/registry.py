@@ -28,6 +28,7 @@ from trainer.errors import (
 from trainer.save_backends import hints
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend, class_path
 from trainer.storage import integrity
+from trainer.storage.arrival import Arrival, arriving
 from trainer.storage.locations import is_remote, local_path
 from trainer.storage.locks import read_lease
 from trainer.storage.remote import RemoteCheckpoints
@@ -331,10 +332,33 @@ def load_checkpoint(
         StoreError: The object store cannot be reached or refuses the request (missing
             bucket, wrong credentials, unreachable endpoint).
     """
-    path = fetch_remote(path) if is_remote(path) else local_path(path, "checkpoint path")
     kwargs = dict(
         custom_objects=custom_objects, compile=compile, safe_mode=safe_mode, verify=verify
     )
+    if not is_remote(path):
+        return _load_local(local_path(path, "checkpoint path"), kwargs, options, configured)
+    # The large late-read files may still be downloading while the model is rebuilt from
+    # the small ones (``trainer.storage.arrival``); the load's digest check waits for them.
+    path, arrival = _fetch_for_load(path, configured if verify else None, overlap=verify)
+    with arriving(arrival):
+        try:
+            checkpoint = _load_local(path, kwargs, options, configured)
+        except BaseException:
+            if arrival is not None:
+                arrival.wait()  # a damaged or failed download explains the failure
+            raise
+    if arrival is not None:
+        arrival.wait()
+    return checkpoint
+
+
+def _load_local(
+    path: Path,
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    configured: type[SaveBackend] | None,
+) -> LoadedCheckpoint:
+    """``load_checkpoint`` of a local path: leased, read again if it was replaced."""
     for attempt in range(_ATTEMPTS):
         target = _resolve(path)
         # The lease keeps retention from deleting it; taken before the identity check, so
@@ -403,6 +427,31 @@ def fetch_remote(url: str) -> Path:
             f"<directory URL>/latest. Received: {os.fspath(url)!r}"
         )
     return RemoteCheckpoints(directory).fetch(name)
+
+
+def _fetch_for_load(
+    url: str, configured: type[SaveBackend] | None, *, overlap: bool
+) -> tuple[Path, Arrival | None]:
+    """``fetch_remote`` for a load: with ``overlap``, the backend's late-read files may
+    still arrive (the ``Arrival``) when this returns."""
+    directory, _, name = os.fspath(url).rstrip("/").rpartition("/")
+    if directory.endswith(":/") or not overlap:
+        return fetch_remote(url), None
+
+    def late(partial: Path) -> tuple[str, ...]:
+        """The patterns of the files the backend of ``partial`` (every object but the
+        large ones downloaded) reads only after ``integrity.await_digests``; () if no
+        backend claims it yet, or it does not check a manifest's digests in a thread."""
+        try:
+            backend = detect_backend(partial, configured=configured)
+        except (TrainerError, OSError):  # the load of the whole checkpoint will say why
+            return ()
+        manifest = backend.manifest_file
+        if not (backend.is_directory and manifest and (partial / manifest).is_file()):
+            return ()
+        return tuple(backend.read_late)
+
+    return RemoteCheckpoints(directory).fetch_for_load(name, late)
 
 
 def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:

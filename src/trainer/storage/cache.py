@@ -7,7 +7,10 @@ object list (every file's path, size and SHA-256, the checkpoint manifest's dige
 them): the same checkpoint read twice, by two resumes or two processes, is downloaded once,
 and a checkpoint replaced under the same name gets a new entry. An entry appears whole by
 a rename of its temporary download directory after every object matched its size and
-digest; the backend's own integrity check runs again on load.
+digest; the backend's own integrity check runs again on load. A load (``load_checkpoint``)
+instead writes the entry in place under a claim file and reads the small objects while the
+large ones still arrive (``fetch_overlapped``, ``trainer.storage.arrival``); the entry
+counts as cached only once the claim is gone.
 
 ``TRAINER_STORE_CACHE`` sets the directory (default ``~/.cache/trainer/store``),
 ``TRAINER_STORE_CACHE_BYTES`` the bound (default 20 GiB): after each download the least
@@ -19,12 +22,16 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 import uuid
+from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import IntegrityError, StoreError
 from trainer.storage import integrity
+from trainer.storage.arrival import Arrival
 from trainer.storage.atomic import is_temporary, process_alive, remove_path
 
 CACHE_ENV = "TRAINER_STORE_CACHE"
@@ -69,27 +76,132 @@ def content_key(objects: list[dict[str, Any]]) -> str:
 def fetch_objects(store: Any, name: str, kind: str, objects: list[dict[str, Any]]) -> Path:
     """The local path of checkpoint ``name`` (``kind`` "file" or "directory") of ``store``,
     downloaded and checked against ``objects`` unless the cache holds it already."""
+    fetched, arrival = fetch_overlapped(store, name, kind, objects, None)
+    if arrival is not None:
+        arrival.wait()
+    return fetched
+
+
+def fetch_overlapped(
+    store: Any,
+    name: str,
+    kind: str,
+    objects: list[dict[str, Any]],
+    late: Callable[[Path], tuple[str, ...]] | None,
+) -> tuple[Path, Arrival | None]:
+    """Like ``fetch_objects``, but a directory's large late-read files may still be
+    downloading when this returns: ``late(partial)`` is asked, once every other object
+    is there and checked, which ``fnmatch`` patterns the load reads only after
+    ``integrity.await_digests`` (() for none). The returned ``Arrival`` (None when nothing
+    is left to download) finishes them in a thread; the load waits for it
+    (``trainer.storage.arrival``). Such an entry is written in place under a claim file
+    (``.loading-<key>``, the writer's pid) instead of renamed into place: the path the
+    load reads stays the entry's. Another reader waits for the claim to go."""
     root = cache_root()
-    entry = root / content_key(objects)
+    key = content_key(objects)
+    entry = root / key
     final = entry / name
-    if final.exists():
-        os.utime(entry)  # most recently used
-        return final
     root.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(root)
+    while True:
+        if final.exists() and not _claim_path(root, key).exists():
+            os.utime(entry)  # most recently used
+            return final, None
+        _remove_abandoned(root)  # a dead process's claim too
+        if _claim_path(root, key).exists():
+            time.sleep(_POLL)  # another download of the same content, in place: wait
+            continue
+        if late is None or kind != "directory":
+            return _fetch_renamed(store, root, entry, name, kind, objects), None
+        if _claim(root, key):
+            if not final.exists():
+                break
+            remove_path(_claim_path(root, key))  # completed by another process meanwhile
+    try:
+        arrival = _fetch_claimed(store, entry, name, objects, late)
+    except BaseException:
+        _release(root, key, keep=False)
+        raise
+    return final, arrival
+
+
+def _fetch_claimed(
+    store: Any,
+    entry: Path,
+    name: str,
+    objects: list[dict[str, Any]],
+    late: Callable[[Path], tuple[str, ...]],
+) -> Arrival:
+    """Download into ``entry`` (claimed): every object but the large ones ``late`` may
+    name, then those, in the returned arrival's thread."""
+    root, target = entry.parent, entry / name
+    remove_path(entry)  # what a process that died while cleaning its entry left
+    arrival = Arrival(target)
+    big = [item for item in objects if item["size"] >= integrity.DEFER_FROM]
+    first = [item for item in objects if item not in big]
+    _download(store, name, target, first, arrival)
+    for item in big:  # present, empty: a backend recognises its files by their names, and
+        # a reader may open one before it reads it (TensorFlow's); each download rewrites
+        # the same file in place
+        integrity.safe_relative(item["path"], target)
+        (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (target / item["path"]).touch()
+    patterns = late(target) if big else ()
+    deferred = [i for i in big if any(fnmatch(i["path"], p) for p in patterns)]
+    _download(store, name, target, [i for i in big if i not in deferred], arrival)
+    arrival.pending = {item["path"] for item in deferred}
+    arrival.fetch_range = lambda relative, start, end: store.get_range(
+        f"{name}/{relative}", start, end
+    )
+    if not deferred:
+        _release(root, entry.name, keep=True)
+        return arrival
+
+    def finish() -> None:
+        try:
+            _download(store, name, target, deferred, arrival)
+            arrival.check_ranges()
+        except BaseException:
+            _release(root, entry.name, keep=False)
+            raise
+        _release(root, entry.name, keep=True)
+
+    arrival.start(finish)
+    return arrival
+
+
+def _download(
+    store: Any, name: str, target: Path, items: list[dict[str, Any]], arrival: Arrival | None
+) -> None:
+    """Download ``items`` of directory checkpoint ``name`` under ``target`` concurrently,
+    then check each against its marker entry (recorded in ``arrival``)."""
+    pairs = []
+    for item in items:
+        integrity.safe_relative(item["path"], target)  # never outside the entry
+        local = target / item["path"]
+        local.parent.mkdir(parents=True, exist_ok=True)
+        pairs.append((f"{name}/{item['path']}", local))
+    store.get_files(pairs)  # concurrently (one after another, each waits a round trip)
+    for (key, local), item in zip(pairs, items, strict=True):
+        _check(local, item, store.url_of(key))
+        if arrival is not None:
+            arrival.checked(item["path"], item["sha256"])
+
+
+def _fetch_renamed(
+    store: Any, root: Path, entry: Path, name: str, kind: str, objects: list[dict[str, Any]]
+) -> Path:
+    """Download everything into a temporary directory, check it, rename it into place."""
+    final = entry / name
     tmp = root / f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         target = tmp / name
-        pairs = []
-        for item in objects:
-            local = target / item["path"] if kind == "directory" else target
-            key = f"{name}/{item['path']}" if kind == "directory" else name
-            integrity.safe_relative(item["path"], target)  # never outside the entry
-            local.parent.mkdir(parents=True, exist_ok=True)
-            pairs.append((key, local))
-        store.get_files(pairs)  # concurrently (one after another, each waits a round trip)
-        for (key, local), item in zip(pairs, objects, strict=True):
-            _check(local, item, store.url_of(key))
+        if kind == "directory":
+            _download(store, name, target, objects, None)
+        else:
+            (item,) = objects
+            target.parent.mkdir(parents=True, exist_ok=True)
+            store.get_files([(name, target)])
+            _check(target, item, store.url_of(name))
         try:
             os.rename(tmp, entry)
         except OSError:  # another process cached the same content meanwhile
@@ -99,6 +211,36 @@ def fetch_objects(store: Any, name: str, kind: str, objects: list[dict[str, Any]
         remove_path(tmp)
     evict(root, cache_limit(), keep=entry)
     return final
+
+
+# A claim: the file ``.loading-<key>`` holding the pid of the process writing entry <key>
+# in place; the entry is complete once the claim is gone.
+_CLAIM = ".loading-"
+_POLL = 0.05
+
+
+def _claim_path(root: Path, key: str) -> Path:
+    return root / f"{_CLAIM}{key}"
+
+
+def _claim(root: Path, key: str) -> bool:
+    """Create the claim of entry ``key`` (False: another process holds it)."""
+    try:
+        fd = os.open(_claim_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(os.getpid()))
+    return True
+
+
+def _release(root: Path, key: str, *, keep: bool) -> None:
+    """End the claim of entry ``key``: complete (``keep``), or removed first."""
+    if not keep:
+        remove_path(root / key)
+    remove_path(_claim_path(root, key))
+    if keep:
+        evict(root, cache_limit(), keep=root / key)
 
 
 def _check(local: Path, item: dict[str, Any], where: str) -> None:
@@ -119,6 +261,14 @@ def _remove_abandoned(root: Path) -> None:
         pid = child.name[len(_TMP) :].split("-", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
             remove_path(child)
+    for claim in root.glob(f"{_CLAIM}*"):  # an entry written in place by a dead process
+        try:
+            pid = claim.read_text().strip()
+        except OSError:
+            continue
+        if pid.isdigit() and not process_alive(int(pid)):
+            remove_path(root / claim.name[len(_CLAIM) :])
+            remove_path(claim)
 
 
 def evict(root: Path, limit: int, *, keep: Path) -> list[Path]:
@@ -128,6 +278,8 @@ def evict(root: Path, limit: int, *, keep: Path) -> list[Path]:
     for child in root.iterdir():
         if child.name.startswith(_TMP) or is_temporary(child) or not child.is_dir():
             continue
+        if _claim_path(root, child.name).exists():
+            continue  # being written in place (or its claim's owner died: see above)
         entries.append((child.stat().st_mtime, child, integrity.total_size(child)))
     total = sum(size for _, _, size in entries)
     removed = []

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, IntegrityError
+from trainer.storage import arrival as arrivals
 
 MANIFEST_FILE = "trainer_manifest.json"
 FORMAT = "trainer-manifest"
@@ -396,20 +397,37 @@ class DigestCheck:
     of its load. ``wait`` blocks until they are known and raises the ``IntegrityError`` of
     the first file whose content differs from the manifest's record."""
 
-    def __init__(self, directory: Path, entries: list[dict[str, Any]]):
+    def __init__(
+        self,
+        directory: Path,
+        entries: list[dict[str, Any]],
+        arrival: arrivals.Arrival | None = None,
+    ):
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if entries:
             self._thread = threading.Thread(
-                target=self._run, args=(Path(directory), entries), name="trainer-verify"
+                target=self._run, args=(Path(directory), entries, arrival), name="trainer-verify"
             )
             self._thread.daemon = True
             self._thread.start()
 
-    def _run(self, directory: Path, entries: list[dict[str, Any]]) -> None:
+    def _run(
+        self, directory: Path, entries: list[dict[str, Any]], arrival: arrivals.Arrival | None
+    ) -> None:
+        """Hash each entry; with ``arrival`` (files still downloading), first wait for the
+        download, then check the arrived files' presence and size as ``check_for_load``
+        checks the others', and skip the hash of a file the download just hashed against
+        the same digest (``Arrival.vouches``)."""
         try:
+            if arrival is not None:
+                arrival.wait()
+                root = os.path.realpath(directory)
+                for entry in entries:
+                    _check_file(directory, root, entry)
             for entry in entries:
-                _check_digest(directory, entry)
+                if arrival is None or not arrival.vouches(directory, entry):
+                    _check_digest(directory, entry)
         except BaseException as error:  # raised in the loading thread by wait()
             self._error = error
 
@@ -436,13 +454,18 @@ def check_for_load(
         return None, NOTHING_PENDING
     root = os.path.realpath(directory)
     now, deferred = [], []
+    arrival = arrivals.current()  # a download from a store still in progress, or None
     for entry in manifest["files"]:
+        if arrival is not None and arrival.is_pending(directory, entry["path"]):
+            deferred.append(entry)  # checked once it arrived, in the digest thread
+            continue
         _check_file(directory, root, entry)
         late_read = any(fnmatch(entry["path"], pattern) for pattern in late)
         (deferred if late_read and entry["size"] >= DEFER_FROM else now).append(entry)
     for entry in now:
-        _check_digest(directory, entry)
-    return manifest, DigestCheck(directory, deferred)
+        if arrival is None or not arrival.vouches(directory, entry):
+            _check_digest(directory, entry)
+    return manifest, DigestCheck(directory, deferred, arrival)
 
 
 @contextlib.contextmanager

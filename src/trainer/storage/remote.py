@@ -37,12 +37,15 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.storage import integrity
-from trainer.storage.cache import fetch_objects
+from trainer.storage.arrival import Arrival
+from trainer.storage.cache import fetch_objects, fetch_overlapped
 from trainer.storage.store import Store
 
 COMMITS = ".commits"
@@ -67,6 +70,30 @@ class RemoteCheckpoints:
         return self.store.url_of(name)
 
     # ------------------------------------------------------------------ publish
+    def begin(self, name: str) -> tuple[bool, list[str]]:
+        """What a publication of ``name`` does before its first object: the intent record
+        (a kill from here on leaves objects the next writer cleans), then a look for an
+        earlier checkpoint of that name (its marker, its objects), which ``publish``
+        removes. Reads only, past the record: a writer may run it while the backend still
+        writes the local files (``begin_in_background``), and if that write fails, the
+        earlier checkpoint is still whole (``abandon`` removes the record)."""
+        self.store.put_bytes(_pending_key(name), b"publish")
+        return self.store.get_bytes(_marker_key(name)) is not None, self.store.walk_name(name)
+
+    def begin_in_background(self, name: str) -> Future[tuple[bool, list[str]]]:
+        """``begin(name)`` in a thread; ``publish(..., begun=future)`` waits for it before
+        it changes anything."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-begin")
+        try:
+            return executor.submit(self.begin, name)
+        finally:
+            executor.shutdown(wait=False)
+
+    def abandon(self, name: str) -> None:
+        """Remove the intent record of a publication that ``begin`` started and that will
+        not happen (the local write failed): nothing of ``name`` was changed."""
+        self.store.delete([_pending_key(name)])
+
     def publish(
         self,
         local: Path,
@@ -75,6 +102,8 @@ class RemoteCheckpoints:
         epoch: int | None = None,
         name: str | None = None,
         last: tuple[str, ...] = (),
+        begun: Future[tuple[bool, list[str]]] | None = None,
+        latest: bool = False,
     ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
         name (or ``name``), then its commit marker: from that PUT on it is listed and
@@ -82,10 +111,15 @@ class RemoteCheckpoints:
         its objects), so that no marker ever covers a mix of old and new objects. ``last``:
         relative paths uploaded after every other object (a serving export's
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
-        anything). Returns the marker."""
+        anything). ``begun``: ``begin_in_background``'s future for this name (else ``begin``
+        runs now). ``latest``: also point ``latest`` at it, once the marker is written
+        (concurrently with the intent record's removal). Returns the marker."""
         name = name or local.name
-        self.store.put_bytes(_pending_key(name), b"publish")
-        self._remove(name, report=False)
+        # its error (an unreachable store) is this publication's
+        had, earlier = self.begin(name) if begun is None else begun.result()
+        if had:  # an earlier checkpoint of this name: unlisted first, then its objects
+            self.store.delete([_marker_key(name)])
+        self.store.delete_all(earlier)
         objects = _describe(local)
         for group in (False, True):  # the ``last`` ones after every other object
             self.store.put_files(
@@ -109,7 +143,13 @@ class RemoteCheckpoints:
             "objects": objects,
         }
         self.store.put_bytes(_marker_key(name), json.dumps(marker, indent=1).encode())
-        self.store.delete([_pending_key(name)])
+        if latest:  # two independent requests, both after the marker
+            with ThreadPoolExecutor(max_workers=1) as executor:
+                pointed = executor.submit(self.point_latest, name)
+                self.store.delete([_pending_key(name)])
+                pointed.result()
+        else:
+            self.store.delete([_pending_key(name)])
         return marker
 
     def point_latest(self, name: str) -> None:
@@ -143,26 +183,32 @@ class RemoteCheckpoints:
     def read_latest(self) -> str | None:
         """The name ``latest`` holds, if that checkpoint is complete; else the newest
         complete one's; None if there is none."""
+        found = self._latest()
+        return found[0] if found is not None else None
+
+    def _latest(self) -> tuple[str, dict[str, Any]] | None:
+        """``read_latest``'s name with its marker (read once: ``resolve`` needs both)."""
         data = self.store.get_bytes(LATEST)
         if data is not None:
             name = data.decode(errors="replace").strip()
-            if name and self.marker(name) is not None:
-                return name
+            marker = self.marker(name) if name else None
+            if marker is not None:
+                return name, marker
         found = self.committed()
-        return found[-1]["name"] if found else None
+        return (found[-1]["name"], found[-1]) if found else None
 
     def resolve(self, name: str) -> tuple[str, dict[str, Any]]:
         """The checkpoint ``name`` names (``latest`` resolved) with its marker; raises
         ``NotACheckpointError`` if there is no complete checkpoint of that name."""
         if name == LATEST:
-            chosen = self.read_latest()
+            chosen = self._latest()
             if chosen is None:
                 raise NotACheckpointError(
                     f"{self.url} holds no complete checkpoint, so {self.url_of(LATEST)} names "
                     f"nothing to load. Save one first, or check the URL. Received: "
                     f"{self.url_of(LATEST)!r}"
                 )
-            name = chosen
+            return chosen
         marker = self.marker(name)
         if marker is None:
             raise NotACheckpointError(
@@ -178,6 +224,15 @@ class RemoteCheckpoints:
         the local cache when an earlier fetch left the same objects there."""
         name, marker = self.resolve(name)
         return fetch_objects(self.store, name, marker["kind"], marker["objects"])
+
+    def fetch_for_load(
+        self, name: str, late: Callable[[Path], tuple[str, ...]]
+    ) -> tuple[Path, Arrival | None]:
+        """``fetch`` whose large late-read files (``late``: see
+        ``cache.fetch_overlapped``) may still be downloading when it returns: the load
+        waits for the returned ``Arrival`` (None: nothing left to download)."""
+        name, marker = self.resolve(name)
+        return fetch_overlapped(self.store, name, marker["kind"], marker["objects"], late)
 
     # ------------------------------------------------------------------- delete
     def delete(self, name: str) -> bool:
@@ -207,7 +262,7 @@ class RemoteCheckpoints:
         a marker (found with one more request; ``report=False`` skips it)."""
         had = report and self.store.get_bytes(_marker_key(name)) is not None
         self.store.delete([_marker_key(name)])  # an absent key: a no-op for S3
-        self.store.delete(self.store.walk_name(name))
+        self.store.delete_all(self.store.walk_name(name))  # unlisted now: in any order
         return had
 
     def set_aside(self, names: list[str], folder: str) -> None:

@@ -122,6 +122,11 @@ class Store:
                 self.check_bucket()
                 return None
 
+    def get_range(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of the object (one ranged GET)."""
+        with self.errors("read", relative):
+            return self.fs.cat_file(self.key(relative), start=start, end=end)
+
     def get_file(self, relative: str, local: Path) -> None:
         with self.errors("download", relative):
             self.fs.get_file(self.key(relative), os.fspath(local))
@@ -247,6 +252,16 @@ class Store:
         for relative in relatives:
             with self.errors("delete", relative), contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self.key(relative))
+
+    def delete_all(self, relatives: list[str]) -> None:
+        """Delete these objects in any order, in batched requests (S3's DeleteObjects, up
+        to 1000 keys each; absent ones are skipped): for objects no marker lists any more,
+        where one DELETE after another only adds round trips."""
+        if len(relatives) <= 1:
+            self.delete(relatives)
+            return
+        with self.errors("delete", relatives[0]), contextlib.suppress(FileNotFoundError):
+            self.fs.rm([self.key(relative) for relative in relatives])
 
     # -------------------------------------------------------------------- errors
     @contextlib.contextmanager

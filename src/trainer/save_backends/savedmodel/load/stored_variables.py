@@ -18,11 +18,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
-from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.core.protobuf import saved_model_pb2, trackable_object_graph_pb2
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.errors import CorruptCheckpointError
+from trainer.errors import CorruptCheckpointError, TrainerError
+from trainer.save_backends.savedmodel.bundle import index_reader
+from trainer.storage import arrival as arrivals
 from trainer.storage import integrity
+
+OBJECT_GRAPH = tf_compat.OBJECT_GRAPH_KEY
 
 
 def root_list(nodes: Any, name: str) -> list[int]:
@@ -75,7 +79,11 @@ class StoredVariables:
     def __init__(self, directory: Path):
         prefix = str(Path(directory) / "variables" / "variables")
         try:
-            self._reader, graph = tf_compat.read_checkpoint(prefix)
+            graph = _graph_ahead(Path(directory))
+            if graph is None:
+                self._reader, graph = tf_compat.read_checkpoint(prefix)
+            else:
+                self._reader = tf.train.load_checkpoint(prefix)  # the index only, for now
         except Exception as err:  # missing or damaged index/data files, foreign checkpoint
             raise CorruptCheckpointError(
                 f"{directory}: the variables checkpoint cannot be read ({type(err).__name__}: "
@@ -118,3 +126,29 @@ class StoredVariables:
 
     def optimizer_arrays(self) -> list[np.ndarray]:
         return [self.value(s) for s in self.optimizer]
+
+
+DATA = "variables/variables.data-00000-of-00001"
+
+
+def _graph_ahead(directory: Path) -> Any:
+    """The checkpoint's object graph while its data file still arrives from a store
+    (``trainer.storage.arrival``): read from the index where it lies, and those bytes
+    alone fetched, so that the layers are rebuilt during the download. None when the
+    data file is here (TensorFlow's reader reads it), or the entry cannot be found that
+    way: then after waiting for the whole file."""
+    arrival = arrivals.current()
+    if arrival is None or not arrival.is_pending(directory, DATA):
+        return None
+    entry = index_reader.find_entry(directory / "variables" / "variables.index", OBJECT_GRAPH)
+    raw = None
+    if entry is not None and entry.shard_id == 0 and entry.dtype == tf.string.as_datatype_enum:
+        try:
+            raw = arrival.read_range(DATA, entry.offset, entry.size)
+        except (OSError, TrainerError):  # the whole download will say what is wrong
+            raw = None
+    value = index_reader.scalar_string(raw) if raw is not None else None
+    if value is None:
+        integrity.await_digests()  # the whole data file, then TensorFlow's reader
+        return None
+    return trackable_object_graph_pb2.TrackableObjectGraph.FromString(value)
