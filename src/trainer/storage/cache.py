@@ -224,13 +224,20 @@ def _claim_path(root: Path, key: str) -> Path:
 
 
 def _claim(root: Path, key: str) -> bool:
-    """Create the claim of entry ``key`` (False: another process holds it)."""
+    """Create the claim of entry ``key`` (False: another process holds it).
+
+    The claim appears with the owner's pid already in it (written to a temporary, then
+    hard-linked into place, which fails if the claim exists): a process killed between
+    creating an empty claim and writing its pid would leave one no reader could ever
+    tell abandoned, and every later load of that content would wait forever."""
+    tmp = root / f"{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"  # cleaned like a download's
+    tmp.write_text(str(os.getpid()))
     try:
-        fd = os.open(_claim_path(root, key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.link(tmp, _claim_path(root, key))
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as handle:
-        handle.write(str(os.getpid()))
+    finally:
+        tmp.unlink()
     return True
 
 
