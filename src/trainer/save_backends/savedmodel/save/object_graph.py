@@ -33,29 +33,13 @@ from trainer.save_backends.savedmodel.save.tracing import Node
 
 # No SaverDef from TensorFlow: trainer writes its own (``saver_def``), TensorFlow's traced
 # save and restore functions over every variable were a quarter of a first save.
-# No custom gradients either, unless a layer's traces use one (``save_options``): looking
-# for them walks every op of every saved function, for nothing in most models.
+# No custom gradients either, unless a layer's traces use one (``trace_cache.save_options``):
+# looking for them walks every op of every saved function, for nothing in most models.
 SAVE_OPTIONS = tf.saved_model.SaveOptions(
     experimental_custom_gradients=False, experimental_skip_saver=True
 )
 # Where trainer's cannot be written (checkpoint entries that are not plain variables).
 TF_SAVER_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
-_WITH_GRADIENTS = {
-    False: tf.saved_model.SaveOptions(
-        experimental_custom_gradients=True, experimental_skip_saver=True
-    ),
-    True: tf.saved_model.SaveOptions(experimental_custom_gradients=True),
-}
-
-
-def save_options(*, tf_saver: bool, gradients: bool) -> tf.saved_model.SaveOptions:
-    """The options of the save: with TensorFlow's SaverDef or not (``tf_saver``), and with
-    the traced gradient functions of ``tf.custom_gradient`` calls or not (``gradients``;
-    see ``features.python_gradients``). The tracing context is ``SAVE_OPTIONS`` either way:
-    ``tf.function``'s cache key reads only the variable policy of the options."""
-    if gradients:
-        return _WITH_GRADIENTS[tf_saver]
-    return TF_SAVER_OPTIONS if tf_saver else SAVE_OPTIONS
 
 
 @dataclasses.dataclass

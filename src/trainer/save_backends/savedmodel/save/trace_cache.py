@@ -154,6 +154,26 @@ def _save_with_tensorflows_saver(
     return variables_writer.from_first_save(traced.root, _variables_prefix(directory))
 
 
+# A model whose traces use tf.custom_gradient saves their gradient functions too.
+_WITH_GRADIENTS = {
+    False: tf.saved_model.SaveOptions(
+        experimental_custom_gradients=True, experimental_skip_saver=True
+    ),
+    True: tf.saved_model.SaveOptions(experimental_custom_gradients=True),
+}
+
+
+def save_options(*, tf_saver: bool, gradients: bool) -> tf.saved_model.SaveOptions:
+    """The options of the save: with TensorFlow's SaverDef or not (``tf_saver``), and with
+    the traced gradient functions of ``tf.custom_gradient`` calls or not (``gradients``;
+    see ``features.python_gradients``). The functions are traced in the context of
+    ``object_graph.SAVE_OPTIONS`` either way: ``tf.function``'s cache key reads only the
+    variable policy of the options, so the save traces nothing again."""
+    if gradients:
+        return _WITH_GRADIENTS[tf_saver]
+    return object_graph.TF_SAVER_OPTIONS if tf_saver else object_graph.SAVE_OPTIONS
+
+
 def _with_gradients(traced: object_graph.TracedModel, save: Any, tf_saver: bool) -> Any:
     """``save(options)``, with the gradient functions of the traces' ``tf.custom_gradient``
     calls if any layer's traces use one: a layer revived from them then trains. Where
@@ -161,13 +181,13 @@ def _with_gradients(traced: object_graph.TracedModel, save: Any, tf_saver: bool)
     hold), the save goes on without them, and those layers refuse training when revived
     (their records say so: ``python_gradients.set_saved``). Returns what ``save`` does."""
     if not python_gradients.marked(traced.layers):
-        return save(object_graph.save_options(tf_saver=tf_saver, gradients=False))
+        return save(save_options(tf_saver=tf_saver, gradients=False))
     try:
-        result = save(object_graph.save_options(tf_saver=tf_saver, gradients=True))
+        result = save(save_options(tf_saver=tf_saver, gradients=True))
     except ValueError as err:  # TensorFlow's own message for a gradient it cannot save
         log.warning("Custom gradients left out of the SavedModel: %s", err)
         python_gradients.set_saved(traced.layers, False)
-        return save(object_graph.save_options(tf_saver=tf_saver, gradients=False))
+        return save(save_options(tf_saver=tf_saver, gradients=False))
     python_gradients.set_saved(traced.layers, True)
     return result
 
