@@ -34,7 +34,7 @@ from trainer.save_backends.savedmodel.features import layer_state, training_logi
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
 from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
 from trainer.save_backends.savedmodel.records import check_json
-from trainer.save_backends.savedmodel.save import endpoints, float8, trace_cache
+from trainer.save_backends.savedmodel.save import endpoints, trace_cache
 from trainer.state import TrainingState
 from trainer.storage import integrity, limits
 from trainer.storage.integrity import MANIFEST_FILE
@@ -77,12 +77,6 @@ class SavedModelBackend(SaveBackend):
         return layout.read_metadata(Path(path))
 
     # ---------------------------------------------------------------------- save
-    def check_savable(self, model: keras.Model) -> None:
-        """Also refuses float8-quantized layers that a load could not rebuild
-        (``save.float8``)."""
-        super().check_savable(model)
-        float8.check_savable(model)
-
     def check_rebuildable(self, model: keras.Model) -> None:
         """Nothing to refuse: layers revived from traced functions are saved with their
         traces again, and a layer that cannot rebuild from its config is revived from its

@@ -212,37 +212,3 @@ def test_a_revived_block_refuses_to_train_with_other_flags_than_traced(tmp_path,
     block.trainable = saved_trainable  # back as traced: trains
     revived.compile(keras.optimizers.SGD(0.05), "mse")
     revived.fit(x, y, epochs=1, batch_size=8, verbose=0)
-
-
-@keras.saving.register_keras_serializable(package=PKG)
-class ClippedGradient(layers.Layer):
-    """Its gradient is a Python function (tf.custom_gradient), which no SavedModel holds."""
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], 2), initializer="ones")
-
-    def call(self, x):
-        import tensorflow as tf
-
-        @tf.custom_gradient
-        def clipped(t):
-            return tf.identity(t), lambda dy: tf.clip_by_value(dy, -0.1, 0.1)
-
-        return ops.matmul(clipped(x), self.kernel)
-
-
-def test_a_revived_layer_with_a_python_gradient_refuses_training_clearly(tmp_path):
-    """Revived without its class, a layer using tf.custom_gradient predicted exactly, and
-    its first training step failed with a raw LookupError ("No gradient defined for
-    operation ...IdentityN"). Its training calls are refused now, saying why; inference is
-    unchanged, and with its class the model trains."""
-    inputs = keras.Input((3,))
-    model = keras.Model(inputs, layers.Dense(1)(ClippedGradient()(inputs)))
-    x, y = np.ones((8, 3), "float32"), np.zeros((8, 1), "float32")
-    path = _saved(model, tmp_path, x, y)
-    with classes_hidden(["ClippedGradient"], PKG):
-        revived = get_backend("savedmodel").load(path).model
-    np.testing.assert_allclose(revived.predict(x, verbose=0), model.predict(x, verbose=0))
-    with pytest.raises(RevivedCallError, match=r"gradient from Python \(tf.custom_gradient\)"):
-        revived.fit(x, y, epochs=1, verbose=0)
-    get_backend("savedmodel").load(path).model.fit(x, y, epochs=1, verbose=0)

@@ -6,8 +6,11 @@ The loader bound a rebuilt layer's variables by position, so the save refused su
 (before that, the load called the checkpoint damaged). Now a rebuilt layer's variables are
 bound by name (``records.rebuilt_order``): the model comes back as Keras's own float8
 layers with every variable, serves, and trains on as the original does. A float8 layer
-inside a layer that creates its sublayers itself is still refused at save time: a load
-rebuilds it unquantized (``save/float8.py``).
+inside a layer that creates its sublayers itself (a custom block, a subclassed model) was
+refused at save time: a load from its holder's class rebuilds it unquantized. Its holder
+is revived from its traces instead, whose float8 ops take their gradient from Python: the
+SavedModel holds those gradient functions now (``features.python_gradients``), and the
+holder trains as the original does, scales and amax histories included.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.errors import ModelNotReadyError
+from tests.helpers.savedmodel_zoo import classes_hidden
 from trainer.save_backends import get_backend
 from trainer.save_backends.savedmodel.records import rebuilt_order
 
@@ -97,9 +100,13 @@ def test_one_training_step_equal(round_trip):
         np.testing.assert_array_equal(revived[key], value, err_msg=key)
 
 
-@keras.saving.register_keras_serializable(package="test_float8_layers")
+PKG = "test_float8_layers"
+
+
+@keras.saving.register_keras_serializable(package=PKG)
 class Block(keras.layers.Layer):
-    """Creates its Dense itself: rebuilt from its config, the Dense is not quantized."""
+    """Creates its Dense itself (rebuilt from its config, the Dense would not be
+    quantized), and its ``call`` does not declare ``training``: Keras hands it on."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -112,13 +119,76 @@ class Block(keras.layers.Layer):
         return self.inner(x) * 2.0
 
 
-def test_float8_layer_inside_a_custom_layer_is_refused_at_save(tmp_path):
+@keras.saving.register_keras_serializable(package=PKG)
+class Net(keras.Model):
+    """A subclassed model holding float8 layers. Its ``call`` declares ``training``: Keras's
+    ``fit`` passes it only to such a model, and float8 layers move their scales only then."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.first = keras.layers.Dense(8, name="first")
+        self.second = keras.layers.EinsumDense("ab,bc->ac", output_shape=2, name="second")
+
+    def call(self, x, training=None):
+        return self.second(tf.nn.relu(self.first(x, training=training)), training=training)
+
+
+def _held_by_block() -> keras.Model:
     inputs = keras.Input((6,))
-    model = keras.Model(inputs, keras.layers.Dense(2, name="head")(Block(name="block")(inputs)))
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(Block(name="block")(inputs)))
+
+
+def _held_by_net() -> keras.Model:
+    model = Net()
+    model(np.zeros((1, 6), "float32"))
+    return model
+
+
+@pytest.fixture(scope="module", params=[_held_by_block, _held_by_net], ids=["block", "subclassed"])
+def held(request, tmp_path_factory):
+    """Issue 42 item 5: a float8 layer held by a layer that creates its sublayers itself
+    was refused at save. Its holder is revived from its traces (a load from its class
+    would build the sublayer unquantized); their float8 ops take their gradient from
+    Python, which the SavedModel now holds (``features.python_gradients``)."""
+    keras.utils.set_random_seed(2)
+    x = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
+    model = request.param()
     model.quantize("float8")
-    with pytest.raises(ModelNotReadyError, match=r"'inner' in 'block' \(Block\)"):
-        get_backend("savedmodel").save(model, tmp_path / "ckpt")
-    assert not any(tmp_path.iterdir())
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    path = get_backend("savedmodel").save(model, tmp_path_factory.mktemp("held") / "ckpt")
+    return model, path, x, y
+
+
+@pytest.mark.parametrize("hidden", [True, False], ids=["class_hidden", "class_known"])
+def test_float8_layers_held_by_custom_layers_train_like_the_original(held, hidden):
+    """Every variable, the scales and amax histories the optimizer overwrites included,
+    equal after two epochs; before, a revived holder's trace left ``training`` unresolved
+    for the float8 layers (no scale moved: "Gradients do not exist") or was refused."""
+    model, path, x, y = held
+    names = ["Block", "Net"] if hidden else []
+    with classes_hidden(names, PKG):
+        loaded = get_backend("savedmodel").load(path).model
+    original = by_path(model)
+    optimizer = [v.numpy() for v in model.optimizer.variables]
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    float8 = [v for v in loaded.weights if v.name in FLOAT8_VARIABLES]
+    assert len(float8) == 12, [v.path for v in loaded.weights]
+    try:
+        loaded.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False)
+        mine, theirs = by_path(model), by_path(loaded)
+        assert mine.keys() == theirs.keys()
+        for key, value in mine.items():
+            np.testing.assert_allclose(theirs[key], value, rtol=1e-6, err_msg=key)
+        moved = [k for k in mine if k.endswith("kernel_amax_history")]
+        assert moved and all(np.any(mine[k] != original[k]) for k in moved)
+    finally:  # the next test of this module-scoped model starts from the saved state
+        for variable in model.weights:
+            variable.assign(original[variable.path])
+        for variable, value in zip(model.optimizer.variables, optimizer, strict=True):
+            variable.assign(value)
 
 
 def test_rebuilt_order_by_name_then_by_path_else_none():

@@ -1,12 +1,16 @@
 """Layers whose traced calls take their gradient from Python (``tf.custom_gradient``).
 
 A traced function holds the forward ops of such a call, and only a reference to its
-gradient function, which is Python: a SavedModel does not hold it. A layer revived from its
-traces then predicts exactly, but its first training step failed deep in TensorFlow
-(``LookupError: No gradient defined for operation ...IdentityN``). The save records which
-layers' traces use one (a parent's traces call its children's), and a revived layer refuses
-a training call with a ``RevivedCallError`` saying why; with its class importable, it trains
-as usual.
+gradient function, which is Python. A layer revived from its traces predicted exactly, but
+its first training step failed deep in TensorFlow (``LookupError: No gradient defined for
+operation ...IdentityN``). The save records which layers' traces use one (a parent's traces
+call its children's), and saves those gradient functions traced
+(``SaveOptions(experimental_custom_gradients=True)``, only for such a model: other saves
+pay nothing); ``tf.saved_model.load`` and the partial import register them again, and the
+revived layer trains as the original does. Where TensorFlow cannot save one (it captures
+what a SavedModel cannot hold), or in a file written before gradients were saved, the
+record says so (``SAVED_KEY``) and a revived layer refuses a training call with a
+``RevivedCallError`` saying why; with its class importable, it trains as usual.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 from trainer.errors import RevivedCallError
 
 RECORD_KEY = "python_gradient"
+# Whether the SavedModel holds those gradient functions (absent in older files: no).
+SAVED_KEY = "python_gradient_saved"
 
 
 def used(concrete: Any) -> bool:
@@ -51,12 +57,31 @@ def propagate(records: list[dict[str, Any] | None]) -> None:
         mark(index)
 
 
+def marked(records: list[dict[str, Any] | None]) -> bool:
+    """Whether any layer's traces use a Python gradient (after ``propagate``)."""
+    return any(record and record.get(RECORD_KEY) for record in records)
+
+
+def set_saved(records: list[dict[str, Any] | None], saved: bool) -> None:
+    """Record in every marked layer whether the SavedModel holds its gradient functions."""
+    for record in records:
+        if record and record.get(RECORD_KEY):
+            record[SAVED_KEY] = saved
+
+
+def trainable_when_revived(record: dict[str, Any]) -> bool:
+    """Whether a layer revived from its traces can train: its traces use no Python
+    gradient, or the SavedModel holds the traced gradient functions."""
+    return not record.get(RECORD_KEY) or bool(record.get(SAVED_KEY))
+
+
 def refuse_training(layer: Any) -> RevivedCallError:
     return RevivedCallError(
         f"Layer {layer.name!r} ({type(layer).__name__}) was revived from its traced "
         f"functions (its class was not available at load time), and its call takes its "
-        f"gradient from Python (tf.custom_gradient), which a SavedModel does not hold: it "
-        f"predicts as saved, but cannot be trained. Make its class importable "
-        f"(keras.saving.register_keras_serializable, or custom_objects) to train it, or "
-        f"call it with training=False. Received: training=True"
+        f"gradient from Python (tf.custom_gradient), which this SavedModel does not hold "
+        f"(saved before trainer saved traced gradients, or TensorFlow could not trace it: "
+        f"see the save's log): it predicts as saved, but cannot be trained. Make its class "
+        f"importable (keras.saving.register_keras_serializable, or custom_objects) to "
+        f"train it, or call it with training=False. Received: training=True"
     )

@@ -99,8 +99,8 @@ class _RevivedMixin:
         mark(self, live_objects.TRACED_TRAINING_CALL, getattr(node, "call_train", None))
         mark(self, live_objects.TRACED_DEFAULT_CALL, getattr(node, "call_default", None))
         mark(self, live_objects.TRAINING_WAS_TRACED, record.get("training_traced", True))
-        gradient = bool(record.get(python_gradients.RECORD_KEY))
-        mark(self, live_objects.PYTHON_GRADIENT, gradient)
+        untrainable = not python_gradients.trainable_when_revived(record)
+        mark(self, live_objects.PYTHON_GRADIENT, untrainable)
         signature = inspect.signature(type(self).call)
         parameters = list(signature.parameters.values())[1:]  # without self
         mark(self, live_objects.CALL_SIGNATURE, signature.replace(parameters=parameters))

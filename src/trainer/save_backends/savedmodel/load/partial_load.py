@@ -186,8 +186,12 @@ def _pruned_proto(source: Any, closure: _Closure, functions: set[str]) -> Any:
         kept = [c for i, c in enumerate(children) if i not in set(positions)]
         del children[:]
         children.extend(kept)
+    # A saved custom gradient keeps its entry: without it, the loader calls the gradient
+    # function with flat outputs that do not line up with its op's inputs (TensorFlow
+    # failed with "Function instantiation included invalid output index").
+    gradients = {g.gradient_func for g in library.registered_gradients}
     for name in list(graph.concrete_functions):
-        if name not in closure.functions:
+        if name not in closure.functions and name not in gradients:
             del graph.concrete_functions[name]
     out.object_graph_def.CopyFrom(graph)
     return proto

@@ -33,6 +33,8 @@ from trainer.save_backends.savedmodel.save.tracing import Node
 
 # No SaverDef from TensorFlow: trainer writes its own (``saver_def``), TensorFlow's traced
 # save and restore functions over every variable were a quarter of a first save.
+# No custom gradients either, unless a layer's traces use one (``trace_cache.save_options``):
+# looking for them walks every op of every saved function, for nothing in most models.
 SAVE_OPTIONS = tf.saved_model.SaveOptions(
     experimental_custom_gradients=False, experimental_skip_saver=True
 )

@@ -31,6 +31,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from trainer._compat import tensorflow as tf_compat
 from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.bundle import saver_def, variables_writer
+from trainer.save_backends.savedmodel.features import python_gradients
 from trainer.save_backends.savedmodel.save import (
     object_graph,
     served_inputs,
@@ -122,12 +123,15 @@ def _save_with_our_saver(
         if early is not None:
             early.join()
         signatures = {"serving_default": traced.serving}
-        options = object_graph.SAVE_OPTIONS
-        skipped = early is not None and tf_compat.save_without_checkpoint(
-            traced.root, str(directory), signatures, options
+        skipped = early is not None and _with_gradients(
+            traced,
+            lambda options: tf_compat.save_without_checkpoint(
+                traced.root, str(directory), signatures, options
+            ),
+            tf_saver=False,
         )
-        if not skipped:
-            _save(traced, directory, options)  # writes the checkpoint (again)
+        if not skipped:  # writes the checkpoint (again)
+            _with_gradients(traced, lambda options: _save(traced, directory, options), False)
     writer = variables_writer.from_first_save(traced.root, _variables_prefix(directory))
     try:
         ours = writer is not None and saver_def.add_saver(directory, writer, handles)
@@ -146,8 +150,46 @@ def _save_with_our_saver(
 def _save_with_tensorflows_saver(
     traced: object_graph.TracedModel, directory: Path
 ) -> variables_writer.VariablesWriter | None:
-    _save(traced, directory, object_graph.TF_SAVER_OPTIONS)
+    _with_gradients(traced, lambda options: _save(traced, directory, options), True)
     return variables_writer.from_first_save(traced.root, _variables_prefix(directory))
+
+
+# A model whose traces use tf.custom_gradient saves their gradient functions too.
+_WITH_GRADIENTS = {
+    False: tf.saved_model.SaveOptions(
+        experimental_custom_gradients=True, experimental_skip_saver=True
+    ),
+    True: tf.saved_model.SaveOptions(experimental_custom_gradients=True),
+}
+
+
+def save_options(*, tf_saver: bool, gradients: bool) -> tf.saved_model.SaveOptions:
+    """The options of the save: with TensorFlow's SaverDef or not (``tf_saver``), and with
+    the traced gradient functions of ``tf.custom_gradient`` calls or not (``gradients``;
+    see ``features.python_gradients``). The functions are traced in the context of
+    ``object_graph.SAVE_OPTIONS`` either way: ``tf.function``'s cache key reads only the
+    variable policy of the options, so the save traces nothing again."""
+    if gradients:
+        return _WITH_GRADIENTS[tf_saver]
+    return object_graph.TF_SAVER_OPTIONS if tf_saver else object_graph.SAVE_OPTIONS
+
+
+def _with_gradients(traced: object_graph.TracedModel, save: Any, tf_saver: bool) -> Any:
+    """``save(options)``, with the gradient functions of the traces' ``tf.custom_gradient``
+    calls if any layer's traces use one: a layer revived from them then trains. Where
+    TensorFlow cannot save a gradient function (it captures what a SavedModel cannot
+    hold), the save goes on without them, and those layers refuse training when revived
+    (their records say so: ``python_gradients.set_saved``). Returns what ``save`` does."""
+    if not python_gradients.marked(traced.layers):
+        return save(save_options(tf_saver=tf_saver, gradients=False))
+    try:
+        result = save(save_options(tf_saver=tf_saver, gradients=True))
+    except ValueError as err:  # TensorFlow's own message for a gradient it cannot save
+        log.warning("Custom gradients left out of the SavedModel: %s", err)
+        python_gradients.set_saved(traced.layers, False)
+        return save(save_options(tf_saver=tf_saver, gradients=False))
+    python_gradients.set_saved(traced.layers, True)
+    return result
 
 
 def _save(traced: object_graph.TracedModel, directory: Path, options: Any) -> None:

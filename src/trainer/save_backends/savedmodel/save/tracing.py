@@ -71,7 +71,13 @@ def _uses_training(layer: keras.layers.Layer) -> bool:
     cls = type(layer)
     if not cls.__module__.startswith("keras.src."):
         return True
-    return _body_names_training(cls.call)
+    # A quantized layer runs ``_<mode>_call`` instead of ``call`` (Keras's ``quantized_call``):
+    # a float8 Dense's reads ``training`` (it moves its scales and amax histories only then).
+    mode = getattr(layer, "quantization_mode", None)
+    quantized = getattr(cls, f"_{mode}_call", None) if isinstance(mode, str) else None
+    return _body_names_training(cls.call) or (
+        quantized is not None and _body_names_training(quantized)
+    )
 
 
 def unresolved_training_matters(layer: keras.layers.Layer) -> bool:
