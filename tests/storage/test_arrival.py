@@ -143,13 +143,24 @@ def test_bytes_read_ahead_must_match_the_verified_download(
     index = path / "variables" / "variables.index"
     at = index_reader.find_entry(index, tf_compat.OBJECT_GRAPH_KEY).offset + 20
     s3_server.fs.pipe_file(key, good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :])
-    real_get = Store.get_files
+    real_get, real_range = Store.get_files, Store.get_range
+    read_ahead = threading.Event()
+
+    def get_range(self, relative, start, end):
+        ahead = real_range(self, relative, start, end)  # the damaged bytes
+        if relative.endswith(DATA):
+            s3_server.fs.pipe_file(key, good)  # repaired between the two requests
+            read_ahead.set()
+        return ahead
 
     def get_files(self, pairs):
         if any(k.endswith(DATA) for k, _ in pairs):
-            s3_server.fs.pipe_file(key, good)  # repaired between the two requests
+            # The whole file is fetched after the read ahead, whichever thread gets here
+            # first (else the damaged object itself reaches the marker check: another error).
+            read_ahead.wait(timeout=120)
         return real_get(self, pairs)
 
+    monkeypatch.setattr(Store, "get_range", get_range)
     monkeypatch.setattr(Store, "get_files", get_files)
     with pytest.raises(IntegrityError, match="ahead of the download"):
         load_checkpoint(f"{remote.url}/latest")
