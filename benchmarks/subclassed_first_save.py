@@ -112,7 +112,7 @@ def run(src: str, saves: int) -> dict | None:
     env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{ROOT}", TF_CPP_MIN_LOG_LEVEL="3")
     command = [sys.executable, "-m", "benchmarks.subclassed_first_save", "--child"]
     done = subprocess.run(
-        command + ["--saves", str(saves)], env=env, cwd=ROOT, capture_output=True, text=True
+        [*command, "--saves", str(saves)], env=env, cwd=ROOT, capture_output=True, text=True
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
