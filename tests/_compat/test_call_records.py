@@ -57,3 +57,16 @@ def test_models_still_run_keras_own_call():
     assert not tracing.converts_before_call(model)
     assert not tracing.converts_before_call(keras.layers.Dense(1))
     assert tracing.converts_before_call(keras.layers.Rescaling(0.5))
+
+
+def test_a_copy_shares_the_models_record_or_has_none():
+    model, copy = Net(), Net()
+    model(np.ones((2, 3), "float32"))
+    copy(np.ones((2, 3), "float32"))
+    call_records.share(model, copy)
+    model(tf.SparseTensor([[0, 1]], [2.0], [2, 3]))  # later calls of the model count
+    assert call_records.recorded(copy).kinds == {"dense", "sparse"}
+    uncalled, other = Net(), Net()
+    other(np.ones((2, 3), "float32"))
+    call_records.share(uncalled, other)
+    assert call_records.recorded(other) is None

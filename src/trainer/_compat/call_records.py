@@ -74,6 +74,16 @@ def recorded(model: keras.Model) -> CallRecord | None:
     return record if record is not None and record.complete else None
 
 
+def share(model: keras.Model, copy: keras.Model) -> None:
+    """Let ``copy`` (rebuilt from ``model``'s config: built, so without a record of its
+    own) have ``model``'s record, the same object: the calls ``model`` gets later (its
+    ``fit``) are the copy's too. An async save writes the copy, and without a record its
+    first save would try every input form."""
+    record = _RECORDS.get(model)
+    # No record of the model's calls: none of the copy's (its own calls are not the model's).
+    _RECORDS[copy] = record if record is not None else CallRecord(complete=False)
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Calls in this block (this thread) are not recorded: a save's tries of forms the
