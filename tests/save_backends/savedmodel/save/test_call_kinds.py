@@ -58,6 +58,12 @@ CASES = {
         lambda: keras.layers.Rescaling(1 / 255, offset=0.5),
         np.arange(18, dtype="int16").reshape(3, 2, 3),
     ),
+    # A width no model is tried on without a record of its calls (``call_records``): traced
+    # because the model was called on it. Before the record, its revival refused uint16.
+    "uint16_images": (
+        lambda: keras.layers.Rescaling(1 / 255),
+        np.arange(18, dtype="uint16").reshape(3, 2, 3),
+    ),
 }
 
 
