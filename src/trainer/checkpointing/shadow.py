@@ -11,7 +11,7 @@ from typing import Any
 
 import keras
 
-from trainer._compat import live_objects
+from trainer._compat import call_records, live_objects
 from trainer._compat.keras import sublayers
 from trainer._compat.keras_inputs import get_input_signature
 from trainer.errors import SaveError
@@ -65,6 +65,7 @@ def clone_for_snapshot(model: keras.Model) -> keras.Model:
             clone = _rebuilt_and_compiled(model)
     except Exception as error:  # whatever the model's own code raises
         raise _copy_failed(model, error) from error
+    call_records.share(model, clone)  # its saves try only what the model was called on
     mine, theirs = all_variables(model), all_variables(clone)
     if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
         raise SnapshotUnavailable(

@@ -1,5 +1,6 @@
 """Save backends: one module per format, reached through the registry."""
 
+from trainer._compat import call_records
 from trainer.save_backends.base import Checkpoint, LoadedCheckpoint, SaveBackend
 from trainer.save_backends.registry import (
     available_backends,
@@ -10,6 +11,10 @@ from trainer.save_backends.registry import (
     read_checkpoint_metadata,
     register_backend,
 )
+
+# From now on a model's calls are recorded: a SavedModel save of a subclassed model tries
+# only the input kinds and dtypes it was called on (``call_records``).
+call_records.install()
 
 __all__ = [
     "Checkpoint",

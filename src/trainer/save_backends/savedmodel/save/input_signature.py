@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import call_records
 from trainer._compat import keras as keras_compat
 from trainer.model_state import serving
 
@@ -131,28 +132,31 @@ def _as_ids(structure: Any, flat: list, positions: list[int], dtype: tf.DType) -
 
 
 # The integer dtypes a model holding converting layers (``Rescaling``, augmentations) is
-# traced on: NumPy's default, Keras's and TensorFlow's, then decoded images' uint8 and
-# 16-bit audio samples (Keras's own Rescaling test feeds int16). Each costs one more trace
-# of the model and its layers on the first save only (the trace cache keeps the rest);
-# uint16 and int8 are left out for that cost.
+# traced on when there is no record of its calls (``call_records``): NumPy's default,
+# Keras's and TensorFlow's, then decoded images' uint8 and 16-bit audio samples (Keras's
+# own Rescaling test feeds int16). Each costs one more trace of the model and its layers
+# on the first save; uint16 and int8 are left out for that cost. With a record, the model
+# is traced on int64 and int32 and on the integer dtypes it was called on.
 IMAGE_INTEGERS = (tf.int64, tf.int32, tf.uint8, tf.int16)
+_ID_WIDTHS = (tf.int64, tf.int32)
 
 
 def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
     """For a subclassed model that declares no input dtypes: the structure with every
-    float input as each of ``IMAGE_INTEGERS`` (NumPy's int64, then ``keras.Input``'s and
-    TensorFlow's int32, then the widths images and audio are stored in) to trace besides
-    the floats Keras' signature gives it. Keras records no dtype for the calls of a
-    subclassed model; one called on integer images would otherwise be revived taking
-    floats only. Each is kept only where the model traces on it (its own code on those
-    dtypes, as a tf.function of the original would run)."""
+    float input as each integer dtype to try (``IMAGE_INTEGERS``, or NumPy's int64,
+    ``keras.Input``'s and TensorFlow's int32 and the integer dtypes the model was called
+    on, where ``call_records`` has them) to trace besides the floats Keras' signature
+    gives it. Keras records no dtype for the calls of a subclassed model; one called on
+    integer images would otherwise be revived taking floats only. Each is kept only where
+    the model traces on it (its own code on those dtypes, as a tf.function of the
+    original would run)."""
     if not _types_unrecorded(model):
         return []
     flat = tf.nest.flatten(structure)
     if not any(isinstance(s, tf.TensorSpec) and s.dtype.is_floating for s in flat):
         return []
     variants = []
-    for dtype in IMAGE_INTEGERS:
+    for dtype in _integers_to_try(model):
         typed = [
             tf.TensorSpec(s.shape, dtype, name=s.name)
             if isinstance(s, tf.TensorSpec) and s.dtype.is_floating
@@ -163,6 +167,14 @@ def integer_variants(model: keras.Model, structure: Any) -> list[Any]:
     return variants
 
 
+def _integers_to_try(model: keras.Model) -> tuple[tf.DType, ...]:
+    record = call_records.recorded(model)
+    if record is None:
+        return IMAGE_INTEGERS
+    seen = sorted(tf.as_dtype(d) for d in record.dtypes if tf.as_dtype(d).is_integer)
+    return _ID_WIDTHS + tuple(d for d in seen if d not in _ID_WIDTHS)
+
+
 def composite_variants(model: keras.Model, structure: Any) -> list[Any]:
     """For a subclassed model that declares no input spec: the structure with every dense
     input as a ``tf.SparseTensorSpec``, then as a ``tf.RaggedTensorSpec`` (same dtype and
@@ -170,16 +182,20 @@ def composite_variants(model: keras.Model, structure: Any) -> list[Any]:
     the shapes of a subclassed model's calls, not the kind of tensor it was called on: one
     called on sparse features or ragged rows would otherwise be revived taking dense
     tensors only. Each is kept only where the model traces on it (its own code on such
-    tensors, as a tf.function of the original would run)."""
+    tensors, as a tf.function of the original would run). Where ``call_records`` knows
+    what the model was called on, only the kinds it saw: each try is a throwaway trace
+    of the whole model, and a kept one is traced again for every layer."""
     if not _types_unrecorded(model):
         return []
     flat = tf.nest.flatten(structure)
     if not flat or not all(isinstance(s, tf.TensorSpec) and s.shape.rank for s in flat):
         return []
+    record = call_records.recorded(model)
+    seen = {"sparse", "ragged"} if record is None else record.kinds
     sparse = [tf.SparseTensorSpec(s.shape, s.dtype) for s in flat]
     ragged = [_ragged_spec(s) for s in flat]
-    variants = [sparse]
-    if all(r is not None for r in ragged):
+    variants = [sparse] if "sparse" in seen else []
+    if "ragged" in seen and all(r is not None for r in ragged):
         variants.append(ragged)
     return [tf.nest.pack_sequence_as(structure, v) for v in variants]
 

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat import call_records
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends.savedmodel.save import endpoints, input_signature, tracing
 
@@ -134,11 +135,13 @@ def leaving_no_trace_state() -> Iterator[None]:
     later ``tf.distribute`` scope of the process unusable ("Caching devices is not yet
     supported when eager execution is enabled"), half-entered, and with it every later
     ``fit``. The save's tries must cost the user's process nothing: ``trace_cache`` runs
-    the whole tracing of a save inside this."""
+    the whole tracing of a save inside this. Nor do they count as calls of the model
+    (``call_records``): a later save would try every form tried here again."""
     scope = tf.compat.v1.get_variable_scope()  # the same object the traces see
     caching_device = scope.caching_device
     try:
-        yield
+        with call_records.paused():
+            yield
     finally:
         if scope.caching_device is not caching_device:
             # Its setter refuses to run eagerly; the scope is the default graph's.

@@ -76,9 +76,11 @@ def write_saved_model(
     plan = object_graph.plan_variables(model)
     early = variables_first.start(plan, directory)  # written while the functions trace
     try:
-        with served_inputs.leaving_no_trace_state():  # failed tries leave nothing behind
+        # Failed tries leave nothing behind, and no call the save makes is recorded as the
+        # model's (``tf.saved_model.save`` may trace again).
+        with served_inputs.leaving_no_trace_state():
             traced = object_graph.trace_model(model, plan)
-        writer = _save_with_our_saver(traced, directory, plan, early)
+            writer = _save_with_our_saver(traced, directory, plan, early)
     except BaseException:
         if early is not None:
             early.discard()  # nothing may still write into a directory being cleaned up
