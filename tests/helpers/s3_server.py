@@ -14,6 +14,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -85,17 +86,32 @@ def s3_server():
         server.stop()
 
 
+def _new_bucket(server: S3Server, patch: pytest.MonkeyPatch, cache: Path) -> str:
+    """Point the environment (inherited by child processes) at ``server``, with the
+    store's local cache in ``cache``; create a new empty bucket and return its URL."""
+    for name, value in server.env().items():
+        patch.setenv(name, value)
+    patch.setenv("TRAINER_STORE_CACHE", str(cache))
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    server.fs.mkdir(bucket)
+    return f"s3://{bucket}"
+
+
+@contextlib.contextmanager
+def bucket_env(server: S3Server, cache: Path) -> Iterator[str]:
+    """``s3_bucket`` for module-scoped fixtures, which cannot use the function-scoped
+    ``monkeypatch``: the environment is put back when the block ends."""
+    with pytest.MonkeyPatch.context() as patch:
+        yield _new_bucket(server, patch, cache)
+
+
 @pytest.fixture
 def s3_bucket(s3_server, monkeypatch, tmp_path):
     """A new empty bucket on the session's server; this test's environment (inherited by
     its child processes) points at the server, and the store's local cache is in
-    ``tmp_path``. Returns the bucket's URL, ``s3://<name>``."""
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("TRAINER_STORE_CACHE", str(tmp_path / "store-cache"))
-    bucket = f"test-{uuid.uuid4().hex[:12]}"
-    s3_server.fs.mkdir(bucket)
-    return f"s3://{bucket}"
+    ``tmp_path``. Returns the bucket's URL, ``s3://<name>``. Through the test's own
+    ``monkeypatch``, so that its later changes of the same variables are undone in order."""
+    return _new_bucket(s3_server, monkeypatch, tmp_path / "store-cache")
 
 
 def objects(server: S3Server, url: str) -> list[str]:

@@ -8,13 +8,12 @@ import json
 import os
 import random
 import time
-import uuid
 
 import numpy as np
 import pytest
 
 from tests.helpers.config import compose_run
-from tests.helpers.s3_server import objects
+from tests.helpers.s3_server import bucket_env, objects
 from tests.helpers.train_py import TINY_ARGS, train_py
 from trainer import train
 from trainer.checkpointing import all_variables
@@ -39,13 +38,8 @@ def never_stopped(s3_server, tmp_path_factory):
     model trains, which the tests below check by comparing every backend's resumed run
     with this one)."""
     tmp = tmp_path_factory.mktemp("never-stopped")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3_server.env().items():
-            patch.setenv(name, value)
-        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
-        bucket = f"test-{uuid.uuid4().hex[:12]}"
-        s3_server.fs.mkdir(bucket)
-        url = f"s3://{bucket}/straight"
+    with bucket_env(s3_server, tmp / "store-cache") as bucket:
+        url = f"{bucket}/straight"
         train(compose_run(tmp / "run", *RUN, f"run_dir={url}"))
         return _final(url)
 

@@ -4,14 +4,13 @@ S3-compatible server on 127.0.0.1 (``tests/helpers/s3_server``)."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.helpers.config import compose_run
-from tests.helpers.s3_server import objects
+from tests.helpers.s3_server import bucket_env, objects
 from tests.helpers.train_py import TINY_ARGS, train_py
 from trainer import train
 from trainer.checkpointing import all_variables
@@ -32,13 +31,8 @@ def store_run(s3_server, tmp_path_factory):
     variables of a run of two epochs on disk never stopped: a run resumed from the first
     for a second epoch ends there, bitwise."""
     tmp = tmp_path_factory.mktemp("store-run")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3_server.env().items():
-            patch.setenv(name, value)
-        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
-        bucket = f"test-{uuid.uuid4().hex[:12]}"
-        s3_server.fs.mkdir(bucket)
-        url = f"s3://{bucket}/source"
+    with bucket_env(s3_server, tmp / "store-cache") as bucket:
+        url = f"{bucket}/source"
         train(compose_run(tmp / "mirror", *RUN, f"run_dir={url}", "trainer.epochs=1"))
         train(compose_run(tmp / "straight", *RUN))
         straight = load_checkpoint(tmp / "straight" / "checkpoints" / "latest")
@@ -106,12 +100,7 @@ def targets_run(s3_server, tmp_path_factory):
     """A run on disk whose serving export and TensorBoard log go to URLs on the store
     (``export.directory=s3://...``, ``trainer.tensorboard_dir=s3://...``)."""
     tmp = tmp_path_factory.mktemp("targets")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3_server.env().items():
-            patch.setenv(name, value)
-        patch.setenv("TRAINER_STORE_CACHE", str(tmp / "store-cache"))
-        bucket = f"s3://test-{uuid.uuid4().hex[:12]}"
-        s3_server.fs.mkdir(bucket[5:])
+    with bucket_env(s3_server, tmp / "store-cache") as bucket:
         export_url, tb_url = f"{bucket}/serving/model", f"{bucket}/logs/run-1"
         train(
             compose_run(
