@@ -729,8 +729,8 @@ def test_an_error_raised_as_is_comes_through_a_keras_call_as_the_same_object():
 def test_saving_with_custom_gradients_reuses_traces_made_without(tmp_path):
     """trainer traces inside ``saving_context(SAVE_OPTIONS)`` (custom gradients off) and
     saves a model whose traces use ``tf.custom_gradient`` with them on
-    (``trace_cache.save_options``): the option must not be part of the trace cache key."""
-    from trainer.save_backends.savedmodel.save import object_graph, trace_cache
+    (``options.save_options``): the option must not be part of the trace cache key."""
+    from trainer.save_backends.savedmodel.save import options as save_options
 
     module = tf.Module()
 
@@ -739,10 +739,10 @@ def test_saving_with_custom_gradients_reuses_traces_made_without(tmp_path):
         return tf.identity(t), lambda dy: tf.clip_by_value(dy, -0.1, 0.1)
 
     module.call = tf.function(lambda x: clipped(x) * 2.0)
-    with tf_compat.saving_context(object_graph.SAVE_OPTIONS):
+    with tf_compat.saving_context(save_options.SAVE_OPTIONS):
         module.call.get_concrete_function(tf.TensorSpec([None], name="x"))
     before = module.call.experimental_get_tracing_count()
-    options = trace_cache.save_options(tf_saver=True, gradients=True)
+    options = save_options.save_options(tf_saver=True, gradients=True)
     tf.saved_model.save(module, str(tmp_path / "m"), options=options)
     assert module.call.experimental_get_tracing_count() == before
     loaded = tf.saved_model.load(str(tmp_path / "m"))

@@ -24,22 +24,13 @@ from trainer.save_backends.savedmodel.features.keras_objects import tf_variable
 from trainer.save_backends.savedmodel.save import (
     config_rebuilt,
     endpoints,
+    options,
     served_inputs,
     state_variables,
     structure,
     tracing,
 )
 from trainer.save_backends.savedmodel.save.tracing import Node
-
-# No SaverDef from TensorFlow: trainer writes its own (``saver_def``), TensorFlow's traced
-# save and restore functions over every variable were a quarter of a first save.
-# No custom gradients either, unless a layer's traces use one (``trace_cache.save_options``):
-# looking for them walks every op of every saved function, for nothing in most models.
-SAVE_OPTIONS = tf.saved_model.SaveOptions(
-    experimental_custom_gradients=False, experimental_skip_saver=True
-)
-# Where trainer's cannot be written (checkpoint entries that are not plain variables).
-TF_SAVER_OPTIONS = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
 
 
 @dataclasses.dataclass
@@ -145,7 +136,7 @@ def trace_model(model: keras.Model, plan: VariablePlan) -> TracedModel:
     layer_records: list[dict[str, Any] | None] = [None] * len(layers)
     # Traced inside the same save context tf.saved_model.save uses: the context is part of
     # tf.function's cache key, and outside it the save would trace every function again.
-    with tf_compat.saving_context(SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
+    with tf_compat.saving_context(options.SAVE_OPTIONS), tracing.Dispatcher() as dispatcher:
         for li in _children_first(layers, layer_index):
             nodes[li], layer_records[li] = _trace_node(
                 layers[li], li, configs[li], plan, recorder, dispatcher

@@ -38,6 +38,7 @@ from trainer.save_backends.savedmodel.save import (
     structure,
     variables_first,
 )
+from trainer.save_backends.savedmodel.save.options import save_options
 from trainer.storage import integrity
 
 log = logging.getLogger(__name__)
@@ -154,26 +155,6 @@ def _save_with_tensorflows_saver(
 ) -> variables_writer.VariablesWriter | None:
     _with_gradients(traced, lambda options: _save(traced, directory, options), True)
     return variables_writer.from_first_save(traced.root, _variables_prefix(directory))
-
-
-# A model whose traces use tf.custom_gradient saves their gradient functions too.
-_WITH_GRADIENTS = {
-    False: tf.saved_model.SaveOptions(
-        experimental_custom_gradients=True, experimental_skip_saver=True
-    ),
-    True: tf.saved_model.SaveOptions(experimental_custom_gradients=True),
-}
-
-
-def save_options(*, tf_saver: bool, gradients: bool) -> tf.saved_model.SaveOptions:
-    """The options of the save: with TensorFlow's SaverDef or not (``tf_saver``), and with
-    the traced gradient functions of ``tf.custom_gradient`` calls or not (``gradients``;
-    see ``features.python_gradients``). The functions are traced in the context of
-    ``object_graph.SAVE_OPTIONS`` either way: ``tf.function``'s cache key reads only the
-    variable policy of the options, so the save traces nothing again."""
-    if gradients:
-        return _WITH_GRADIENTS[tf_saver]
-    return object_graph.TF_SAVER_OPTIONS if tf_saver else object_graph.SAVE_OPTIONS
 
 
 def _with_gradients(traced: object_graph.TracedModel, save: Any, tf_saver: bool) -> Any:
