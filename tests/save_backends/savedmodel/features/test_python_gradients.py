@@ -143,3 +143,44 @@ def test_a_model_without_custom_gradients_saves_no_gradient(tmp_path):
     model = keras.Model(inputs, layers.Dense(1)(layers.Dense(5)(inputs)))
     path = get_backend("savedmodel").save(model, tmp_path / "ckpt")
     assert _registered_gradients(path) == 0
+
+
+class _TableOfThisProcess(tf.saved_model.experimental.TrackableResource):
+    """A hash table that can be created eagerly but not in the graph a SavedModel is
+    exported into: every save fails with a ``ValueError`` that has nothing to do with
+    gradients. Counts the creations a save tried."""
+
+    def __init__(self):
+        self.tried_for_a_save = 0
+        super().__init__()
+
+    def _create_resource(self):  # TrackableResource's documented override point
+        if not tf.executing_eagerly():
+            self.tried_for_a_save += 1
+            raise ValueError("this table cannot be created outside its process")
+        return tf.raw_ops.HashTableV2(key_dtype=tf.string, value_dtype=tf.int64)
+
+
+class _HoldsATable(layers.Layer):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.table = _TableOfThisProcess()
+
+    def call(self, x):
+        return x
+
+
+def test_a_save_failing_for_another_reason_is_not_retried_without_gradients(tmp_path, caplog):
+    """Only TensorFlow's refusal of a gradient function makes the save go on without the
+    gradients: any other ``ValueError`` surfaces from the one save that raised it."""
+    inputs = keras.Input((4,))
+    holder = _HoldsATable(name="holder")
+    hidden = ClippedIdentity(name="clipped")(layers.Dense(5, name="before")(inputs))
+    model = keras.Model(inputs, holder(hidden))
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(ValueError, match="cannot be created outside its process"),
+    ):
+        get_backend("savedmodel").save(model, tmp_path / "ckpt")
+    assert "Custom gradients left out" not in caplog.text
+    assert holder.table.tried_for_a_save == 1

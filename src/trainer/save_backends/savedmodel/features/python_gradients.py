@@ -22,6 +22,17 @@ from trainer.errors import RevivedCallError
 RECORD_KEY = "python_gradient"
 # Whether the SavedModel holds those gradient functions (absent in older files: no).
 SAVED_KEY = "python_gradient_saved"
+# The ValueErrors TensorFlow raises where it cannot save a traced gradient function, by
+# their messages (``_trace_gradient_functions`` and ``_iterate_op_types`` in
+# tensorflow/python/saved_model/save.py, TensorFlow 2.21): only these make the save go on
+# without the gradients. Any other ValueError is the save's own failure and surfaces as is;
+# saving again without the gradients would only repeat it and blame the gradients.
+_UNSAVEABLE_GRADIENT_MESSAGES = (
+    "Error when tracing gradients for SavedModel",
+    "when saving custom gradients",  # "Found invalid capture ... when saving custom ..."
+    "Cannot save custom gradient",
+    "Unable to save gradient functions",
+)
 
 
 def used(concrete: Any) -> bool:
@@ -36,6 +47,16 @@ def used(concrete: Any) -> bool:
             continue
         return True
     return False
+
+
+def unsaveable(error: BaseException) -> bool:
+    """Whether ``error``, raised by ``tf.saved_model.save`` with custom gradients on, is
+    TensorFlow refusing a gradient function (one that captures what a SavedModel cannot
+    hold), rather than anything else going wrong in the save."""
+    message = str(error)
+    return isinstance(error, ValueError) and any(
+        known in message for known in _UNSAVEABLE_GRADIENT_MESSAGES
+    )
 
 
 def propagate(records: list[dict[str, Any] | None]) -> None:

@@ -167,7 +167,9 @@ def _with_gradients(traced: object_graph.TracedModel, save: Any, tf_saver: bool)
         return save(save_options(tf_saver=tf_saver, gradients=False))
     try:
         result = save(save_options(tf_saver=tf_saver, gradients=True))
-    except ValueError as err:  # TensorFlow's own message for a gradient it cannot save
+    except ValueError as err:
+        if not python_gradients.unsaveable(err):  # not a gradient TensorFlow refused
+            raise
         log.warning("Custom gradients left out of the SavedModel: %s", err)
         python_gradients.set_saved(traced.layers, False)
         return save(save_options(tf_saver=tf_saver, gradients=False))
