@@ -75,13 +75,14 @@ def files_floor(real_write):
     """The ``files`` stand-in: trainer's first write, then the same files by hand."""
     from trainer.storage.atomic import flushing_whole_filesystem, fsync_tree
 
-    def write(self, writer, model, path, *args, **kwargs):
+    def write(self, job, *args, **kwargs):
+        path = job.path  # ``writing.CheckpointWrite``
         # Per manager (one per run): the template, and the checkpoints written since.
         floor = self.__dict__.setdefault("_files_floor", ({}, []))
         template: dict[str, bytes] = floor[0]
         written: list[Path] = floor[1]
         if not written:
-            real_write(self, writer, model, path, *args, **kwargs)
+            real_write(self, job, *args, **kwargs)
             for file in sorted(Path(path).rglob("*")):
                 if file.is_file():
                     template[str(file.relative_to(path))] = file.read_bytes()

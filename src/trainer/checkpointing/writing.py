@@ -13,6 +13,7 @@ samples show it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -38,6 +39,20 @@ from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 # The manager's logger (``trainer.checkpointing.manager``): its lines predate this split and
 # appear, under that name, in the tutorials' console samples.
 log = logging.getLogger("trainer.checkpointing.manager")
+
+
+@dataclasses.dataclass
+class CheckpointWrite:
+    """One checkpoint's write, as ``SavePath._save`` hands it to the backend's ``submit``:
+    which backend writes which model (a snapshot of it when async), where, with which
+    training state and metadata. One object, so that the write and its publication take
+    the same arguments by name rather than repeating a parameter list."""
+
+    writer: SaveBackend
+    model: keras.Model
+    path: Path
+    state: TrainingState
+    metadata: dict[str, Any]
 
 
 class SavePath:
@@ -101,7 +116,9 @@ class SavePath:
         blocked = Blocking(called)
         self.backend.submit(  # now, or in the background with a copy of the model
             model,
-            lambda writer, snap: self._write(writer, snap, path, saved_state, metadata, blocked),
+            lambda writer, snap: self._write(
+                CheckpointWrite(writer, snap, path, saved_state, metadata), blocked
+            ),
         )
         blocked.done()  # before any wait: a background write reads it
         if wait:
@@ -114,24 +131,17 @@ class SavePath:
             step = max((r["step"] for r in self.records), default=-1) + 1
         return TrainingState(global_step=step)
 
-    def _write(
-        self,
-        writer: SaveBackend,
-        model: keras.Model,
-        path: Path,
-        state: TrainingState,
-        metadata: dict[str, Any],
-        blocked: Blocking,
-    ) -> None:
-        """Write one checkpoint with ``writer`` (the backend ``submit`` hands the job: in
-        the writer thread when async), then ``latest``, retention and the TensorBoard card.
-        ``blocked``: how long the save held the training thread."""
+    def _write(self, job: CheckpointWrite, blocked: Blocking) -> None:
+        """Write one checkpoint (``job``: in the writer thread when async), then
+        ``latest``, retention and the TensorBoard card. ``blocked``: how long the save held
+        the training thread."""
+        writer, path, state, metadata = job.writer, job.path, job.state, job.metadata
         start = time.perf_counter()
         if self.board is not None:
             tag = card_tag("checkpoint", path.name)
             metadata[LINK_KEY] = self.board.link(state.global_step, path, tag=tag)
         try:
-            self._write_and_publish(writer, model, path, state, metadata)
+            self._write_and_publish(job)
         except Exception as error:
             self.records = [r for r in self.records if r["name"] != path.name]
             self._failed(path, error)
@@ -161,21 +171,15 @@ class SavePath:
             for name in deleted:
                 self.board.checkpoint_deleted(state.global_step, name)
 
-    def _write_and_publish(
-        self,
-        writer: SaveBackend,
-        model: keras.Model,
-        path: Path,
-        state: TrainingState,
-        metadata: dict[str, Any],
-    ) -> None:
+    def _write_and_publish(self, job: CheckpointWrite) -> None:
         """The local write, then (on a store) the upload and ``latest``. The intent record
         and the look for an earlier checkpoint of the same name go on while the backend
         writes the local copy (``RemoteCheckpoints.begin``); nothing is deleted or uploaded
         before the local copy is complete."""
+        path, state = job.path, job.state
         begun = self.remote.begin_in_background(path.name) if self.remote is not None else None
         try:
-            writer.save(model, path, state=state, metadata=metadata)
+            job.writer.save(job.model, path, state=state, metadata=job.metadata)
         except BaseException:
             if begun is not None and wait_quietly(begun):
                 try:
