@@ -16,48 +16,12 @@ notes every input its ``call`` receives while the save traces, and the saved roo
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import savedmodel_zoo as zoo
+from tests.helpers.noting import DenseNet, noting
 from trainer.save_backends import get_backend
-
-# (kind, dtype) of what a ``Noting`` layer's ``call`` ran on, while a save is under way
-# (module state: an attribute of the layer would be layer state the save checks).
-NOTED: set[tuple[str, str]] | None = None
-
-
-class Noting(keras.layers.Layer):
-    """A Dense-like layer (it takes dense, sparse and ragged inputs) noting the kind and
-    dtype of every input its ``call`` runs on into ``NOTED``."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.dense = keras.layers.Dense(2)
-
-    def build(self, input_shape):
-        self.dense.build(input_shape)
-
-    def call(self, inputs):
-        if NOTED is not None:
-            NOTED.add((type(inputs).__name__, inputs.dtype.name))
-        return self.dense(inputs)
-
-
-@keras.saving.register_keras_serializable(zoo.PKG)
-class DenseNet(keras.Model):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.inner = Noting()
-
-    def build(self, input_shape):  # what ``model.build`` then builds without a call
-        self.inner.build(input_shape)
-
-    def call(self, inputs):
-        return self.inner(inputs)
-
 
 SPARSE = tf.SparseTensor([[0, 0], [1, 2], [2, 3]], [1.0, 2.0, -3.0], [3, 4])
 CALLS = {
@@ -74,12 +38,8 @@ def _saved(case: str, tmp_path_factory) -> tuple[set, list[str]]:
         model(data)
     if not CALLS[case]:
         model.build((None, 4))
-    global NOTED
-    NOTED = noted = set()
-    try:
+    with noting() as noted:
         path = get_backend("savedmodel").save(model, tmp_path_factory.mktemp(case) / "c")
-    finally:
-        NOTED = None
     root = tf.saved_model.load(str(path))
     traced = root.layer_nodes[0].call_infer.concrete_functions
     kinds = sorted(
