@@ -35,6 +35,7 @@ from typing import Any
 
 import keras
 
+from trainer._compat import call_records
 from trainer._compat import keras as keras_compat
 from trainer.errors import ModelNotReadyError, TrainerError
 
@@ -393,4 +394,18 @@ def copy_model(model: keras.Model) -> keras.Model:
         )
     for dst, src in zip(target, source, strict=True):
         dst.assign(src)
+    _share_call_records(model, clone)
     return clone
+
+
+def _share_call_records(model: keras.Model, clone: keras.Model) -> None:
+    """Give ``clone`` and each sub-model the record of what the corresponding model of
+    ``model`` was called on (``call_records.share``, as the async shadow copy does): built
+    from a config, a copy has none, and the first SavedModel save of a subclassed copy (an
+    ``unwrap_model`` result for export) tried every input form, sparse and ragged too."""
+    originals = [model, *(m for m in keras_compat.sublayers(model) if isinstance(m, keras.Model))]
+    copies = [clone, *(m for m in keras_compat.sublayers(clone) if isinstance(m, keras.Model))]
+    if [type(m) for m in originals] != [type(m) for m in copies]:
+        return  # not the same models in the same order: no record is known to belong
+    for original, copy in zip(originals, copies, strict=True):
+        call_records.share(original, copy)
