@@ -48,7 +48,7 @@ def wait_for_checkpoint_other_than(directory: Path, seen: str | None) -> None:
 
 def main(directory: Path, wanted: int, new_every: int) -> dict:
     restarts = Counter()
-    logger = logging.getLogger("trainer.save_backends.registry")
+    logger = logging.getLogger("trainer.save_backends.loading")
     logger.addHandler(restarts)
     logger.setLevel(logging.INFO)
     failures, mismatches, steps = [], [], set()

@@ -141,7 +141,7 @@ def test_export_to_a_url_publishes_each_version_complete(saved, s3_bucket, s3_se
     import tensorflow as tf
 
     from trainer.save_backends import load_checkpoint
-    from trainer.save_backends.registry import fetch_remote
+    from trainer.save_backends.loading import fetch_remote
 
     target = f"{s3_bucket}/serving/model"
     reports = []

@@ -95,7 +95,7 @@ def _local(text: str) -> Path:
 
 def _local_or_url(text: str) -> Path | str:
     """A path argument that may also be an object-storage URL, kept as the URL: the
-    command fetches the checkpoint (``trainer.save_backends.registry.fetch_remote``); an
+    command fetches the checkpoint (``trainer.save_backends.loading.fetch_remote``); an
     unsupported scheme is refused there with one line."""
     return text if is_remote(text) else _local(text)
 

@@ -19,7 +19,7 @@ from trainer.errors import TrainerError
 from trainer.exports.exporter import is_export, read_export_metadata
 from trainer.model_state.serving import format_signatures, model_signatures, saved_model_signatures
 from trainer.save_backends import legacy, load_checkpoint
-from trainer.save_backends.registry import fetch_remote
+from trainer.save_backends.loading import fetch_remote
 from trainer.storage.locations import is_remote
 from trainer.tensorboard.board import LINK_KEY, tensorboard_command
 from trainer.tensorboard.links import resolve_link

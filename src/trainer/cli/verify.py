@@ -22,7 +22,7 @@ from trainer.errors import CorruptCheckpointError, IntegrityError
 from trainer.exports.warmup import EXPORT_FILE, EXPORT_MANIFEST, EXTRA_DIR, count_warmup
 from trainer.model_state.serving import SERVING_KEY
 from trainer.save_backends import detect_backend
-from trainer.save_backends.registry import fetch_remote
+from trainer.save_backends.loading import fetch_remote
 from trainer.storage import integrity
 from trainer.storage.locations import is_remote, local_path
 

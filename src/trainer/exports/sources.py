@@ -29,7 +29,7 @@ def _local_copy(checkpoint_path: str | os.PathLike) -> tuple[Path, str]:
     """The checkpoint as a local path and what the export records as its source: a URL on
     object storage is downloaded into the local cache (checked against its commit marker)
     and recorded as the URL of the checkpoint ``latest`` named; a local path, resolved."""
-    from trainer.save_backends.registry import fetch_remote
+    from trainer.save_backends.loading import fetch_remote
 
     if not is_remote(checkpoint_path):
         return Path(checkpoint_path), str(Path(checkpoint_path).resolve())

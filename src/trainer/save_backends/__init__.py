@@ -2,13 +2,12 @@
 
 from trainer._compat import call_records
 from trainer.save_backends.base import Checkpoint, LoadedCheckpoint, SaveBackend
+from trainer.save_backends.loading import load_checkpoint, read_checkpoint_metadata
 from trainer.save_backends.registry import (
     available_backends,
     backend_class,
     detect_backend,
     get_backend,
-    load_checkpoint,
-    read_checkpoint_metadata,
     register_backend,
 )
 

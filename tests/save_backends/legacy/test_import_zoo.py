@@ -22,7 +22,7 @@ from trainer.errors import (
     TrainerError,
     UnsupportedLegacyError,
 )
-from trainer.save_backends.registry import get_backend, load_checkpoint, read_checkpoint_metadata
+from trainer.save_backends import get_backend, load_checkpoint, read_checkpoint_metadata
 
 FIXTURES = CHILDREN_DIR / "legacy_fixtures.py"
 ZOO = [

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.paths import CHILDREN_DIR
-from trainer.save_backends.registry import load_checkpoint
+from trainer.save_backends import load_checkpoint
 
 FIXTURES = CHILDREN_DIR / "legacy_state_fixtures.py"
 
