@@ -3,7 +3,8 @@ what a SavedModel save traces: on what the save really does, not on how long it 
 
 Shared by the tests of the input forms a first save tries
 (``tests/save_backends/savedmodel/save/test_tries_follow_calls.py``) and of the copies
-``trainer.wrapping`` makes (``tests/wrapping/test_copies_keep_call_records.py``).
+``trainer.wrapping`` makes (``tests/wrapping/test_copies_keep_call_records.py``); the
+layer they build on (``AroundDense``) is the hook-error tests' too.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ def noting() -> Iterator[set[tuple[str, str]]]:
         _NOTED = None
 
 
-@keras.saving.register_keras_serializable(PKG)
-class Noting(keras.layers.Layer):
-    """A Dense-like layer (it takes dense, sparse and ragged inputs) noting the kind and
-    dtype of every input its ``call`` runs on (``noting``)."""
+class AroundDense(keras.layers.Layer):
+    """A custom layer around one ``Dense(2)`` (so it takes dense, sparse and ragged
+    inputs), for tests to instrument: ``Noting`` notes its inputs, the hook-error tests'
+    ``Hooked`` fails in its save and load hooks."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -46,9 +47,17 @@ class Noting(keras.layers.Layer):
         self.dense.build(input_shape)
 
     def call(self, inputs):
+        return self.dense(inputs)
+
+
+@keras.saving.register_keras_serializable(PKG)
+class Noting(AroundDense):
+    """Notes the kind and dtype of every input its ``call`` runs on (``noting``)."""
+
+    def call(self, inputs):
         if _NOTED is not None:
             _NOTED.add((type(inputs).__name__, inputs.dtype.name))
-        return self.dense(inputs)
+        return super().call(inputs)
 
 
 @keras.saving.register_keras_serializable(PKG)

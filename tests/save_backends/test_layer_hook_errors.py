@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers.noting import AroundDense
 from trainer.errors import TrainerError
 from trainer.save_backends import backend_class, get_backend
 
@@ -31,22 +32,12 @@ class HookFailure(Exception):
 
 
 @keras.saving.register_keras_serializable(package="test_layer_hook_errors")
-class Hooked(keras.layers.Layer):
+class Hooked(AroundDense):
     """A Dense inside, a vocabulary-like asset; ``Hooked.failing`` names the hook that
     raises (and ``Hooked.raised`` keeps the exception it raised, to compare identity)."""
 
     failing: str | None = None
     raised: BaseException | None = None
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.dense = keras.layers.Dense(2)
-
-    def build(self, input_shape):
-        self.dense.build(input_shape)
-
-    def call(self, inputs):
-        return self.dense(inputs)
 
     def _maybe_fail(self, hook):
         if Hooked.failing == hook:
