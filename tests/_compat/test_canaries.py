@@ -36,7 +36,7 @@ from trainer._compat import keras_training as training_compat
 from trainer._compat import tensorflow as tf_compat
 from trainer._compat.initializers import DeferredInitializers
 from trainer.save_backends.savedmodel.features import keras_objects
-from trainer.save_backends.savedmodel.save import object_graph, tracing
+from trainer.save_backends.savedmodel.save import layer_functions, tracing
 
 CHILD_TIMEOUT = 600  # hang guard for the two workers, never a speed check
 
@@ -327,7 +327,7 @@ def test_trackable_resource_finds_what_capturable_resource_found():
 
 # ----------------------------------------------------------------------- tensorflow
 def test_spec_names_match_the_names_tf_function_gives():
-    """``object_graph._named`` must name specs as ``tf.function`` does, or the save traces
+    """``layer_functions.named`` must name specs as ``tf.function`` does, or the save traces
     every layer again; ``keras.tree`` paths would not (namedtuple fields as positions)."""
     pair = collections.namedtuple("Pair", "b a")
     spec = tf.TensorSpec([None, 2])
@@ -341,8 +341,8 @@ def test_spec_names_match_the_names_tf_function_gives():
     def names(structure):
         return [s.name for s in tf.nest.flatten(structure) if isinstance(s, tf.TensorSpec)]
 
-    assert names(object_graph._named(args, "args")) == names(traced_args)
-    assert names(object_graph._named(kwargs, "kwargs")) == names(traced_kwargs)
+    assert names(layer_functions.named(args, "args")) == names(traced_args)
+    assert names(layer_functions.named(kwargs, "kwargs")) == names(traced_kwargs)
     assert "args_0_b" in names(traced_args)
     keras_paths = [path for path, _ in keras.tree.flatten_with_path(args)]
     assert (0, 0) in keras_paths and (0, "b") not in keras_paths

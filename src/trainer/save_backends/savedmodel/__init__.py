@@ -4,7 +4,9 @@ Modules, in the order a save and a load go through them:
 
 - ``backend``: :class:`SavedModelBackend`, the ``SaveBackend`` (``save=savedmodel``);
 - ``trace_cache``: trace once, save many (the graph bytes kept between saves);
+- ``variable_plan``: which variables a save stores, known before any tracing;
 - ``object_graph``: the ``tf.Module`` tree of one model, one node per layer;
+- ``layer_functions``: one layer's traced calls, ``compute_mask`` and regularizers;
 - ``tracing``: traced call, regularizer and activity functions;
 - ``masks``: the Keras masks a traced call takes from its inputs and gives its outputs;
 - ``endpoints``: the model's positional inputs, ``serve`` and ``serving_default``;

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tests.helpers import savedmodel_zoo as zoo
 from trainer.errors import ModelNotReadyError
 from trainer.save_backends import get_backend
-from trainer.save_backends.savedmodel.save import object_graph, variables_first
+from trainer.save_backends.savedmodel.save import variable_plan, variables_first
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ def test_variables_beyond_the_weights_are_in_the_first_save_checkpoint(tmp_path)
 
 def test_distributed_variables_and_resources_are_left_to_tensorflows_save(tmp_path):
     def plan(storages, resources=()):  # one layer holding ``storages``
-        return object_graph.VariablePlan(
+        return variable_plan.VariablePlan(
             layers=[None],
             layer_index={},
             optimizer=[],
@@ -165,7 +165,7 @@ def test_the_bundle_written_first_is_what_tf_checkpoint_writes(tmp_path):
     model.compile(optimizer="adam", loss="mse")
     x = np.random.default_rng(0).normal(size=(2, 4)).astype("float32")
     model.fit(x, np.zeros((2, 2)), batch_size=2, verbose=0)
-    plan = object_graph.plan_variables(model)
+    plan = variable_plan.plan_variables(model)
     write = variables_first.start(plan, tmp_path / "ours")
     assert write is not None and write.own_writer
     write.join()

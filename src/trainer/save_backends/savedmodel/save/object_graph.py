@@ -2,7 +2,9 @@
 
 The result (``TracedModel``) is what the trace cache keeps between saves: as long as the
 model's structure fingerprint is unchanged, the same root can be checkpointed again
-without tracing anything.
+without tracing anything. Which variables it holds is planned before (``variable_plan``)
+and each layer's functions are traced by ``layer_functions``; here they become one node
+per layer under the root, with the serving endpoints and the records a load reads.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ import keras
 import tensorflow as tf
 
 from trainer._compat import keras as keras_compat
-from trainer._compat import live_objects
 from trainer._compat import tensorflow as tf_compat
-from trainer.errors import ModelNotReadyError
 from trainer.model_state import kit, readiness
 from trainer.save_backends.savedmodel import records
 from trainer.save_backends.savedmodel.features import python_gradients, rnn_states, training_logic
@@ -24,13 +24,28 @@ from trainer.save_backends.savedmodel.features.keras_objects import tf_variable
 from trainer.save_backends.savedmodel.save import (
     config_rebuilt,
     endpoints,
+    layer_functions,
     options,
     served_inputs,
-    state_variables,
     structure,
     tracing,
 )
 from trainer.save_backends.savedmodel.save.tracing import Node
+
+# Moved to ``variable_plan``, still importable from here (and from the pre-0.2 path
+# ``trainer.save_backends.savedmodel.object_graph``, which ``trainer._moved`` points here).
+from trainer.save_backends.savedmodel.save.variable_plan import (
+    VariablePlan as VariablePlan,
+)
+from trainer.save_backends.savedmodel.save.variable_plan import (
+    optimizer_variables as optimizer_variables,
+)
+from trainer.save_backends.savedmodel.save.variable_plan import (
+    plan_variables as plan_variables,
+)
+from trainer.save_backends.savedmodel.save.variable_plan import (
+    variable_record_for as variable_record_for,
+)
 
 
 @dataclasses.dataclass
@@ -45,75 +60,6 @@ class TracedModel:
     # The metadata's "savedmodel" entry as JSON: the same for every save of this trace,
     # so encoded once (on a large model, re-encoding it was a tenth of a repeat save).
     encoded: str | None = None
-
-
-def optimizer_variables(model: keras.Model) -> list[Any]:
-    """The optimizer's variables, built if need be; none in an ``inference_only`` save."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or not kit.saving_optimizer():
-        return []
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    return list(optimizer.variables)
-
-
-def _spec_summary(spec: tuple[Any, Any]) -> str:
-    return repr(spec)[:500]
-
-
-@dataclasses.dataclass
-class VariablePlan:
-    """Which variables a save stores, and in which order: known before any tracing, so
-    the variables can be written while the functions are traced (``variables_first``)."""
-
-    layers: list[keras.layers.Layer]
-    layer_index: dict[int, int]
-    optimizer: list[Any]  # the optimizer's Keras variables
-    storages: list[tf.Variable]  # the root's model_variables, in order
-    records: list[dict[str, Any]]
-    index: dict[int, int]  # id(storage) -> position in ``storages``
-    # Per layer: variables its calls use beyond its weights (``state_variables``), and the
-    # TF resources it holds (lookup tables): its node's ``state_variables``/``resources``.
-    state: list[list[tf.Variable]]
-    resources: list[list[Any]]
-
-    def plain_variables_only(self) -> bool:
-        """Whether the checkpoint holds only plain variables, as trainer's own SaverDef and
-        ``variables_first`` need: no distributed variable (saved through its strategy's
-        saveables) and no layer resource (a table may have checkpoint entries of its own)."""
-        if any(self.resources):
-            return False
-        optimizer = [tf_variable(v) for v in self.optimizer]
-        variables = [*self.storages, *optimizer, *(v for s in self.state for v in s)]
-        return not any(
-            isinstance(v, tf.distribute.DistributedValues) or not isinstance(v, tf.Variable)
-            for v in variables
-        )
-
-    def checkpointed(self) -> tf.Module:
-        """A module holding every variable the SavedModel's root holds, by the same paths
-        from the root: ``model_variables``, ``optimizer_variables`` and each layer node's
-        ``state_variables``. Its checkpoint restores into the root as the root's own."""
-        holder = tf.Module()
-        holder.model_variables = list(self.storages)
-        holder.optimizer_variables = [tf_variable(v) for v in self.optimizer]
-        holder.layer_nodes = [tf.Module() for _ in self.layers]
-        for node, extra in zip(holder.layer_nodes, self.state, strict=True):
-            if extra:
-                node.state_variables = extra
-        return holder
-
-
-def plan_variables(model: keras.Model) -> VariablePlan:
-    layers = tracing.all_layers(model)
-    opt_vars = optimizer_variables(model)  # build it now, its slots belong in variables/
-    tf_vars, var_records, var_index = _variable_table(layers)
-    layer_index = {id(layer): i for i, layer in enumerate(layers)}
-    state = [state_variables.state_variables(layer) for layer in layers]
-    resources = [tracing.trackable_resources(layer) for layer in layers]
-    return VariablePlan(
-        layers, layer_index, opt_vars, tf_vars, var_records, var_index, state, resources
-    )
 
 
 def trace_model(model: keras.Model, plan: VariablePlan) -> TracedModel:
@@ -175,37 +121,6 @@ def trace_model(model: keras.Model, plan: VariablePlan) -> TracedModel:
     )
 
 
-def _variable_table(
-    layers: list[keras.layers.Layer],
-) -> tuple[list[tf.Variable], list[dict[str, Any]], dict[int, int]]:
-    """Every variable's storage once, parents first, each owned by the layer whose own
-    variable it is; returns the storages, their records and storage id -> index."""
-    tf_vars: list[tf.Variable] = []
-    var_records: list[dict[str, Any]] = []
-    var_index: dict[int, int] = {}
-    owners: dict[int, int] = {}
-    trainable_kind: set[int] = set()  # created trainable, whatever the flag is now
-    seed_kind: set[int] = set()  # a SeedGenerator's state: a variable, not a weight
-    for li, layer in enumerate(layers):
-        for v in keras_compat.own_variables(layer):
-            owners.setdefault(id(tf_variable(v)), li)
-        created_trainable = keras_compat.own_trainable_variables(layer)
-        trainable_kind.update(id(tf_variable(v)) for v in created_trainable)
-        seed_kind.update(id(tf_variable(v)) for v in keras_compat.seed_generator_states(layer))
-    for layer in layers:
-        for v in layer.variables:
-            storage = tf_variable(v)
-            if id(storage) in var_index:
-                continue
-            var_index[id(storage)] = len(tf_vars)
-            record = variable_record_for(v, len(tf_vars), owners.get(id(storage)))
-            record["trainable_kind"] = id(storage) in trainable_kind
-            record["seed_state"] = id(storage) in seed_kind
-            var_records.append(record)
-            tf_vars.append(storage)
-    return tf_vars, var_records, var_index
-
-
 def _trace_node(
     layer: keras.layers.Layer,
     li: int,
@@ -238,7 +153,7 @@ def _trace_node(
     # ``model(x)`` and ``predict`` on such a model train the layers defaulting to it).
     unresolved = training and calls and tracing.unresolved_training_matters(layer)
     training = training and kit.saving_optimizer()
-    functions, call_specs, python_gradient = _trace_layer(
+    functions, call_specs, python_gradient = layer_functions.trace_layer(
         layer,
         node,
         recorder.specs[id(layer)],
@@ -247,7 +162,8 @@ def _trace_node(
         training=training,
         unresolved=unresolved,
     )
-    functions.update(_trace_compute_mask(layer, node, recorder.mask_specs[id(layer)]))
+    mask_specs = recorder.mask_specs[id(layer)]
+    functions.update(layer_functions.trace_compute_mask(layer, node, mask_specs))
     own = [var_index[id(tf_variable(v))] for v in layer.variables]
     own = [i for i in own if var_records[i]["owner"] == li]
     record = records.layer_record(
@@ -277,27 +193,6 @@ def _trace_node(
     return node, record
 
 
-def _trace_compute_mask(layer: keras.layers.Layer, node: Node, specs: dict[str, Any]):
-    """A traced ``compute_mask`` for a layer that overrides it, for every (input, mask)
-    pair it was called with and for the same input without a mask: a layer revived from
-    traces then hands downstream layers the masks the original would."""
-    if not specs or not tracing.has_own_compute_mask(layer):
-        return {}
-    fn = tracing.make_compute_mask_function(layer)
-    try:
-        for inputs, mask in specs.values():
-            for variant in (mask, tf.nest.map_structure(lambda _: None, mask)):
-                fn.get_concrete_function(_named(inputs, "inputs"), _named(variant, "mask"))
-    except Exception as err:
-        raise ModelNotReadyError(
-            f"Layer {layer.name!r} ({type(layer).__name__}): its compute_mask could not be "
-            f"traced: {type(err).__name__}: {err}. It must run inside a tf.function on the "
-            f"inputs and mask its call receives. Received layer {layer.name!r}"
-        ) from err
-    node.compute_mask = fn
-    return {"compute_mask": "compute_mask"}
-
-
 def _signature(
     specs: list[tf.TensorSpec],
     serving: Any,
@@ -322,43 +217,6 @@ def _signature(
     }
 
 
-def variable_record_for(variable: Any, index: int, owner: int | None) -> dict[str, Any]:
-    return records.variable_record(variable, index, owner)
-
-
-def _fallback_specs(layer: keras.layers.Layer) -> dict[str, Any]:
-    """Specs for a layer the serving trace never called: children of a revived parent
-    (whose traced function calls them inside), or layers used only in training."""
-    revived_fn = live_objects.get_marker(layer, live_objects.TRACED_INFERENCE_CALL)
-    found: dict[str, Any] = {}
-    if revived_fn is not None:
-        for concrete in tf_compat.concrete_functions(revived_fn):
-            args = concrete.structured_input_signature[0]
-            if len(args) == 2:
-                found[repr(args)] = (tuple(args[0]), dict(args[1]))
-        return found
-    shapes = keras_compat.build_shapes(layer)
-    if len(shapes) == 1:
-        shape = list(next(iter(shapes.values())))
-        if shape and all(isinstance(d, int | type(None)) for d in shape):
-            spec = tf.TensorSpec([None, *shape[1:]], layer.input_dtype)
-            found["build"] = ((spec,), {})
-    return found
-
-
-def _named(structure: Any, prefix: str) -> Any:
-    """Name specs the way tf.function names them in ``structured_input_signature``:
-    tf.saved_model.save looks functions up again by that signature, and a spec whose name
-    differs is a cache miss that silently traces the whole layer a second time."""
-
-    def name(path: tuple, spec: Any) -> Any:
-        if not isinstance(spec, tf.TensorSpec):
-            return spec
-        return tf.TensorSpec(spec.shape, spec.dtype, name="_".join([prefix, *map(str, path)]))
-
-    return tf_compat.map_structure_with_tuple_paths(name, structure)
-
-
 def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> list[int]:
     """Post-order over the layer DAG, so every child is traced before its parents."""
     order: list[int] = []
@@ -376,66 +234,3 @@ def _children_first(layers: list[keras.layers.Layer], index: dict[int, int]) -> 
     for i in range(len(layers)):
         visit(i)
     return order
-
-
-def _trace_layer(
-    layer: keras.layers.Layer,
-    node: Node,
-    specs: dict[str, Any],
-    dispatcher: Any = None,
-    *,
-    calls: bool = True,
-    training: bool = True,
-    unresolved: bool = False,
-):
-    """Concrete call functions for each recorded call spec, for both training values
-    (none unless ``calls``; inference only unless ``training``), and with ``training``
-    unresolved if ``unresolved`` (``call_default``)."""
-    functions: dict[str, Any] = {}
-    first_traced: dict[str, Any] = {}  # attribute -> its first concrete function
-    python_gradient = False
-    specs = (specs or _fallback_specs(layer)) if calls else {}
-    summaries = [_spec_summary(s) for s in specs.values()]
-    try:
-        if specs:
-            modes = {"call_infer": False, "call_train": True}
-            if not tracing.training_matters(layer):
-                modes = {"call_infer": None}
-            elif not training:
-                modes = {"call_infer": False}
-            if unresolved and "call_infer" in modes and modes["call_infer"] is False:
-                modes["call_default"] = None
-            for attr, training in modes.items():
-                fn = tracing.make_call_function(
-                    layer, training, dispatcher, unresolved=attr == "call_default"
-                )
-                for args, kwargs in specs.values():
-                    concrete = fn.get_concrete_function(
-                        _named(args, "args"), _named(kwargs, "kwargs")
-                    )
-                    first_traced.setdefault(attr, concrete)
-                    python_gradient = python_gradient or python_gradients.used(concrete)
-                setattr(node, attr, fn)
-                functions[attr] = f"{attr}"
-        regs = []
-        reg_vars = []
-        for v in keras_compat.own_trainable_variables(layer):
-            if getattr(v, "regularizer", None) is not None:
-                regs.append(tracing.make_regularizer_function(v))
-                reg_vars.append(id(tf_variable(v)))
-        if regs:
-            node.regularizer_functions = regs
-            functions["regularizer_functions"] = len(regs)
-        if getattr(layer, "activity_regularizer", None) is not None and "call_infer" in functions:
-            concrete = first_traced["call_infer"]
-            out = tf.nest.flatten(concrete.structured_outputs[0])[0]
-            spec = tf.TensorSpec(out.shape, out.dtype)
-            node.activity_regularizer_function = tracing.make_activity_function(layer, spec)
-            functions["activity_regularizer_function"] = "activity_regularizer_function"
-    except Exception as err:
-        raise ModelNotReadyError(
-            f"Layer {layer.name!r} ({type(layer).__name__}) could not be traced: "
-            f"{type(err).__name__}: {err}. Its call must run inside a tf.function. "
-            f"Received layer {layer.name!r}"
-        ) from err
-    return functions, summaries, python_gradient

@@ -36,6 +36,7 @@ from trainer.save_backends.savedmodel.save import (
     object_graph,
     served_inputs,
     structure,
+    variable_plan,
     variables_first,
 )
 from trainer.save_backends.savedmodel.save.options import save_options
@@ -74,7 +75,7 @@ def write_saved_model(
         known = _fast_write(entry, directory)
         write_vocabularies(model, directory)
         return entry.traced, False, known
-    plan = object_graph.plan_variables(model)
+    plan = variable_plan.plan_variables(model)
     early = variables_first.start(plan, directory)  # written while the functions trace
     try:
         # Failed tries leave nothing behind, and no call the save makes is recorded as the
@@ -112,7 +113,7 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
 def _save_with_our_saver(
     traced: object_graph.TracedModel,
     directory: Path,
-    plan: object_graph.VariablePlan,
+    plan: variable_plan.VariablePlan,
     early: variables_first.VariablesWrite | None,
 ) -> variables_writer.VariablesWriter | None:
     """``tf.saved_model.save`` without TensorFlow's SaverDef, then ours (``saver_def``);

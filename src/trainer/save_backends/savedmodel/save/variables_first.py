@@ -6,7 +6,7 @@ variables (TensorFlow's ``SaveV2``, which releases it: on the 8.5M-parameter ben
 model, 97 MiB and 0.15-0.25 s, most of it the kernel handing out fresh pages). Done one
 after the other inside ``tf.saved_model.save``, the second core idles through both. Here
 the variables are written in a thread as soon as the save knows which they are
-(``object_graph.plan_variables``), and ``tf.saved_model.save`` then runs without writing
+(``variable_plan.plan_variables``), and ``tf.saved_model.save`` then runs without writing
 a checkpoint of its own (``tf_compat.save_without_checkpoint``).
 
 The checkpoint is that of a module holding every variable the SavedModel's root holds,
@@ -92,7 +92,7 @@ class VariablesWrite:
 
 
 def start(plan: Any, directory: Path) -> VariablesWrite | None:
-    """The variables of ``plan`` (``object_graph.VariablePlan``) being written into
+    """The variables of ``plan`` (``variable_plan.VariablePlan``) being written into
     ``directory``, or None where TensorFlow's own save must write them: a distributed
     variable, or a layer resource (a lookup table's checkpoint entries are its own)."""
     if not plan.plain_variables_only():
