@@ -8,21 +8,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-import hydra
 import keras
 import tensorflow as tf
 from omegaconf import DictConfig, OmegaConf
 
 import trainer.training.config  # registers the schemas conf/ extends, before Hydra composes
 from trainer.checkpointing import Checkpoint, CheckpointManager, CheckpointPolicy
-from trainer.data import DataSplits, eval_dataset, run_dataset, steps_per_epoch
+from trainer.data import DataSplits, eval_dataset, steps_per_epoch
 from trainer.errors import ConfigError, DirectoryInUseError
 from trainer.exports import sources
-from trainer.model_state import kit
 from trainer.runs import sessions
-from trainer.save_backends import SaveBackend, load_checkpoint
 from trainer.state import TrainingState
-from trainer.storage.atomic import temporary_sibling
 from trainer.tensorboard.board import RunBoard, config_hash, flatten_config, tensorboard_command
 from trainer.training import (
     distribute,
@@ -33,8 +29,15 @@ from trainer.training import (
     user_callbacks,
 )
 from trainer.training.building import build_metric_variables, build_model
+from trainer.training.fitting import fit_run
 from trainer.training.instantiation import instantiate
 from trainer.training.progress import RunProgbar, RunProgress, ScalarLogger
+from trainer.training.session_io import (
+    build_backend,
+    configured_backend,
+    resolve_run_dir,
+    restore,
+)
 
 log = logging.getLogger(__name__)
 
@@ -336,44 +339,6 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
     return manager, callbacks
 
 
-def restore(cfg: DictConfig, dist, model: keras.Model, path: Path) -> TrainingState:
-    """Put the checkpoint at ``path`` into ``model`` after checking it fits the config."""
-    # The classes of the model the config just built: a user's own layer that was never
-    # registered is recorded by its bare name, which only custom_objects resolves.
-    own = kit.own_classes(model)
-    loaded = load_checkpoint(path, configured=configured_backend(cfg), custom_objects=own)
-    resume.check_compatible(cfg, loaded.metadata, path, loaded.state)
-    with dist.scope():  # may build the optimizer: its variables are distributed too
-        state = resume.restore_into(model, loaded)
-    log.info(
-        "Resuming from %s at epoch %d, step %d (+%d in epoch)",
-        path,
-        state.epoch,
-        state.global_step,
-        state.step_in_epoch,
-    )
-    return state
-
-
-def configured_backend(cfg: DictConfig) -> type:
-    """The class of the run's configured save backend: resuming reads the run's own
-    checkpoints with it when it is not registered (``save._target_``)."""
-    return type(build_backend(cfg))
-
-
-def build_backend(cfg: DictConfig) -> SaveBackend:
-    """The save backend ``save`` configures; anything else is a ``ConfigError``."""
-    backend = instantiate(cfg.save, "save")
-    if not isinstance(backend, SaveBackend):
-        raise ConfigError(
-            f"save._target_ must build a save backend (a subclass of "
-            f"trainer.save_backends.SaveBackend), such as save=savedmodel, save=h5 or "
-            f"save=weights. Received: {cfg.save.get('_target_')!r}, which built a "
-            f"{type(backend).__name__}"
-        )
-    return backend
-
-
 def report(cfg: DictConfig, run_dir: Path, manager: CheckpointManager, progress) -> None:
     """Where everything went; after an interrupt, the command that resumes."""
     state = progress.state
@@ -430,61 +395,3 @@ def hint(cfg: DictConfig, run_dir: Path, checkpoint: Path) -> str:
     if remote_run.is_remote_run(cfg):
         return remote_run.resume_command(cfg, resume.run_overrides(run_dir))
     return resume.resume_hint(checkpoint, cfg.checkpoint.directory, resume.run_overrides(run_dir))
-
-
-def fit_run(model, data, val, cfg, state, steps, callbacks) -> None:
-    """One ``fit`` from where ``state`` stands to the last epoch, over every epoch's seeded
-    order (a resumed epoch without its consumed batches; ``RunProgress`` ends it)."""
-    if state.epoch >= cfg.trainer.epochs:
-        log.info(
-            "Already trained %d of %d epochs: nothing left to train; finishing the run's "
-            "end-of-run steps (raise trainer.epochs to train further)",
-            state.epoch,
-            cfg.trainer.epochs,
-        )
-        return
-    if state.stopped_early:
-        log.info("A callback ended this run at epoch %d; nothing left to train", state.epoch)
-        return
-    batches = run_dataset(
-        data.x_train,
-        data.y_train,
-        batch_size=cfg.trainer.batch_size,
-        seed=int(cfg.seed),
-        epochs=cfg.trainer.epochs,
-        first_epoch=state.epoch,
-        skip_batches=state.step_in_epoch,
-        max_batches=steps,
-    )
-    model.fit(
-        batches,
-        epochs=cfg.trainer.epochs,
-        initial_epoch=state.epoch,
-        steps_per_epoch=steps,
-        validation_data=val,
-        callbacks=callbacks,
-        verbose=cfg.trainer.verbose,
-        shuffle=False,  # the order is already the seeded per-epoch permutation
-    )
-
-
-def resolve_run_dir(cfg: DictConfig) -> Path:
-    """Hydra's output directory when run under Hydra, else ``cfg.run_dir`` or the cwd."""
-    explicit = cfg.get("run_dir")
-    if explicit:
-        path = Path(explicit)
-    elif hydra.core.hydra_config.HydraConfig.initialized():
-        path = Path(hydra.core.hydra_config.HydraConfig.get().runtime.output_dir)
-    else:
-        path = Path(os.getcwd())
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = temporary_sibling(path / "write-check")
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise ConfigError(
-            f"The run directory {path} cannot be written: {error.strerror or error}. Pass a "
-            f"writable run_dir=... (or hydra.run.dir=...). Received: {os.fspath(path)!r}"
-        ) from None
-    return path
