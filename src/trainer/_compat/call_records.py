@@ -35,6 +35,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer._compat.keras import sublayers
+
 _RECORDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _INSTALLED: set = set()  # the replacement, once installed
 _PAUSED = threading.local()  # per thread: an async save traces in its own thread
@@ -82,6 +84,19 @@ def share(model: keras.Model, copy: keras.Model) -> None:
     record = _RECORDS.get(model)
     # No record of the model's calls: none of the copy's (its own calls are not the model's).
     _RECORDS[copy] = record if record is not None else CallRecord(complete=False)
+
+
+def share_nested(model: keras.Model, copy: keras.Model) -> None:
+    """``share`` for ``copy`` and each of its sub-models, paired with ``model``'s in
+    Keras's order: a copy of a model holding a subclassed model (``trainer.wrapping``'s
+    host of one) gives it back as the model to save. Nothing is shared unless both hold
+    models of the same classes in the same order."""
+    originals = [model, *(m for m in sublayers(model) if isinstance(m, keras.Model))]
+    copies = [copy, *(m for m in sublayers(copy) if isinstance(m, keras.Model))]
+    if [type(m) for m in originals] != [type(m) for m in copies]:
+        return  # not the same models in the same order: no record is known to belong
+    for original, copied in zip(originals, copies, strict=True):
+        share(original, copied)
 
 
 @contextlib.contextmanager

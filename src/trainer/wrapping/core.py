@@ -394,18 +394,7 @@ def copy_model(model: keras.Model) -> keras.Model:
         )
     for dst, src in zip(target, source, strict=True):
         dst.assign(src)
-    _share_call_records(model, clone)
+    # Built from a config, it has no call record: a subclassed copy's first savedmodel save
+    # (``unwrap_model``'s, for export) would try every input form, sparse and ragged too.
+    call_records.share_nested(model, clone)
     return clone
-
-
-def _share_call_records(model: keras.Model, clone: keras.Model) -> None:
-    """Give ``clone`` and each sub-model the record of what the corresponding model of
-    ``model`` was called on (``call_records.share``, as the async shadow copy does): built
-    from a config, a copy has none, and the first SavedModel save of a subclassed copy (an
-    ``unwrap_model`` result for export) tried every input form, sparse and ragged too."""
-    originals = [model, *(m for m in keras_compat.sublayers(model) if isinstance(m, keras.Model))]
-    copies = [clone, *(m for m in keras_compat.sublayers(clone) if isinstance(m, keras.Model))]
-    if [type(m) for m in originals] != [type(m) for m in copies]:
-        return  # not the same models in the same order: no record is known to belong
-    for original, copy in zip(originals, copies, strict=True):
-        call_records.share(original, copy)
