@@ -78,8 +78,10 @@ def gcs_server():
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [str(_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)]
-        + ["-backend", "memory", "-external-url", endpoint, "-log-level", "error"],
+        [
+            *(str(_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
+            *("-backend", "memory", "-external-url", endpoint, "-log-level", "error"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

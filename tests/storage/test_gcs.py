@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.config import compose_run
-from tests.helpers.gcs_server import gcs_bucket, gcs_server, objects  # noqa: F401  (fixtures)
+from tests.helpers.gcs_server import objects
 from trainer import train
 from trainer.checkpointing import CheckpointManager, all_variables
 from trainer.errors import DirectoryInUseError, StoreError
@@ -133,4 +133,3 @@ def test_a_missing_bucket_is_one_line_naming_it(gcs_bucket):
     assert "\n" not in line
     assert "'no-such-bucket-here' of gs://no-such-bucket-here/run does not exist" in line
     assert "STORAGE_EMULATOR_HOST" in line
-

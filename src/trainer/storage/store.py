@@ -89,8 +89,7 @@ class Store:
         self.root = url[len(scheme) + 3 :].strip("/")
         if not self.root:
             raise UnsupportedLocationError(
-                f"The URL names no bucket; give {scheme}://<bucket>/<prefix>. "
-                f"Received: {url!r}"
+                f"The URL names no bucket; give {scheme}://<bucket>/<prefix>. Received: {url!r}"
             )
         self.url = f"{scheme}://{self.root}"
         self.bucket = self.root.split("/", 1)[0]
