@@ -7,6 +7,7 @@ the weights of a run never stopped."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import keras
@@ -17,8 +18,9 @@ from tests.helpers.config import compose_run
 from tests.helpers.gcs_server import objects
 from trainer import train
 from trainer.checkpointing import CheckpointManager, all_variables
-from trainer.errors import DirectoryInUseError, StoreError
+from trainer.errors import DirectoryInUseError, StoreError, UnsupportedLocationError
 from trainer.save_backends import load_checkpoint
+from trainer.storage import store
 from trainer.storage.lease import LEASE
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
@@ -133,3 +135,11 @@ def test_a_missing_bucket_is_one_line_naming_it(gcs_bucket):
     assert "\n" not in line
     assert "'no-such-bucket-here' of gs://no-such-bucket-here/run does not exist" in line
     assert "STORAGE_EMULATOR_HOST" in line
+
+
+def test_a_gs_url_without_the_gcs_extra_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed: import fails
+    monkeypatch.setattr(store, "_filesystems", {})
+    with pytest.raises(UnsupportedLocationError) as error:
+        Store("gs://bucket/x")
+    assert 'pip install "trainer[gcs]"' in str(error.value)
