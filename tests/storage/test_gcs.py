@@ -138,7 +138,9 @@ def test_a_missing_bucket_is_one_line_naming_it(gcs_bucket):
 
 
 def test_a_gs_url_without_the_gcs_extra_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed: import fails
+    # As if not installed: the import fails (fsspec's, since fsspec keeps the gcsfs class it
+    # has once imported).
+    monkeypatch.setitem(sys.modules, "fsspec", None)
     monkeypatch.setattr(store, "_filesystems", {})
     with pytest.raises(UnsupportedLocationError) as error:
         Store("gs://bucket/x")
