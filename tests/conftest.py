@@ -14,6 +14,7 @@ import pytest
 
 import trainer.training.config  # noqa: F401  (registers the config schemas conf/ extends)
 from tests.helpers.config import compose_run
+from tests.helpers.gcs_server import gcs_bucket, gcs_server  # noqa: F401  (one emulator a session)
 from tests.helpers.paths import PLUGINS_DIR
 from tests.helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (one server a session)
 

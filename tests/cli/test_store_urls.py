@@ -50,9 +50,9 @@ def test_verify_names_an_object_damaged_on_the_store(saved, s3_server, capsys):
 
 
 def test_an_unsupported_scheme_is_one_error_line(capsys):
-    assert cli_main(["inspect", "gs://bucket/run/checkpoints/latest"]) == 2
+    assert cli_main(["inspect", "az://bucket/run/checkpoints/latest"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "gs:// is not supported" in err
+    assert err.startswith("error: ") and "az:// is not supported" in err
 
 
 def _checkpoints(url: str, steps: list[int], staging) -> None:

@@ -20,7 +20,7 @@ from trainer.storage.locations import local_path, url_scheme
 URL = "s3://bucket/runs/x"
 # A scheme no store serves: refused even where s3:// URLs are served (tests/storage/
 # test_remote.py and tests/checkpointing/test_remote_manager.py use a real S3 server).
-GS = "gs://bucket/runs/x"
+GS = "az://bucket/runs/x"
 
 
 def test_plain_paths_and_file_urls_are_local_and_other_urls_are_refused(tmp_path):
@@ -56,7 +56,7 @@ def test_no_api_entry_takes_a_url_for_a_local_folder(in_tmp, backend):
         "export": lambda: export_serving(model, URL, format="keras"),
     }
     for name, call in calls.items():
-        with pytest.raises(UnsupportedLocationError, match=r"s3://|gs:// is not supported"):
+        with pytest.raises(UnsupportedLocationError, match=r"s3://|az:// is not supported"):
             call()
         assert os.listdir(in_tmp) == [], f"{name} created {os.listdir(in_tmp)}"
 
@@ -73,7 +73,7 @@ def test_the_cli_refuses_urls_it_cannot_serve_with_exit_2(in_tmp, capsys):
     ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and "gs:// is not supported" in err, argv
+        assert err.startswith("error: ") and "az:// is not supported" in err, argv
     assert os.listdir(in_tmp) == []
 
 
@@ -81,5 +81,5 @@ def test_the_cli_refuses_urls_it_cannot_serve_with_exit_2(in_tmp, capsys):
 def test_train_py_refuses_a_url_run_dir_before_anything_is_written(in_tmp):
     proc = train_py(*TINY_ARGS, f"run_dir={GS}", f"hydra.run.dir={in_tmp / 'out'}")
     assert proc.returncode == 2, proc.output
-    assert "gs:// is not supported" in proc.output
-    assert not (in_tmp / "gs:").exists() and not (Path.cwd() / "gs:").exists()
+    assert "az:// is not supported" in proc.output
+    assert not (in_tmp / "az:").exists() and not (Path.cwd() / "az:").exists()

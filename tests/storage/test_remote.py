@@ -122,7 +122,7 @@ def _one_line(error: pytest.ExceptionInfo) -> str:
 
 def test_unknown_scheme_is_refused(s3_bucket):
     with pytest.raises(UnsupportedLocationError) as error:
-        RemoteCheckpoints("gs://bucket/x")
+        RemoteCheckpoints("az://bucket/x")
     assert "s3://" in _one_line(error)
 
 

@@ -137,8 +137,8 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint_on_the_store(
 
 
 def test_an_unknown_scheme_is_refused_before_anything_is_written(compose_cfg, tmp_path):
-    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
-        train(compose_cfg(*RUN, "run_dir=gs://bucket/run", "resume=auto"))
+    with pytest.raises(UnsupportedLocationError, match="az:// is not supported"):
+        train(compose_cfg(*RUN, "run_dir=az://bucket/run", "resume=auto"))
 
 
 def test_train_py_on_a_missing_bucket_is_one_error_line_and_exit_2(s3_bucket, tmp_path):

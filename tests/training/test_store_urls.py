@@ -83,8 +83,8 @@ def test_a_url_that_names_no_checkpoint_is_refused(compose_cfg, s3_bucket, store
         train(compose_cfg(*RUN, f"resume={source}/checkpoints/ckpt-no-such"))
     with pytest.raises(NotACheckpointError, match="no complete checkpoint in"):
         train(compose_cfg(*RUN, f"resume_dir={s3_bucket}/empty", "resume=latest"))
-    with pytest.raises(UnsupportedLocationError, match="gs:// is not supported"):
-        train(compose_cfg(*RUN, "resume=gs://bucket/run/checkpoints/latest"))
+    with pytest.raises(UnsupportedLocationError, match="az:// is not supported"):
+        train(compose_cfg(*RUN, "resume=az://bucket/run/checkpoints/latest"))
 
 
 def test_train_py_resuming_from_a_missing_bucket_is_one_error_line(s3_bucket, tmp_path):
@@ -171,8 +171,10 @@ def test_a_missing_bucket_or_unknown_scheme_of_a_target_is_refused_before_traini
     with pytest.raises(StoreError, match="no-such-bucket-e"):
         train(cfg)
     assert not (Path(cfg.run_dir) / "checkpoints").exists()  # refused before training
-    with pytest.raises(UnsupportedLocationError, match=r"gs:// is not supported.*gcsfs"):
-        train(compose_cfg(*RUN, "trainer.tensorboard_dir=gs://bucket/tb"))
+    with pytest.raises(
+        UnsupportedLocationError, match=r"s3:// URLs.*gs:// URLs.*az:// is not supported"
+    ):
+        train(compose_cfg(*RUN, "trainer.tensorboard_dir=az://bucket/tb"))
 
 
 def test_resuming_from_a_serving_export_on_the_store_is_refused(compose_cfg, targets_run):

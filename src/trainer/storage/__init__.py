@@ -7,7 +7,8 @@ directory is made of.
 * ``direct_io``: large new files written around the page cache, hashed on the way.
 * ``limits``: bounds on what a checkpoint may ask a loader to allocate.
 * ``targets``: what already stands at a checkpoint path, and whether a save may replace it.
-* ``store``: object storage behind an ``s3://`` URL (fsspec, s3fs), errors as one line.
+* ``store``: object storage behind an ``s3://`` or ``gs://`` URL (fsspec, s3fs, gcsfs),
+  errors as one line; ``gcs``: what ``gs://`` needs beyond it (generation preconditions).
 * ``remote``: checkpoints on a store, published by a commit marker written last.
 * ``cache``: the verified local copies of checkpoints read from a store, bounded.
 * ``locations``: which locations are local paths, which are URLs of a store.

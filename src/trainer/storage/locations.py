@@ -33,7 +33,7 @@ def url_scheme(value: str | os.PathLike) -> str | None:
 
 
 # URL schemes served by trainer.storage.store (a URL of another scheme is still refused).
-REMOTE_SCHEMES = ("s3",)
+REMOTE_SCHEMES = ("s3", "gs")
 
 
 def is_remote(value: object) -> bool:
@@ -68,6 +68,6 @@ def local_path(value: str | os.PathLike, what: str = "path") -> Path:
         f"The {what} is a {scheme}:// URL, but trainer reads and writes it on this machine's "
         f"filesystem only (object storage serves checkpoint directories, load_checkpoint, "
         f"and train.py's run_dir, resume, resume_dir, export.directory and "
-        f"trainer.tensorboard_dir, through s3:// URLs). A URL would otherwise be taken for a local "
-        f"folder named {scheme + ':'!r}. Use a local path. Received: {value!r}"
+        f"trainer.tensorboard_dir, through s3:// and gs:// URLs). A URL would otherwise be "
+        f"taken for a local folder named {scheme + ':'!r}. Use a local path. Received: {value!r}"
     )

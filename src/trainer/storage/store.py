@@ -1,13 +1,14 @@
-"""Object storage behind a URL (``s3://bucket/prefix``): the few operations checkpoints
-need, on the ecosystem's filesystem layer (fsspec with s3fs), with every failure turned
-into one ``StoreError`` line.
+"""Object storage behind a URL (``s3://bucket/prefix``, ``gs://bucket/prefix``): the few
+operations checkpoints need, on the ecosystem's filesystem layer (fsspec with s3fs or
+gcsfs), with every failure turned into one ``StoreError`` line.
 
 The endpoint and credentials are the ones users already have for other S3 tools
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_DEFAULT_REGION``, ``~/.aws/config``, fsspec's own configuration): botocore reads them,
 so a MinIO or another S3-compatible server works by setting the endpoint alone. fsspec and
 s3fs are an optional extra (``pip install "trainer[s3]"``), imported on the first URL only:
-a user who never names one pays nothing for it.
+a user who never names one pays nothing for it. ``gs://`` URLs differ in a few places
+only (credentials, conditional writes on generations), all in ``trainer.storage.gcs``.
 
 Object stores have no rename, no directories and no locks; what stands in for them (a
 commit marker written last, one object replaced by one PUT, a conditional create) is built
@@ -23,22 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import StoreError, UnsupportedLocationError
+from trainer.storage import gcs
 from trainer.storage.locations import url_scheme
 
-# Schemes served here, with the distribution that provides each one's filesystem.
-SCHEMES = {"s3": "s3fs"}
-INSTALL = 'pip install "trainer[s3]"'
-
-
-# Schemes an fsspec package serves but trainer does not use yet, and why: installing that
-# package is not enough, so the refusal says so instead of asking for it.
-_NOT_YET = {
-    "gs": (
-        " in this version: it needs the gcsfs package (pip install gcsfs) and GCS generation "
-        "preconditions (ifGenerationMatch) for the one-writer lease, which trainer does not "
-        "use yet, so installing gcsfs does not enable it"
-    ),
-}
+# Schemes served here, with the distribution that provides each one's filesystem and the
+# extra that installs it.
+SCHEMES = {"s3": "s3fs", "gs": "gcsfs"}
+INSTALL = {"s3": 'pip install "trainer[s3]"', "gs": 'pip install "trainer[gcs]"'}
 
 # Settings a filesystem is created from: a changed one (another endpoint, other keys)
 # gets a new instance, the same ones share theirs (and its connections).
@@ -50,6 +42,7 @@ _SETTINGS = (
     "AWS_SESSION_TOKEN",
     "AWS_DEFAULT_REGION",
     "AWS_PROFILE",
+    *gcs.SETTINGS,
 )
 _filesystems: dict[tuple, Any] = {}
 
@@ -62,12 +55,13 @@ def filesystem(scheme: str) -> Any:
 
         key = (scheme, *(os.environ.get(name) for name in _SETTINGS))
         if key not in _filesystems:
-            _filesystems[key] = fsspec.filesystem(scheme, skip_instance_cache=True)
+            extra = gcs.options() if scheme == "gs" else {}
+            _filesystems[key] = fsspec.filesystem(scheme, skip_instance_cache=True, **extra)
         return _filesystems[key]
     except ImportError as error:
         raise UnsupportedLocationError(
             f"A {scheme}:// location needs the optional packages fsspec and {SCHEMES[scheme]}, "
-            f"which are not installed. Install them with: {INSTALL}. Received: {error}"
+            f"which are not installed. Install them with: {INSTALL[scheme]}. Received: {error}"
         ) from None
 
 
@@ -85,17 +79,17 @@ class Store:
             )
         if scheme not in SCHEMES:
             raise UnsupportedLocationError(
-                f"trainer keeps data on object storage through s3:// URLs only (any "
-                f"S3-compatible server, with AWS_ENDPOINT_URL); {scheme}:// is not supported"
-                f"{_NOT_YET.get(scheme, '')}. Use an s3:// URL or a local path. "
-                f"Received: {url!r}"
+                f"trainer keeps data on object storage through s3:// URLs (any "
+                f"S3-compatible server, with AWS_ENDPOINT_URL) and gs:// URLs (Google Cloud "
+                f"Storage) only; {scheme}:// is not supported. Use one of those or a local "
+                f"path. Received: {url!r}"
             )
         self.scheme = scheme
         self.fs = filesystem(scheme)
         self.root = url[len(scheme) + 3 :].strip("/")
         if not self.root:
             raise UnsupportedLocationError(
-                f"The URL names no bucket; give s3://<bucket>/<prefix>. Received: {url!r}"
+                f"The URL names no bucket; give {scheme}://<bucket>/<prefix>. Received: {url!r}"
             )
         self.url = f"{scheme}://{self.root}"
         self.bucket = self.root.split("/", 1)[0]
@@ -180,19 +174,21 @@ class Store:
             except FileNotFoundError:
                 raise StoreError(
                     f"The bucket {self.bucket!r} of {self.url} does not exist at "
-                    f"{_endpoint()}. Create it, or fix the URL or AWS_ENDPOINT_URL. "
+                    f"{_endpoint(self.scheme)}. Create it, or fix the URL or "
+                    f"{_ENDPOINT_SETTING[self.scheme]}. "
                     f"Received: {self.url!r}"
                 ) from None
 
     # -------------------------------------------------------------------- writes
     def get_versioned(self, relative: str) -> tuple[bytes, str] | None:
-        """The object's bytes and the ETag they had, or None if there is no such object.
-        The ETag is read first: if the object changes between the two reads, a
-        ``put_bytes(..., replacing=etag)`` of the caller fails, so a successful replace
-        always replaced the bytes returned here."""
+        """The object's bytes and the version they had (S3's ETag, GCS's generation), or
+        None if there is no such object. The version is read first: if the object changes
+        between the two reads, a ``put_bytes(..., replacing=version)`` of the caller fails,
+        so a successful replace always replaced the bytes returned here."""
         with self.errors("read", relative):
             try:
-                etag = self.fs.info(self.key(relative), refresh=True)["ETag"]
+                info = self.fs.info(self.key(relative), refresh=True)
+                etag = gcs.version(info) if self.scheme == "gs" else info["ETag"]
                 return self.fs.cat_file(self.key(relative)), etag
             except FileNotFoundError:
                 self.check_bucket()
@@ -208,10 +204,16 @@ class Store:
             relative: The object's key under this store's prefix.
             data: Its new bytes.
             exclusive: Only if no object has that key (``If-None-Match: *``, a conditional
-                write S3 and S3-compatible servers honour).
-            replacing: Only if the object still has this ETag (``If-Match``): a
-                compare-and-swap, for an object two writers may race on.
+                write S3 and S3-compatible servers honour; ``ifGenerationMatch=0`` on GCS).
+            replacing: Only if the object still has this version from ``get_versioned``
+                (``If-Match``; ``ifGenerationMatch`` on GCS): a compare-and-swap, for an
+                object two writers may race on.
         """
+        if self.scheme == "gs":
+            with self.errors("write", relative):
+                return gcs.put(
+                    self.fs, self.key(relative), data, exclusive=exclusive, replacing=replacing
+                )
         options = {"IfNoneMatch": "*"} if exclusive else {}
         if replacing is not None:
             options["IfMatch"] = replacing
@@ -284,7 +286,12 @@ def _precondition_failed(error: OSError) -> bool:
     return response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
 
 
-def _endpoint() -> str:
+_ENDPOINT_SETTING = {"s3": "AWS_ENDPOINT_URL", "gs": gcs.EMULATOR}
+
+
+def _endpoint(scheme: str = "s3") -> str:
+    if scheme == "gs":
+        return gcs.endpoint()
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return f"endpoint {endpoint}" if endpoint else "the default AWS endpoint"
 
@@ -295,7 +302,10 @@ def _explain(store: Store, action: str, relative: str, error: Exception) -> str:
     where = store.url_of(relative)
     kind = type(error).__name__
     text = str(error) or kind
-    if isinstance(error, PermissionError) or any(
+    found = gcs.advice(text, kind) if store.scheme == "gs" else None
+    if found is not None:
+        advice = found
+    elif isinstance(error, PermissionError) or any(
         code in text
         for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")
     ):
@@ -310,8 +320,8 @@ def _explain(store: Store, action: str, relative: str, error: Exception) -> str:
     elif "NoSuchBucket" in text or "bucket does not exist" in text:
         advice = f"the bucket {store.bucket!r} does not exist: create it or fix the URL"
     else:
-        advice = "check the URL, AWS_ENDPOINT_URL and the credentials"
+        advice = f"check the URL, {_ENDPOINT_SETTING[store.scheme]} and the credentials"
     return (
-        f"Could not {action} {where} on object storage ({_endpoint()}): {advice}. "
+        f"Could not {action} {where} on object storage ({_endpoint(store.scheme)}): {advice}. "
         f"Received: {kind}: {text[:300]}"
     )
