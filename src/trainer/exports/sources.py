@@ -76,7 +76,6 @@ def export_from_checkpoint(
 
     if tensorboard is not None:  # a URL must never become a local folder named "s3:"
         tensorboard = local_path(tensorboard, "TensorBoard log directory")
-
     counted = isinstance(warmup, int) and not isinstance(warmup, bool)  # N examples
     if counted:
         warmup_count(warmup, "warmup")  # before the checkpoint is loaded
@@ -87,23 +86,11 @@ def export_from_checkpoint(
         warmup = (
             validation_examples(meta.get("config"), warmup, checkpoint_path) if warmup else None
         )
-    extra = {
-        "source": {
-            # Resolved: `latest` (a pointer the next save moves) must not be recorded.
-            "checkpoint": source,
-            "backend": meta.get("backend"),
-            "format_version": meta.get("format_version"),
-        },
-        "state": checkpoint.state.to_dict(),
-    }
-    if "config" in meta:
-        extra["config"] = meta["config"]
-    link = meta.get(LINK_KEY)
-    if isinstance(link, Mapping):
-        extra["checkpoint_tensorboard"] = dict(link)
+    extra = _export_metadata(checkpoint, source)
+    link = extra.get("checkpoint_tensorboard") or {}
     board = None
     if tensorboard is not None:  # opened first: an unwritable log fails before any export
-        board = _open_board(Path(tensorboard), link if isinstance(link, Mapping) else {}, log_url)
+        board = _open_board(Path(tensorboard), link, log_url)
     try:
         path = export_serving(
             checkpoint.model,
@@ -123,6 +110,27 @@ def export_from_checkpoint(
     finally:
         if board is not None:
             board.close()
+
+
+def _export_metadata(checkpoint: Any, source: str) -> dict[str, Any]:
+    """What an export of ``checkpoint`` records of it: its source, state, config and
+    TensorBoard link (``checkpoint_tensorboard``)."""
+    meta = checkpoint.metadata
+    extra: dict[str, Any] = {
+        "source": {
+            # Resolved: `latest` (a pointer the next save moves) must not be recorded.
+            "checkpoint": source,
+            "backend": meta.get("backend"),
+            "format_version": meta.get("format_version"),
+        },
+        "state": checkpoint.state.to_dict(),
+    }
+    if "config" in meta:
+        extra["config"] = meta["config"]
+    link = meta.get(LINK_KEY)
+    if isinstance(link, Mapping):
+        extra["checkpoint_tensorboard"] = dict(link)
+    return extra
 
 
 def _open_board(log_dir: Path, link: Mapping[str, Any], log_url: str | None = None) -> RunBoard:
