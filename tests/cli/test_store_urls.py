@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers.s3_server import objects
 from trainer.checkpointing import CheckpointManager
 from trainer.cli.app import main as cli_main
 from trainer.state import TrainingState
@@ -169,3 +170,54 @@ def test_export_to_a_missing_bucket_is_one_error_line_before_exporting(saved, ca
     assert cli_main(["export", f"{saved}/latest", "s3://no-such-bucket-x/serving"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "no-such-bucket-x" in err and len(err.splitlines()) == 1
+
+
+def test_export_with_its_tensorboard_log_on_the_store(
+    saved, s3_bucket, s3_server, tmp_path, monkeypatch, capsys
+):
+    """``trainer export CHECKPOINT OUT --tensorboard s3://...``: the card and graph are
+    written into a local temporary log, then uploaded to the log's URL; the export's link
+    records the log's URL and, for an export published on the store, its card names the
+    version's URL. A second export adds its event file beside the first's."""
+    from trainer.exports.exporter import read_export_metadata
+    from trainer.save_backends.registry import fetch_remote
+
+    monkeypatch.chdir(tmp_path)
+    log_url, target = f"{s3_bucket}/logs/exports", f"{s3_bucket}/serving/model"
+    args = ["export", f"{saved}/latest", target, "--tensorboard", log_url, "--json"]
+    assert cli_main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["export"] == f"{target}/1"
+    assert report["tensorboard"]["log_url"] == log_url and report["tensorboard"]["step"] == 7
+    published = read_export_metadata(fetch_remote(f"{target}/1"))
+    assert published["tensorboard"]["log_url"] == log_url
+    events = [k for k in objects(s3_server, log_url) if "tfevents" in k]
+    assert len(events) == 1, objects(s3_server, log_url)
+    data = s3_server.fs.cat_file(f"{log_url[5:]}/{events[0]}")
+    assert f"{target}/1".encode() in data  # the card names the version on the store
+
+    out = tmp_path / "serving"
+    assert cli_main(["export", f"{saved}/latest", str(out), "--tensorboard", log_url]) == 0
+    assert f"tensorboard log: {log_url}" in capsys.readouterr().out
+    assert read_export_metadata(out / "1")["tensorboard"]["log_url"] == log_url
+    assert len([k for k in objects(s3_server, log_url) if "tfevents" in k]) == 2
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_export_with_a_tensorboard_url_it_cannot_use_is_one_error_line(
+    saved, tmp_path, monkeypatch, capsys
+):
+    from trainer.errors import UnsupportedLocationError
+    from trainer.exports.sources import export_from_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "serving"
+    for url, named in (("s3://no-such-bucket-t/logs", "no-such-bucket-t"), ("az://b/l", "az://")):
+        assert cli_main(["export", f"{saved}/latest", str(out), "--tensorboard", url]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and named in err and len(err.splitlines()) == 1, err
+        assert "Received:" in err and not out.exists()  # refused before exporting
+    # The Python API takes a local log directory only: a URL is refused, never a folder "s3:".
+    with pytest.raises(UnsupportedLocationError, match="TensorBoard log directory"):
+        export_from_checkpoint(f"{saved}/latest", out, tensorboard="s3://bucket/logs")
+    assert not (tmp_path / "s3:").exists() and not out.exists()

@@ -95,6 +95,24 @@ def test_train_py_resuming_from_a_missing_bucket_is_one_error_line(s3_bucket, tm
     assert not (tmp_path / "s3:").exists()
 
 
+def test_the_session_record_names_the_checkpoint_url_resumed_from(s3_bucket, store_run, tmp_path):
+    """``python train.py resume=<URL>`` with a run on disk: the session record
+    (``.hydra/sessions/1/session.yaml``, listed by ``trainer runs --json``) names the
+    checkpoint's URL (the name ``latest`` held), not its copy in the local cache."""
+    import yaml
+
+    from trainer.storage.store import Store
+
+    source, _, _ = store_run
+    run = tmp_path / "run"
+    args = ["model.dropout=0.3", "schedule=none", f"hydra.run.dir={run}"]
+    proc = train_py(*TINY_ARGS, *args, f"resume={source}/checkpoints/latest", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output
+    record = yaml.safe_load((run / ".hydra" / "sessions" / "1" / "session.yaml").read_text())
+    name = Store(f"{source}/checkpoints").get_bytes("latest").decode()
+    assert record["resumed_from"] == f"{source}/checkpoints/{name}", record
+
+
 @pytest.fixture(scope="module")
 def targets_run(s3_server, tmp_path_factory):
     """A run on disk whose serving export and TensorBoard log go to URLs on the store

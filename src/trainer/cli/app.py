@@ -176,10 +176,11 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
     )
     export.add_argument(
         "--tensorboard",
-        type=_local,
+        type=_local_or_url,
         metavar="DIR",
-        help="write the export's card and graph into a TensorBoard log in DIR (default: no "
-        "log is written; the checkpoint's own run is only ever read)",
+        help="write the export's card and graph into a TensorBoard log in DIR, a directory "
+        "or an s3:// URL (default: no log is written; the checkpoint's own run is only ever "
+        "read)",
     )
     export.add_argument(
         "--with-optimizer",

@@ -9,7 +9,7 @@ by the ``export`` config group.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,14 @@ import tensorflow as tf
 
 from trainer import data as data_sets
 from trainer.errors import ExportError, TensorBoardWriteError, TrainerError
-from trainer.exports.exporter import DEFAULT_KEEP, check_format_and_keep, export_serving
+from trainer.exports.exporter import (
+    DEFAULT_KEEP,
+    check_format_and_keep,
+    export_serving,
+    export_tag,
+)
 from trainer.exports.warmup import check_warmup_limit
-from trainer.storage.locations import is_remote
+from trainer.storage.locations import is_remote, local_path
 from trainer.tensorboard.board import LINK_KEY, RunBoard
 
 
@@ -48,6 +53,8 @@ def export_from_checkpoint(
     tensorboard: str | os.PathLike | None = None,
     with_optimizer: bool = False,
     safe_mode: bool = True,
+    log_url: str | None = None,
+    publish: Callable[[Path], str | None] | None = None,
 ) -> Path:
     """Export the model of a checkpoint of any backend into ``out_dir/<version>/``.
 
@@ -59,10 +66,16 @@ def export_from_checkpoint(
     to; None (the default) writes no TensorBoard log. ``with_optimizer``: see
     ``export_serving`` (the checkpoint is then loaded compiled, its optimizer restored).
     ``safe_mode=False``: load a checkpoint holding a Python lambda (a ``Lambda`` layer),
-    running its code; only for a checkpoint of a source you trust.
+    running its code; only for a checkpoint of a source you trust. ``log_url``: where the
+    ``tensorboard`` log is copied on object storage (``trainer export --tensorboard URL``),
+    recorded in the export's link. ``publish``: called with the complete version, returns
+    the URL it was published at on object storage (or None), which the export's card then
+    names (``trainer export CHECKPOINT URL``).
     """
     from trainer.save_backends import load_checkpoint
 
+    if tensorboard is not None:  # a URL must never become a local folder named "s3:"
+        tensorboard = local_path(tensorboard, "TensorBoard log directory")
     counted = isinstance(warmup, int) and not isinstance(warmup, bool)  # N examples
     if counted:
         warmup_count(warmup, "warmup")  # before the checkpoint is loaded
@@ -73,7 +86,37 @@ def export_from_checkpoint(
         warmup = (
             validation_examples(meta.get("config"), warmup, checkpoint_path) if warmup else None
         )
-    extra = {
+    extra = _export_metadata(checkpoint, source)
+    link = extra.get("checkpoint_tensorboard") or {}
+    board = None
+    if tensorboard is not None:  # opened first: an unwritable log fails before any export
+        board = _open_board(Path(tensorboard), link, log_url)
+    try:
+        path = export_serving(
+            checkpoint.model,
+            out_dir,
+            keep=keep,
+            warmup=warmup,
+            metadata=extra,
+            board=board,
+            step=checkpoint.state.global_step if board is not None else None,
+            format=format,
+            with_optimizer=with_optimizer,
+        )
+        url = publish(path) if publish is not None else None
+        if url is not None and board is not None:  # the card names where it is served from
+            board.artifact_published(checkpoint.state.global_step, export_tag(board, path), url)
+        return path
+    finally:
+        if board is not None:
+            board.close()
+
+
+def _export_metadata(checkpoint: Any, source: str) -> dict[str, Any]:
+    """What an export of ``checkpoint`` records of it: its source, state, config and
+    TensorBoard link (``checkpoint_tensorboard``)."""
+    meta = checkpoint.metadata
+    extra: dict[str, Any] = {
         "source": {
             # Resolved: `latest` (a pointer the next save moves) must not be recorded.
             "checkpoint": source,
@@ -87,31 +130,14 @@ def export_from_checkpoint(
     link = meta.get(LINK_KEY)
     if isinstance(link, Mapping):
         extra["checkpoint_tensorboard"] = dict(link)
-    board = None
-    if tensorboard is not None:  # opened first: an unwritable log fails before any export
-        board = _open_board(Path(tensorboard), link if isinstance(link, Mapping) else {})
-    try:
-        return export_serving(
-            checkpoint.model,
-            out_dir,
-            keep=keep,
-            warmup=warmup,
-            metadata=extra,
-            board=board,
-            step=checkpoint.state.global_step if board is not None else None,
-            format=format,
-            with_optimizer=with_optimizer,
-        )
-    finally:
-        if board is not None:
-            board.close()
+    return extra
 
 
-def _open_board(log_dir: Path, link: Mapping[str, Any]) -> RunBoard:
+def _open_board(log_dir: Path, link: Mapping[str, Any], log_url: str | None = None) -> RunBoard:
     """The RunBoard for an export's card in ``log_dir``, or an ``ExportError`` saying why
     that directory cannot take one."""
     try:
-        return RunBoard(log_dir, config_hash=link.get("config_hash"))
+        return RunBoard(log_dir, config_hash=link.get("config_hash"), log_url=log_url)
     except (OSError, tf.errors.OpError, TrainerError) as error:
         # A TensorBoardWriteError speaks of training (stopped, resume, on_save_error):
         # nothing of that applies to an export, so its cause is what was received.

@@ -200,6 +200,18 @@ def subdir(run_dir: Path, config: dict[str, Any] | None, what: str) -> Path:
     return run_dir / DEFAULT_DIRS[what]
 
 
+def store_url(config: dict[str, Any] | None, what: str) -> str | None:
+    """The URL the run's config gives for ``what`` (``checkpoint.directory=s3://...``), or
+    None: its local directory is then the only one."""
+    for keys in DIR_KEYS[what]:
+        node: Any = config or {}
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, str) and node:
+            return node if is_remote(node) else None
+    return None
+
+
 def describe_run(run_dir: Path, output_dir: Path) -> dict[str, Any]:
     config = run_config(run_dir)
     cache = _StepCache()
@@ -228,6 +240,8 @@ def describe_run(run_dir: Path, output_dir: Path) -> dict[str, Any]:
             "event_files": [e.name for e in events],
         },
         "checkpoints": checkpoints,
+        # checkpoint.directory=s3://...: listed by `trainer runs <URL>` (commit markers).
+        "checkpoints_url": store_url(config, "checkpoints"),
         "exports": exports,
         "sessions": sessions(run_dir),
     }
@@ -257,8 +271,16 @@ def format_runs(listing: dict[str, Any]) -> str:
         lines.append(f"\nrun {name}  (TensorBoard run: {tb})")
         if len(run.get("sessions") or []) > 1:
             lines.append(f"  {len(run['sessions'])} sessions (see .hydra/sessions/)")
+        for session in run.get("sessions") or []:
+            if is_remote(session.get("resumed_from")):  # a checkpoint on a store
+                lines.append(
+                    f"  session {session.get('session')} resumed from {session['resumed_from']}"
+                )
+        if run.get("checkpoints_url"):
+            url = run["checkpoints_url"]
+            lines.append(f"  checkpoints on the store: {url} (list them: trainer runs {url})")
         artifacts = run["checkpoints"] + run["exports"]
-        if not artifacts:
+        if not artifacts and not run.get("checkpoints_url"):
             lines.append("  no checkpoints or exports")
         for item in artifacts:
             lines.append("  " + _format_artifact(item))

@@ -7,10 +7,10 @@ there: the user believed the checkpoints were on the store. Every place a user n
 checkpoint, run, export or log location passes it through :func:`local_path`, which
 refuses any URL scheme but ``file://`` with a clear error. The places that do keep data on
 object storage (checkpoint directories, ``load_checkpoint``, train.py's run directory,
-resume source, export directory and TensorBoard directory: issue 40) ask :func:`is_remote`
-first and hand the URL to ``trainer.storage.remote``; every other location (a checkpoint
-path given to a backend, ``export_serving``'s directory, the CLI's export output) still
-refuses it here.
+checkpoint directory, resume source, export directory and TensorBoard directory: issue 40)
+ask :func:`is_remote` first and hand the URL to ``trainer.storage.remote``; every other
+location (a checkpoint path given to a backend, ``export_serving``'s directory, the CLI's
+export output) still refuses it here.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def local_path(value: str | os.PathLike, what: str = "path") -> Path:
     raise UnsupportedLocationError(
         f"The {what} is a {scheme}:// URL, but trainer reads and writes it on this machine's "
         f"filesystem only (object storage serves checkpoint directories, load_checkpoint, "
-        f"and train.py's run_dir, resume, resume_dir, export.directory and "
-        f"trainer.tensorboard_dir, through s3:// and gs:// URLs). A URL would otherwise be "
+        f"and train.py's run_dir, checkpoint.directory, resume, resume_dir, export.directory "
+        f"and trainer.tensorboard_dir, through s3:// and gs:// URLs). A URL would otherwise be "
         f"taken for a local folder named {scheme + ':'!r}. Use a local path. Received: {value!r}"
     )

@@ -199,9 +199,9 @@ def check_values(cfg: Any) -> None:
 def check_locations(cfg: Any) -> None:
     """The run's locations are local paths or s3:// URLs: ``run_dir``, ``resume``,
     ``resume_dir`` (``training.remote_run``), ``export.directory`` and
-    ``trainer.tensorboard_dir`` (``training.store_sync``); ``checkpoint.directory`` is a
-    name inside the run directory. Any other URL is refused before anything is written,
-    never taken for a local folder named ``s3:``."""
+    ``trainer.tensorboard_dir`` (``training.store_sync``); ``checkpoint.directory``, a
+    name inside the run directory or a URL (``training.remote_run``). Any other URL is
+    refused before anything is written, never taken for a local folder named ``s3:``."""
     resume = cfg.get("resume")
     keys = {"run_dir": cfg.get("run_dir"), "resume_dir": cfg.get("resume_dir")}
     if resume not in (None, "latest", "auto"):
@@ -214,7 +214,7 @@ def check_locations(cfg: Any) -> None:
     if hasattr(trainer, "get"):
         keys["trainer.tensorboard_dir"] = trainer.get("tensorboard_dir")
     for key, value in keys.items():
-        if key != "checkpoint.directory" and is_remote(value):
+        if is_remote(value):
             Store(value)  # a supported scheme, the extra installed: checked now
         elif isinstance(value, str):
             local_path(value, key)

@@ -118,7 +118,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
     scratch directory (``dist.output_dir``). A signal during ``fit`` stops after the current
     batch (with an interrupt checkpoint), before or after it at once."""
     trainer.training.config.check_values(cfg)  # before anything is built or written
-    run_dir, resume_from = locate_run(cfg, dist)
+    run_dir, resume_from, source = locate_run(cfg, dist)
     if dist.is_chief:  # the one that uploads: a missing bucket is refused before training
         store_sync.check_buckets(cfg)
     try:
@@ -127,7 +127,7 @@ def run(cfg: DictConfig, dist: distribute.Distribution) -> dict[str, float]:
         sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before the lock
         raise
     # This session's log and Hydra config go to the run it continues (sessions.py).
-    with sessions.session(out_dir, resume_from):
+    with sessions.session(out_dir, source):
         tb_local, tb_url = store_sync.tensorboard_location(cfg)
         if tb_url is None or not dist.is_chief:  # only the chief uploads
             return run_session(cfg, dist, run_dir, resume_from)
@@ -182,16 +182,22 @@ def run_session(
         parts.manager.release()  # on a store: the next writer need not wait for the expiry
 
 
-def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
-    """The run directory of this session and the checkpoint it resumes from (or None). A
-    run on object storage: its local mirror, and a local copy of the store's checkpoint
-    (under ``strategy=multiworker``: the one the chief chose, on every worker)."""
+def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None, str | Path | None]:
+    """The run directory of this session, the checkpoint it resumes from (or None) and
+    where that checkpoint came from, as the session records it: a checkpoint's URL for a
+    local copy of a store's. A run on object storage: its local mirror, and a local copy of
+    the store's checkpoint (under ``strategy=multiworker``: the one the chief chose, on
+    every worker); a run on disk with ``checkpoint.directory=s3://...``: the same, in its
+    own run directory."""
     if remote_run.is_remote_run(cfg):
         return remote_run.locate(cfg, dist)
+    if remote_run.checkpoints_on_store(cfg):
+        remote_run.check(cfg)  # before the run directory is created
+        return remote_run.locate(cfg, dist, resolve_run_dir(cfg))
     run_dir = resolve_run_dir(cfg)
     checkpoint_dirname = cfg.checkpoint.directory
     if remote_run.resumes_from_store(cfg):
-        return run_dir, remote_run.resume_from_store(cfg, run_dir, configured_backend(cfg))
+        return run_dir, *remote_run.resume_from_store(cfg, run_dir, configured_backend(cfg))
     resume_from = resume.resolve_resume(
         cfg.get("resume"),
         cfg.get("resume_dir"),
@@ -209,7 +215,7 @@ def locate_run(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
         except ConfigError:
             sessions.restore_hydra_files(run_dir)  # Hydra rewrote them before this check
             raise
-    return run_dir, resume_from
+    return run_dir, resume_from, resume_from
 
 
 def build_run(
@@ -307,17 +313,20 @@ def wire_callbacks(cfg, dist, out_dir, state, policy, progress, board, configure
     checked by ``build_run``), ``middle`` (wrappers' callbacks: masks baked in before
     epoch-end saves; TensorBoard scalars), checkpointing, the epoch cutter; the progress
     bar right after the configured ones."""
-    local = out_dir / cfg.checkpoint.directory
+    local = out_dir / remote_run.local_checkpoint_name(cfg)
     # Only the chief writes to the store (and holds its lease); another worker's saves go
-    # to its scratch directory and are removed at once (``dist.backend``).
-    on_store = remote_run.is_remote_run(cfg) and dist.is_chief
+    # to its scratch directory and are removed at once (``dist.backend``). A run on a store
+    # stages in its mirror; a run on disk with checkpoint.directory=s3://... in trainer's
+    # staging cache (one folder per URL), so its run directory holds no second copy.
+    on_store = remote_run.checkpoints_on_store(cfg) and dist.is_chief
+    staging = local if remote_run.is_remote_run(cfg) else None
     manager = CheckpointManager(
         remote_run.checkpoint_url(cfg) if on_store else local,
         dist.backend(build_backend(cfg)),
         policy,
         metadata={"config": OmegaConf.to_container(cfg, resolve=True)},
         board=board,
-        staging=local if on_store else None,  # staged locally, then uploaded
+        staging=staging if on_store else None,  # staged locally, then uploaded
     )
     manager.claim()  # on a store: a second writer is refused now, before it trains
     manager.adopt(state)  # retention continues from the resumed checkpoint's records
@@ -392,6 +401,6 @@ def report_end_interrupted(cfg: DictConfig, parts: RunParts, interrupt: BaseExce
 
 def hint(cfg: DictConfig, run_dir: Path, checkpoint: Path) -> str:
     """The command that resumes from ``checkpoint`` with this session's own overrides."""
-    if remote_run.is_remote_run(cfg):
-        return remote_run.resume_command(cfg, resume.run_overrides(run_dir))
+    if remote_run.checkpoints_on_store(cfg):
+        return remote_run.resume_command(cfg, resume.run_overrides(run_dir), run_dir)
     return resume.resume_hint(checkpoint, cfg.checkpoint.directory, resume.run_overrides(run_dir))

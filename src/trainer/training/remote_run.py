@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shlex
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from trainer.storage.cache import cache_root
 from trainer.storage.locations import is_remote
 from trainer.storage.remote import LATEST, RemoteCheckpoints
 from trainer.training.chief_decides import chief_decides, everyone_ready
+from trainer.training.resume import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 
@@ -50,34 +52,60 @@ def mirror_dir(url: str) -> Path:
     return cache_root().parent / "runs" / digest
 
 
+def checkpoints_on_store(cfg: DictConfig) -> bool:
+    """Whether the run's checkpoints live on a store: its ``run_dir`` is a URL, or its
+    ``checkpoint.directory`` is (``checkpoint.directory=s3://...`` with a run on disk: the
+    checkpoints alone go to the store, through the same manager, lease and markers)."""
+    return is_remote_run(cfg) or is_remote(str(cfg.checkpoint.directory))
+
+
 def checkpoint_url(cfg: DictConfig) -> str:
-    return f"{str(cfg.run_dir).rstrip('/')}/{str(cfg.checkpoint.directory).strip('/')}"
+    """The URL of the run's checkpoint directory: ``checkpoint.directory`` when it is a
+    URL, else that name inside the run's URL."""
+    directory = str(cfg.checkpoint.directory)
+    if is_remote(directory):
+        return directory.rstrip("/")
+    return f"{str(cfg.run_dir).rstrip('/')}/{directory.strip('/')}"
+
+
+def local_checkpoint_name(cfg: DictConfig) -> str:
+    """The name of the checkpoint directory inside the run's local directory (its staging
+    copy on a store run, a non-chief worker's scratch): ``checkpoint.directory``, or the
+    default name when that is a URL (a path must never hold ``s3:``)."""
+    directory = str(cfg.checkpoint.directory)
+    return CHECKPOINT_DIR if is_remote(directory) else directory
 
 
 def check(cfg: DictConfig) -> None:
-    """Refuse what a run on a store does not support yet, before anything is written."""
+    """Refuse what a run whose checkpoints are on a store does not support yet, before
+    anything is written."""
     problems = []
     resume, resume_dir = cfg.get("resume"), cfg.get("resume_dir")
     if resume not in RESUMABLE and not is_remote(resume):
-        problems.append(f"resume={resume!r} (use resume=auto, latest or a checkpoint's URL)")
+        problems.append((f"resume={resume!r}", "use resume=auto, latest or a checkpoint's URL"))
     if resume_dir and not is_remote(resume_dir):
-        problems.append(f"resume_dir={resume_dir!r} (give a run's URL, or drop it)")
+        problems.append((f"resume_dir={resume_dir!r}", "give a run's URL, or drop it"))
     directory = str(cfg.checkpoint.directory)
-    if directory.startswith("/") or is_remote(directory):
-        problems.append(f"checkpoint.directory={directory!r} (give a relative name)")
+    if directory.startswith("/"):
+        problems.append((f"checkpoint.directory={directory!r}", "give a relative name or a URL"))
     if problems:
+        where = f"run_dir={cfg.run_dir}" if is_remote_run(cfg) else "checkpoint.directory"
+        fixes = "; ".join(f"{value} ({fix})" for value, fix in problems)
         raise ConfigError(
-            f"run_dir={cfg.run_dir} is on object storage, which resumes from its own "
-            f"checkpoints or from a URL on a store only: fix {'; '.join(problems)}. "
-            f"Received: {problems[0]}"
+            f"{where} is on object storage, so the run resumes from its own checkpoints "
+            f"there or from a URL on a store only: fix {fixes}. Received: "
+            f"{', '.join(value for value, _ in problems)}, checkpoints in {checkpoint_url(cfg)}"
         )
 
 
-def locate(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
-    """The local mirror of the run and the checkpoint it resumes from (a verified local
-    copy of the store's newest complete one), or None for a fresh start. Under
-    ``strategy=multiworker`` (``dist``) the chief chooses and every worker gets a copy of
-    the chief's choice (``chief_decides``)."""
+def locate(
+    cfg: DictConfig, dist=None, run_dir: Path | None = None
+) -> tuple[Path, Path | None, str | None]:
+    """The run's local directory (``run_dir`` for a run on disk whose checkpoints are on a
+    store, else the run's mirror), the checkpoint it resumes from (a verified local copy
+    of the store's newest complete one) and that checkpoint's URL, or None, None for a
+    fresh start. Under ``strategy=multiworker`` (``dist``) the chief chooses and every
+    worker gets a copy of the chief's choice (``chief_decides``)."""
     check(cfg)
     remote = RemoteCheckpoints(checkpoint_url(cfg))
     if resumes_from_store(cfg):
@@ -85,18 +113,19 @@ def locate(cfg: DictConfig, dist=None) -> tuple[Path, Path | None]:
         chosen = chief_decides(dist, lambda: choose_in_source(cfg, remote, named))
     else:
         chosen = chief_decides(dist, lambda: choose(cfg, remote))
-    mirror = mirror_dir(str(cfg.run_dir))
-    mirror.mkdir(parents=True, exist_ok=True)
+    if run_dir is None:
+        run_dir = mirror_dir(str(cfg.run_dir))
+        run_dir.mkdir(parents=True, exist_ok=True)
     if chosen is None:
         everyone_ready(dist, None)
-        return mirror, None
+        return run_dir, None, None
     failure, path = None, None
     try:  # the chief's copy is in its cache already; another host downloads it now
         path = remote.fetch(chosen)
     except Exception as error:  # any: the other workers must not wait for this one
         failure = error
     everyone_ready(dist, failure)
-    return mirror, path
+    return run_dir, path, remote.url_of(chosen)
 
 
 def choose(cfg: DictConfig, remote: RemoteCheckpoints) -> str | None:
@@ -107,9 +136,9 @@ def choose(cfg: DictConfig, remote: RemoteCheckpoints) -> str | None:
     if resume is None:
         if found:
             raise ConfigError(
-                f"{cfg.run_dir} already holds {len(found)} checkpoint(s) of an earlier run in "
-                f"{remote.url}; a fresh run there would replace them. Continue that run with "
-                f"resume=auto (or resume=latest), or start this one at another URL. "
+                f"{remote.url} already holds {len(found)} checkpoint(s) of an earlier run; a "
+                f"fresh run there would replace them. Continue that run with resume=auto (or "
+                f"resume=latest), or start this one at another URL. "
                 f"Received: newest {found[-1]['name']}, resume=null"
             )
         return None
@@ -117,7 +146,8 @@ def choose(cfg: DictConfig, remote: RemoteCheckpoints) -> str | None:
         if resume == "latest":
             raise NotACheckpointError(
                 f"resume=latest found no complete checkpoint in {remote.url}. Use resume=auto "
-                f"to start afresh when there is none. Received: run_dir={cfg.run_dir}"
+                f"to start afresh when there is none. Received: checkpoint directory "
+                f"{remote.url}"
             )
         log.info("resume=auto: no complete checkpoint in %s yet; starting a fresh run", remote.url)
         return None
@@ -139,7 +169,7 @@ def resume_source(
     run's own checkpoint directory ``own`` (on a store) holds a checkpoint, that one: the run
     continues in its own ``run_dir``, so re-running the command of a preempted job continues
     its own progress instead of starting again from ``resume_dir``."""
-    dirname = str(cfg.checkpoint.directory).strip("/")
+    dirname = local_checkpoint_name(cfg).strip("/")
     resume = cfg.get("resume")
     if is_remote(resume):
         url = str(resume).rstrip("/")
@@ -193,28 +223,34 @@ def choose_in_source(cfg: DictConfig, source: RemoteCheckpoints, named: str | No
     return name
 
 
-def resume_from_store(cfg: DictConfig, run_dir: Path, configured: type) -> Path | None:
+def resume_from_store(
+    cfg: DictConfig, run_dir: Path, configured: type
+) -> tuple[Path | None, str | Path | None]:
     """A run on disk resuming from a URL (``resume=s3://...`` or ``resume_dir=s3://...``):
     a verified local copy of the store's checkpoint; the run continues in ``run_dir``
     (the store is only read). With ``resume_dir`` and ``resume=auto|latest``, once
     ``run_dir`` holds checkpoints of its own the newest of those (read with the run's
     backend class ``configured``) is taken instead, so that re-running a preempted job's
-    command continues its own progress."""
+    command continues its own progress. Returns the local checkpoint and where it came
+    from (the checkpoint's URL for a copy of the store's, which the session records)."""
     own = run_dir / cfg.checkpoint.directory
     if not is_remote(cfg.get("resume")) and own.is_dir():
         try:
-            return find_latest(own, configured)
+            latest = find_latest(own, configured)
+            return latest, latest
         except NotACheckpointError:
             pass  # none yet: the first session starts from the store's
     return fetch_source(cfg)
 
 
-def fetch_source(cfg: DictConfig, own: RemoteCheckpoints | None = None) -> Path | None:
-    """A run on disk resuming from a URL: the local copy of the checkpoint it names (None:
-    ``resume=auto`` found none, a fresh start)."""
+def fetch_source(
+    cfg: DictConfig, own: RemoteCheckpoints | None = None
+) -> tuple[Path | None, str | None]:
+    """A run on disk resuming from a URL: the local copy of the checkpoint it names and
+    its URL (None, None: ``resume=auto`` found none, a fresh start)."""
     source, named = resume_source(cfg, own)
     name = choose_in_source(cfg, source, named)
-    return None if name is None else source.fetch(name)
+    return (None, None) if name is None else (source.fetch(name), source.url_of(name))
 
 
 def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> str:
@@ -239,7 +275,9 @@ def newest_whole(remote: RemoteCheckpoints, found: list[dict]) -> str:
     )
 
 
-def resume_command(cfg: DictConfig, overrides: list[str]) -> str:
-    """The command that continues this run from the store."""
+def resume_command(cfg: DictConfig, overrides: list[str], run_dir: Path | None = None) -> str:
+    """The command that continues this run from the store (``run_dir``: the run's local
+    directory, for a run on disk whose checkpoints are on a store)."""
     kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "run_dir")]
-    return shlex.join(["python", "train.py", *kept, f"run_dir={cfg.run_dir}", "resume=auto"])
+    where = cfg.run_dir if is_remote_run(cfg) or run_dir is None else os.fspath(run_dir)
+    return shlex.join(["python", "train.py", *kept, f"run_dir={where}", "resume=auto"])
