@@ -180,7 +180,7 @@ def test_export_with_its_tensorboard_log_on_the_store(
     records the log's URL and, for an export published on the store, its card names the
     version's URL. A second export adds its event file beside the first's."""
     from trainer.exports.exporter import read_export_metadata
-    from trainer.save_backends.registry import fetch_remote
+    from trainer.save_backends.loading import fetch_remote
 
     monkeypatch.chdir(tmp_path)
     log_url, target = f"{s3_bucket}/logs/exports", f"{s3_bucket}/serving/model"
