@@ -179,17 +179,40 @@ def test_a_weights_checkpoint_loads_while_its_weights_arrive(s3_bucket, tmp_path
     backend.save(model, path)
     assert (path / "model.weights.h5").stat().st_size >= integrity.DEFER_FROM
     remote = _publish(s3_bucket, path)
-    deferred = []
+    downloads = []
     real_get = Store.get_files
 
     def get_files(self, pairs):
-        deferred.append(any(str(local).endswith("model.weights.h5") for _, local in pairs))
+        weights = any(str(local).endswith("model.weights.h5") for _, local in pairs)
+        downloads.append((weights, threading.current_thread() is threading.main_thread()))
         return real_get(self, pairs)
 
     monkeypatch.setattr(Store, "get_files", get_files)
     loaded = load_checkpoint(f"{remote.url}/latest")
-    assert deferred[-1] and not deferred[0]  # the weights last, after the small objects
+    # the weights in the download thread, the small objects in the loading thread
+    assert sorted(downloads) == [(False, True), (True, False)]
     x = np.ones((3, 16), "float32")
     np.testing.assert_allclose(
         loaded.model.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6
     )
+
+
+def test_a_range_read_after_the_download_ended_is_still_checked(saved, s3_bucket, s3_server):
+    """The data file arrived and matched the marker before the load read its object
+    graph ahead by range (the download starts first and may win), and the object was
+    replaced since: those bytes are compared with the verified file as they are served,
+    not left unchecked because the download's own comparison already ran."""
+    path, _x, _expected = saved
+    remote = _publish(s3_bucket, path)
+    local, arrival = remote.fetch_for_load(path.name, lambda _: ("variables/variables.data-*",))
+    arrival.wait()  # downloaded, checked against the marker, early ranges compared
+    key = remote.store.key(f"{path.name}/{DATA}")
+    good = (path / DATA).read_bytes()
+    at = index_reader.find_entry(
+        path / "variables" / "variables.index", tf_compat.OBJECT_GRAPH_KEY
+    ).offset
+    s3_server.fs.pipe_file(key, good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :])
+    with pytest.raises(IntegrityError, match="ahead of the download"):
+        arrival.read_range(DATA, at, 16)
+    assert arrival.read_range("variables/variables.index", 0, 16) is None  # not pending
+    assert (local / DATA).read_bytes() == good
