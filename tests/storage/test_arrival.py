@@ -13,6 +13,7 @@ import pytest
 
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import IntegrityError
+from trainer.model_state import kit
 from trainer.save_backends import load_checkpoint
 from trainer.save_backends.registry import get_backend
 from trainer.save_backends.savedmodel.bundle import index_reader
@@ -72,6 +73,33 @@ def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypat
     monkeypatch.setattr(Reviver, "revive", revive)
     loaded = load_checkpoint(f"{remote.url}/latest")
     assert seen == [True]
+    np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+def test_the_model_is_compiled_before_its_values_are_awaited(saved, s3_bucket, monkeypatch):
+    """The data file's download is held until the model is compiled (its optimizer
+    built): only a load that assigns the stored values after the compile, not before,
+    gets there; the outputs are still the saved ones."""
+    path, x, expected = saved
+    remote = _publish(s3_bucket, path)
+    compiled = threading.Event()
+    seen = []
+    real_get, real_compile = Store.get_files, kit.compile_model
+
+    def get_files(self, pairs):
+        if any(key.endswith(DATA) for key, _ in pairs):
+            seen.append(compiled.wait(timeout=20))  # False: the load waited for the file
+        return real_get(self, pairs)
+
+    def compile_model(model, *args, **kwargs):
+        real_compile(model, *args, **kwargs)
+        compiled.set()
+
+    monkeypatch.setattr(Store, "get_files", get_files)
+    monkeypatch.setattr(kit, "compile_model", compile_model)
+    loaded = load_checkpoint(f"{remote.url}/latest")
+    assert seen == [True]
+    assert loaded.model.optimizer.built
     np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
 
 

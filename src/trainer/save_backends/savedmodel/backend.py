@@ -199,8 +199,9 @@ class SavedModelBackend(SaveBackend):
                 )
                 if dropped:
                     metadata["dropped_metrics"] = dropped
-                kit.build_optimizer(model)  # before the values: it needs shapes alone
-            values.assign_model()  # the first use of the variables data file (see _revive)
+            # The first use of the variables data file (see _revive): after the compile,
+            # which builds the optimizer from the variables' shapes alone.
+            values.assign_model()
             if compile and meta.get("compile_config"):
                 kit.restore_optimizer_arrays(model, values.optimizer_arrays(), str(path))
         state = checkpoint_state(meta.get("state"), path)
