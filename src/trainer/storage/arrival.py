@@ -5,8 +5,9 @@ one after the other, each about as long as the other for a large model on a fast
 Yet the load needs the big file (a SavedModel's ``variables.data``) only once the model
 is rebuilt from the small ones (config, ``saved_model.pb``), which is exactly how the
 local load already hides the hashing of that file (``integrity.DigestCheck``). So the
-cache downloads the small objects, hands the directory to the load, and downloads the
-backend's late-read files (``SaveBackend.read_late``) meanwhile, checking each against the
+cache starts the download of the large objects first, in a thread, downloads the small
+ones meanwhile, hands the directory to the load, and lets the large files the backend
+reads late (``SaveBackend.read_late``) arrive while it loads, checking each against the
 commit marker as it arrives (``trainer.storage.cache``).
 
 An ``Arrival`` says which files are still arriving (the load's integrity check waits for
