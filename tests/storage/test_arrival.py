@@ -13,6 +13,7 @@ import pytest
 
 from trainer._compat import tensorflow as tf_compat
 from trainer.errors import IntegrityError
+from trainer.model_state import kit
 from trainer.save_backends import load_checkpoint
 from trainer.save_backends.registry import get_backend
 from trainer.save_backends.savedmodel.bundle import index_reader
@@ -72,6 +73,33 @@ def test_the_variables_download_overlaps_the_rebuild(saved, s3_bucket, monkeypat
     monkeypatch.setattr(Reviver, "revive", revive)
     loaded = load_checkpoint(f"{remote.url}/latest")
     assert seen == [True]
+    np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
+
+
+def test_the_model_is_compiled_before_its_values_are_awaited(saved, s3_bucket, monkeypatch):
+    """The data file's download is held until the model is compiled (its optimizer
+    built): only a load that assigns the stored values after the compile, not before,
+    gets there; the outputs are still the saved ones."""
+    path, x, expected = saved
+    remote = _publish(s3_bucket, path)
+    compiled = threading.Event()
+    seen = []
+    real_get, real_compile = Store.get_files, kit.compile_model
+
+    def get_files(self, pairs):
+        if any(key.endswith(DATA) for key, _ in pairs):
+            seen.append(compiled.wait(timeout=20))  # False: the load waited for the file
+        return real_get(self, pairs)
+
+    def compile_model(model, *args, **kwargs):
+        real_compile(model, *args, **kwargs)
+        compiled.set()
+
+    monkeypatch.setattr(Store, "get_files", get_files)
+    monkeypatch.setattr(kit, "compile_model", compile_model)
+    loaded = load_checkpoint(f"{remote.url}/latest")
+    assert seen == [True]
+    assert loaded.model.optimizer.built
     np.testing.assert_allclose(loaded.model.predict(x, verbose=0), expected, rtol=1e-6)
 
 
@@ -179,17 +207,40 @@ def test_a_weights_checkpoint_loads_while_its_weights_arrive(s3_bucket, tmp_path
     backend.save(model, path)
     assert (path / "model.weights.h5").stat().st_size >= integrity.DEFER_FROM
     remote = _publish(s3_bucket, path)
-    deferred = []
+    downloads = []
     real_get = Store.get_files
 
     def get_files(self, pairs):
-        deferred.append(any(str(local).endswith("model.weights.h5") for _, local in pairs))
+        weights = any(str(local).endswith("model.weights.h5") for _, local in pairs)
+        downloads.append((weights, threading.current_thread() is threading.main_thread()))
         return real_get(self, pairs)
 
     monkeypatch.setattr(Store, "get_files", get_files)
     loaded = load_checkpoint(f"{remote.url}/latest")
-    assert deferred[-1] and not deferred[0]  # the weights last, after the small objects
+    # the weights in the download thread, the small objects in the loading thread
+    assert sorted(downloads) == [(False, True), (True, False)]
     x = np.ones((3, 16), "float32")
     np.testing.assert_allclose(
         loaded.model.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6
     )
+
+
+def test_a_range_read_after_the_download_ended_is_still_checked(saved, s3_bucket, s3_server):
+    """The data file arrived and matched the marker before the load read its object
+    graph ahead by range (the download starts first and may win), and the object was
+    replaced since: those bytes are compared with the verified file as they are served,
+    not left unchecked because the download's own comparison already ran."""
+    path, _x, _expected = saved
+    remote = _publish(s3_bucket, path)
+    local, arrival = remote.fetch_for_load(path.name, lambda _: ("variables/variables.data-*",))
+    arrival.wait()  # downloaded, checked against the marker, early ranges compared
+    key = remote.store.key(f"{path.name}/{DATA}")
+    good = (path / DATA).read_bytes()
+    at = index_reader.find_entry(
+        path / "variables" / "variables.index", tf_compat.OBJECT_GRAPH_KEY
+    ).offset
+    s3_server.fs.pipe_file(key, good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :])
+    with pytest.raises(IntegrityError, match="ahead of the download"):
+        arrival.read_range(DATA, at, 16)
+    assert arrival.read_range("variables/variables.index", 0, 16) is None  # not pending
+    assert (local / DATA).read_bytes() == good

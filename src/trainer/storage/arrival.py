@@ -5,8 +5,9 @@ one after the other, each about as long as the other for a large model on a fast
 Yet the load needs the big file (a SavedModel's ``variables.data``) only once the model
 is rebuilt from the small ones (config, ``saved_model.pb``), which is exactly how the
 local load already hides the hashing of that file (``integrity.DigestCheck``). So the
-cache downloads the small objects, hands the directory to the load, and downloads the
-backend's late-read files (``SaveBackend.read_late``) meanwhile, checking each against the
+cache starts the download of the large objects first, in a thread, downloads the small
+ones meanwhile, hands the directory to the load, and lets the large files the backend
+reads late (``SaveBackend.read_late``) arrive while it loads, checking each against the
 commit marker as it arrives (``trainer.storage.cache``).
 
 An ``Arrival`` says which files are still arriving (the load's integrity check waits for
@@ -52,6 +53,7 @@ class Arrival:
         # (relative, start, end) -> bytes of that object, set by the cache
         self.fetch_range: Callable[[str, int, int], bytes] | None = None
         self._served: list[tuple[str, int, bytes]] = []
+        self._ranges_checked = False  # the download ended: ranges are compared at once
 
     def checked(self, relative: str, sha256: str) -> None:
         """Record that ``relative`` was just hashed and matched ``sha256`` (the marker's)."""
@@ -77,32 +79,42 @@ class Arrival:
     def read_range(self, relative: str, offset: int, size: int) -> bytes | None:
         """Bytes ``offset`` to ``offset + size`` of the pending file ``relative``, fetched
         from the store now (a ranged GET), before the whole file arrives; None if this
-        arrival cannot. The download compares them with the file it verified
-        (``check_ranges``), so the load uses no byte that was not checked."""
+        arrival cannot. The bytes are compared with the file the download verified
+        (``check_ranges``), so the load uses no byte that was not checked: at the end of
+        the download, or here at once when it has already ended."""
         if self.fetch_range is None or relative not in self.pending:
             return None
         data = self.fetch_range(relative, offset, offset + size)
         with self._lock:
-            self._served.append((relative, offset, data))
+            late = self._ranges_checked
+            if not late:
+                self._served.append((relative, offset, data))
+        if late:  # the download ended while this range was read: it is here to compare
+            self._compare(relative, offset, data)
         return data
 
     def check_ranges(self) -> None:
         """Raise ``IntegrityError`` if a range served early differs from the verified
-        file (the object was replaced between the two requests)."""
+        file (the object was replaced between the two requests). Called once the
+        download is complete; a range served after it is compared as it is served."""
         with self._lock:
             served = list(self._served)
+            self._ranges_checked = True
         for relative, offset, data in served:
-            with open(self.directory / relative, "rb") as handle:
-                handle.seek(offset)
-                if handle.read(len(data)) != data:
-                    raise IntegrityError(
-                        f"{self.directory / relative}: the bytes read from the store ahead "
-                        f"of the download (at offset {offset}) differ from the downloaded "
-                        f"file, which matches the commit marker: the object was replaced "
-                        f"while it was read. Load again. Received: {len(data)} bytes",
-                        path=self.directory,
-                        file=relative,
-                    )
+            self._compare(relative, offset, data)
+
+    def _compare(self, relative: str, offset: int, data: bytes) -> None:
+        with open(self.directory / relative, "rb") as handle:
+            handle.seek(offset)
+            if handle.read(len(data)) != data:
+                raise IntegrityError(
+                    f"{self.directory / relative}: the bytes read from the store ahead "
+                    f"of the download (at offset {offset}) differ from the downloaded "
+                    f"file, which matches the commit marker: the object was replaced "
+                    f"while it was read. Load again. Received: {len(data)} bytes",
+                    path=self.directory,
+                    file=relative,
+                )
 
     def is_pending(self, directory: Path, relative: str) -> bool:
         return relative in self.pending and os.path.realpath(directory) == self._root

@@ -19,9 +19,11 @@ recently used entries beyond it are removed, never the one just fetched.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -116,12 +118,7 @@ def fetch_overlapped(
             if not final.exists():
                 break
             remove_path(_claim_path(root, key))  # completed by another process meanwhile
-    try:
-        arrival = _fetch_claimed(store, entry, name, objects, late)
-    except BaseException:
-        _release(root, key, keep=False)
-        raise
-    return final, arrival
+    return final, _fetch_claimed(store, entry, name, objects, late)
 
 
 def _fetch_claimed(
@@ -131,41 +128,59 @@ def _fetch_claimed(
     objects: list[dict[str, Any]],
     late: Callable[[Path], tuple[str, ...]],
 ) -> Arrival:
-    """Download into ``entry`` (claimed): every object but the large ones ``late`` may
-    name, then those, in the returned arrival's thread."""
+    """Download into ``entry`` (claimed): the large objects in the returned arrival's
+    thread, started first (the longest transfer; the floor a load cannot go under), the
+    others meanwhile here; then wait for the large ones unless ``late`` names each. The
+    thread ends the claim, complete, only once this thread's objects matched too."""
     root, target = entry.parent, entry / name
-    remove_path(entry)  # what a process that died while cleaning its entry left
     arrival = Arrival(target)
     big = [item for item in objects if item["size"] >= integrity.DEFER_FROM]
     first = [item for item in objects if item not in big]
-    _download(store, name, target, first, arrival)
-    for item in big:  # present, empty: a backend recognises its files by their names, and
-        # a reader may open one before it reads it (TensorFlow's); each download rewrites
-        # the same file in place
-        integrity.safe_relative(item["path"], target)
-        (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
-        (target / item["path"]).touch()
-    patterns = late(target) if big else ()
-    deferred = [i for i in big if any(fnmatch(i["path"], p) for p in patterns)]
-    _download(store, name, target, [i for i in big if i not in deferred], arrival)
-    arrival.pending = {item["path"] for item in deferred}
+    try:
+        remove_path(entry)  # what a process that died while cleaning its entry left
+        for item in big:  # present, empty: a backend recognises its files by their names,
+            # and a reader may open one before it reads it (TensorFlow's); each download
+            # rewrites the same file in place
+            integrity.safe_relative(item["path"], target)
+            (target / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (target / item["path"]).touch()
+    except BaseException:
+        _release(root, entry.name, keep=False)
+        raise
+    arrival.pending = {item["path"] for item in big}
     arrival.fetch_range = lambda relative, start, end: store.get_range(
         f"{name}/{relative}", start, end
     )
-    if not deferred:
-        _release(root, entry.name, keep=True)
-        return arrival
+    rest_checked: list[bool] = []  # [True] once every other object matched
+    rest_done = threading.Event()
 
     def finish() -> None:
+        """The large objects; then, once this thread's objects are done too, the claim's
+        end (complete only if both matched): its one owner from here on."""
+        complete = False
         try:
-            _download(store, name, target, deferred, arrival)
+            _download(store, name, target, big, arrival)
             arrival.check_ranges()
-        except BaseException:
-            _release(root, entry.name, keep=False)
-            raise
-        _release(root, entry.name, keep=True)
+            complete = True
+        finally:
+            rest_done.wait()  # the other objects are written into the entry too
+            _release(root, entry.name, keep=complete and bool(rest_checked))
 
     arrival.start(finish)
+    try:
+        _download(store, name, target, first, arrival)
+        patterns = late(target) if big else ()
+        rest_checked.append(True)
+    except BaseException:
+        rest_done.set()
+        with contextlib.suppress(BaseException):
+            arrival.wait()  # the thread removes the entry; this thread's error is the one
+        raise
+    rest_done.set()
+    deferred = {i["path"] for i in big if any(fnmatch(i["path"], p) for p in patterns)}
+    arrival.pending = deferred
+    if len(deferred) < len(big):
+        arrival.wait()  # the load reads a large file early: it must be here first
     return arrival
 
 

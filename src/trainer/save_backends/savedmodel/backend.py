@@ -33,6 +33,7 @@ from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.features import layer_state, training_logic
 from trainer.save_backends.savedmodel.load import partial_load, stored_variables
 from trainer.save_backends.savedmodel.load.revival import NeedsTracedFunctions, Reviver
+from trainer.save_backends.savedmodel.load.stored_variables import DeferredValues
 from trainer.save_backends.savedmodel.records import check_json
 from trainer.save_backends.savedmodel.save import endpoints, trace_cache
 from trainer.state import TrainingState
@@ -177,12 +178,14 @@ class SavedModelBackend(SaveBackend):
         with dtype_policy.global_policy(
             dtype_policy.stored_policy(_root_policy(saved["layers"][0]))
         ):
-            model, reviver, optimizer_arrays = _revive(path, saved, options)
+            model, reviver, values = _revive(path, saved, options)
             endpoints.keep_input_names(model, saved.get("signature"))
             metadata["revived_from"] = dict(reviver.how)
             metadata["traced_functions_loaded"] = reviver.with_functions
             metadata["traced_functions_imported"] = reviver.functions_imported
             if meta["format_version"] >= 2:
+                if layer_state.state_path(path).is_file():
+                    values.assign_model()  # a layer's own restore may read its variables
                 layer_state.restore(model, reviver.layers, saved["layers"], path)
             else:
                 layer_protocol.refuse_older_format(model, path, assets_only=False)
@@ -196,15 +199,22 @@ class SavedModelBackend(SaveBackend):
                 )
                 if dropped:
                     metadata["dropped_metrics"] = dropped
-                kit.restore_optimizer_arrays(model, optimizer_arrays(), str(path))
+            # The first use of the variables data file (see _revive): after the compile,
+            # which builds the optimizer from the variables' shapes alone.
+            values.assign_model()
+            if compile and meta.get("compile_config"):
+                kit.restore_optimizer_arrays(model, values.optimizer_arrays(), str(path))
         state = checkpoint_state(meta.get("state"), path)
         return LoadedCheckpoint(model=model, state=state, metadata=metadata, path=path)
 
 
 def _revive(
     path: Path, saved: dict[str, Any], options: dict[str, Any]
-) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]]:
-    """The model, its reviver and a reader of the optimizer's arrays.
+) -> tuple[keras.Model, Reviver, stored_variables.DeferredValues]:
+    """The model (its variables bound, not yet given their stored values), its reviver
+    and those values (``DeferredValues``: the caller compiles and builds the optimizer
+    first, so that a load whose variables file is still arriving from a store waits for
+    it as late as possible).
 
     Classes first: when every layer is rebuilt from its class, the values are read from
     the variables checkpoint and the traced functions are never imported (the cost of a
@@ -215,8 +225,8 @@ def _revive(
     stored = stored_variables.StoredVariables(path)
     reviver = Reviver(stored.model, None, saved["layers"], saved["variables"], **options)
     try:
-        model = _revive_root(reviver, path, stored.value)
-        return model, reviver, stored.optimizer_arrays
+        model = _revive_root(reviver, path)
+        return model, reviver, DeferredValues(reviver, stored.value, stored.optimizer_arrays)
     except NeedsTracedFunctions as why:
         log.info("Loading the traced functions of %s: %s", path, why)
         needed = {why.layer_id}
@@ -236,7 +246,7 @@ def _revive_partially(
     proto: Any,
     stored: stored_variables.StoredVariables,
     needed: set[int],
-) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]] | None:
+) -> tuple[keras.Model, Reviver, DeferredValues] | None:
     """Revive with the functions of the ``needed`` layers only; ``None`` when that route
     does not apply or fails in any way (the full import then decides, including which
     error a broken checkpoint gets). A layer found to need its functions on the way is
@@ -261,13 +271,13 @@ def _revive_partially(
         reviver.functions_imported = loaded.functions_imported
         # functions in use
         live_objects.set_marker(model, live_objects.LOADED_SAVEDMODEL, loaded.keep_alive)
-        return model, reviver, stored.optimizer_arrays
+        return model, reviver, DeferredValues(reviver, None, stored.optimizer_arrays)
     return None
 
 
 def _revive_fully(
     path: Path, saved: dict[str, Any], options: dict[str, Any], library: int
-) -> tuple[keras.Model, Reviver, Callable[[], list[Any]]]:
+) -> tuple[keras.Model, Reviver, DeferredValues]:
     """Revive from ``tf.saved_model.load`` of the whole SavedModel."""
     integrity.await_digests()  # TensorFlow reads the variables' values
     try:
@@ -284,7 +294,11 @@ def _revive_fully(
     reviver.functions_imported = library
     # Keep the loaded object alive as long as the model: its functions are in use.
     live_objects.set_marker(model, live_objects.LOADED_SAVEDMODEL, loaded)
-    return model, reviver, lambda: [v.numpy() for v in loaded.optimizer_variables]
+    return (
+        model,
+        reviver,
+        DeferredValues(reviver, None, lambda: [v.numpy() for v in loaded.optimizer_variables]),
+    )
 
 
 def _revive_root(

@@ -152,3 +152,28 @@ def _graph_ahead(directory: Path) -> Any:
         integrity.await_digests()  # the whole data file, then TensorFlow's reader
         return None
     return trackable_object_graph_pb2.TrackableObjectGraph.FromString(value)
+
+
+class DeferredValues:
+    """The stored values of a revived model, assigned as late as the load allows.
+
+    Only the values need the variables data file; the rebuild, the compile and the
+    optimizer's build need shapes alone. So a load from a store, whose data file may still
+    be downloading (``trainer.storage.arrival``), does all of those first and waits for the
+    file only here: ``assign_model`` (once) before anything that may read a variable (a
+    layer's own state restore), ``optimizer_arrays`` at the very end. ``read`` None: the
+    values came with the storage (``tf.saved_model.load``), nothing to assign."""
+
+    def __init__(self, reviver: Any, read: Any, optimizer: Any):
+        self._reviver = reviver
+        self._read = read
+        self._optimizer = optimizer
+
+    def assign_model(self) -> None:
+        if self._read is not None:
+            read, self._read = self._read, None
+            self._reviver.assign_stored(read)
+
+    def optimizer_arrays(self) -> list[np.ndarray]:
+        self.assign_model()
+        return self._optimizer()
