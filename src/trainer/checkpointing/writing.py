@@ -28,10 +28,12 @@ from trainer.checkpointing.listing import point_latest
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained, scalar_metrics
 from trainer.checkpointing.snapshot import copy_state
 from trainer.errors import ConfigError, SaveError
+from trainer.save_backends import early_files
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, copy_json_like
 from trainer.storage.lease import Lease
 from trainer.storage.locks import remove_unless_read
+from trainer.storage.early import EarlyUploads
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
@@ -171,22 +173,34 @@ class SavePath:
     ) -> None:
         """The local write, then (on a store) the upload and ``latest``. The intent record
         and the look for an earlier checkpoint of the same name go on while the backend
-        writes the local copy (``RemoteCheckpoints.begin``); nothing is deleted or uploaded
-        before the local copy is complete."""
-        begun = self.remote.begin_in_background(path.name) if self.remote is not None else None
-        try:
+        writes the local copy (``RemoteCheckpoints.begin``), and so do the uploads of the
+        files the backend finishes early (``trainer.storage.early``: a large model's
+        variables); nothing is deleted, and nothing is listed (the marker), before the
+        local copy is complete. A failed write deletes what was uploaded early."""
+        if self.remote is None:
             writer.save(model, path, state=state, metadata=metadata)
+            return
+        begun = self.remote.begin_in_background(path.name)
+        early = EarlyUploads(self.remote.store, path.name, begun) if writer.is_directory else None
+        try:
+            with early_files.listening(early.add if early is not None else None):
+                writer.save(model, path, state=state, metadata=metadata)
         except BaseException:
-            if begun is not None and wait_quietly(begun):
+            uploaded = early.keys() if early is not None else []
+            if wait_quietly(begun):
                 try:
-                    self.remote.abandon(path.name)  # nothing of it was changed
-                except Exception as error:  # the next writer cleans the record
-                    log.warning("Could not remove %s's intent record: %s", path.name, error)
+                    self.remote.abandon(path.name, uploaded)  # nothing listed was changed
+                except Exception as error:  # the next writer cleans the objects, the record
+                    log.warning("Could not remove %s's early objects: %s", path.name, error)
             raise
-        if self.remote is not None:  # complete locally, manifest written: now upload
-            self.remote.publish(
-                path, step=state.global_step, epoch=state.epoch, begun=begun, latest=True
-            )
+        self.remote.publish(
+            path,
+            step=state.global_step,
+            epoch=state.epoch,
+            begun=begun,
+            latest=True,
+            uploaded=early.finish() if early is not None else None,
+        )
 
     def _after_publish(self) -> None:
         """Run ``after_publish`` (set by the caller: a run whose TensorBoard log goes to a

@@ -89,9 +89,13 @@ class RemoteCheckpoints:
         finally:
             executor.shutdown(wait=False)
 
-    def abandon(self, name: str) -> None:
+    def abandon(self, name: str, uploaded: list[str] = ()) -> None:
         """Remove the intent record of a publication that ``begin`` started and that will
-        not happen (the local write failed): nothing of ``name`` was changed."""
+        not happen (the local write failed), after the objects uploaded early
+        (``uploaded``: keys from ``EarlyUploads.keys``; no marker lists them). Nothing else
+        of ``name`` was changed. If this fails, the record stays and the next writer
+        deletes the objects."""
+        self.store.delete_all(list(uploaded))
         self.store.delete([_pending_key(name)])
 
     def publish(
@@ -104,6 +108,7 @@ class RemoteCheckpoints:
         last: tuple[str, ...] = (),
         begun: Future[tuple[bool, list[str]]] | None = None,
         latest: bool = False,
+        uploaded: dict[str, tuple[int, str]] | None = None,
     ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
         name (or ``name``), then its commit marker: from that PUT on it is listed and
@@ -113,7 +118,9 @@ class RemoteCheckpoints:
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
         anything). ``begun``: ``begin_in_background``'s future for this name (else ``begin``
         runs now). ``latest``: also point ``latest`` at it, once the marker is written
-        (concurrently with the intent record's removal). Returns the marker."""
+        (concurrently with the intent record's removal). ``uploaded``: the files already
+        uploaded during the local write (``EarlyUploads.finish``: size and digest), not
+        uploaded again where the manifest records the same. Returns the marker."""
         name = name or local.name
         # its error (an unreachable store) is this publication's
         had, earlier = self.begin(name) if begun is None else begun.result()
@@ -121,6 +128,7 @@ class RemoteCheckpoints:
             self.store.delete([_marker_key(name)])
         self.store.delete_all(earlier)
         objects = _describe(local)
+        early = uploaded or {}
         for group in (False, True):  # the ``last`` ones after every other object
             self.store.put_files(
                 [
@@ -130,6 +138,7 @@ class RemoteCheckpoints:
                     )
                     for e in objects
                     if (e["path"] in last) == group
+                    and (group or early.get(e["path"]) != (e["size"], e["sha256"]))
                 ]
             )
         marker = {
