@@ -31,9 +31,9 @@ from trainer.errors import ConfigError, SaveError
 from trainer.save_backends import early_files
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, copy_json_like
+from trainer.storage.early import EarlyUploads
 from trainer.storage.lease import Lease
 from trainer.storage.locks import remove_unless_read
-from trainer.storage.early import EarlyUploads
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.tensorboard.board import LINK_KEY, RunBoard, card_tag
 
@@ -199,7 +199,7 @@ class SavePath:
             epoch=state.epoch,
             begun=begun,
             latest=True,
-            uploaded=early.finish() if early is not None else None,
+            early=early,
         )
 
     def _after_publish(self) -> None:

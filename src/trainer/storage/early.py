@@ -70,6 +70,10 @@ class EarlyUploads:
         self.store.put_bytes(f"{self.name}/{relative}", data)
         return size, sha256
 
+    def relatives(self) -> set[str]:
+        """The paths (relative to the checkpoint) of the files whose upload started."""
+        return {relative for relative, _ in self._uploads}
+
     def finish(self) -> Uploaded:
         """Wait for every early upload; the ones that succeeded, for ``publish`` to skip.
         One that failed is uploaded again by ``publish``, which reports the store's error

@@ -46,6 +46,7 @@ from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.storage import integrity
 from trainer.storage.arrival import Arrival
 from trainer.storage.cache import fetch_objects, fetch_overlapped
+from trainer.storage.early import EarlyUploads
 from trainer.storage.store import Store
 
 COMMITS = ".commits"
@@ -108,7 +109,7 @@ class RemoteCheckpoints:
         last: tuple[str, ...] = (),
         begun: Future[tuple[bool, list[str]]] | None = None,
         latest: bool = False,
-        uploaded: dict[str, tuple[int, str]] | None = None,
+        early: EarlyUploads | None = None,
     ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
         name (or ``name``), then its commit marker: from that PUT on it is listed and
@@ -118,9 +119,10 @@ class RemoteCheckpoints:
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
         anything). ``begun``: ``begin_in_background``'s future for this name (else ``begin``
         runs now). ``latest``: also point ``latest`` at it, once the marker is written
-        (concurrently with the intent record's removal). ``uploaded``: the files already
-        uploaded during the local write (``EarlyUploads.finish``: size and digest), not
-        uploaded again where the manifest records the same. Returns the marker."""
+        (concurrently with the intent record's removal). ``early``: the uploads started during
+        the local write (``trainer.storage.early``); the other files are uploaded while
+        they finish, and one whose size and digest are not those the manifest records is
+        uploaded again. Returns the marker."""
         name = name or local.name
         # its error (an unreachable store) is this publication's
         had, earlier = self.begin(name) if begun is None else begun.result()
@@ -128,19 +130,19 @@ class RemoteCheckpoints:
             self.store.delete([_marker_key(name)])
         self.store.delete_all(earlier)
         objects = _describe(local)
-        early = uploaded or {}
-        for group in (False, True):  # the ``last`` ones after every other object
-            self.store.put_files(
-                [
-                    (
-                        local / e["path"] if local.is_dir() else local,
-                        _object_key(local, name, e["path"]),
-                    )
-                    for e in objects
-                    if (e["path"] in last) == group
-                    and (group or early.get(e["path"]) != (e["size"], e["sha256"]))
-                ]
-            )
+        started = early.relatives() if early is not None else set()
+        rest = [e for e in objects if e["path"] not in last and e["path"] not in started]
+        self._upload(local, name, rest)  # while the early ones go on
+        done = early.finish() if early is not None else {}
+        again = [
+            e
+            for e in objects
+            if e["path"] in started
+            and e["path"] not in last
+            and done.get(e["path"]) != (e["size"], e["sha256"])
+        ]
+        self._upload(local, name, again)
+        self._upload(local, name, [e for e in objects if e["path"] in last])  # after all
         marker = {
             "format": FORMAT,
             "version": VERSION,
@@ -160,6 +162,18 @@ class RemoteCheckpoints:
         else:
             self.store.delete([_pending_key(name)])
         return marker
+
+    def _upload(self, local: Path, name: str, objects: list[dict[str, Any]]) -> None:
+        """Upload these files of ``local`` (``_describe``'s entries), concurrently."""
+        self.store.put_files(
+            [
+                (
+                    local / e["path"] if local.is_dir() else local,
+                    _object_key(local, name, e["path"]),
+                )
+                for e in objects
+            ]
+        )
 
     def point_latest(self, name: str) -> None:
         """Replace ``latest`` with ``name`` in one PUT."""
@@ -244,12 +258,19 @@ class RemoteCheckpoints:
         return fetch_overlapped(self.store, name, marker["kind"], marker["objects"], late)
 
     # ------------------------------------------------------------------- delete
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, *, report: bool = True) -> bool:
         """Delete checkpoint ``name``: its marker first (from then on it is not listed),
         then its objects, under an intent record (a kill in between leaves objects the next
-        writer cleans). Returns whether it had a marker."""
-        self.store.put_bytes(_pending_key(name), b"delete")
-        had = self._remove(name)
+        writer cleans). The objects are listed while the record is written: a complete
+        checkpoint's objects do not change, and only this writer (the lease's holder)
+        adds any. Returns whether it had a marker (one more request; ``report=False``
+        skips it and returns False)."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-list") as executor:
+            listed = executor.submit(self.store.walk_name, name)
+            self.store.put_bytes(_pending_key(name), b"delete")
+            had = report and self.store.get_bytes(_marker_key(name)) is not None
+            self.store.delete([_marker_key(name)])  # an absent key: a no-op for S3
+            self.store.delete_all(listed.result())  # unlisted now: in any order
         self.store.delete([_pending_key(name)])
         return had
 
