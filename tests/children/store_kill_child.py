@@ -46,11 +46,16 @@ def kill_after(method_name: str, when) -> None:
 
 def kill_once_uploaded(url: str, key: str) -> None:
     """SIGKILL this process in the local write's last step (the manifest, before the
-    fsync and the rename) once ``key`` is on the store."""
+    fsync and the rename) once ``key`` is on the store; exit with 3 if it does not get
+    there within two minutes (no upload during the local write)."""
     store = Store(url)
 
     def seal(self, tmp, known):
+        deadline = time.monotonic() + 120
         while key not in store.walk(""):
+            if time.monotonic() > deadline:
+                print(f"{key} was not uploaded during the local write", flush=True)
+                os._exit(3)
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
 
