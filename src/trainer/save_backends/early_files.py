@@ -27,9 +27,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # (the checkpoint's directory being written, the file's path relative to it, its size,
-# its SHA-256 as the backend computed it while writing the bytes, and those bytes if the
-# backend kept them: ``keeps``)
-Listener = Callable[[Path, str, int, str, bytearray | None], None]
+# its SHA-256 as the backend computed it while writing the bytes, and those bytes in
+# chunks if the backend kept them: ``keeps``)
+Listener = Callable[[Path, str, int, str, list[bytes] | None], None]
 # The largest file a backend keeps a copy of for a listener (``keeps``): below, the copy
 # spares the upload a read of the whole file back from the disk (a file written around the
 # page cache, 97 MiB for the large benchmark model: 0.3-0.6 s on a loaded machine, on the
@@ -58,11 +58,11 @@ def keeps(size: int) -> bool:
 
 
 def finished(
-    directory: Path, relative: str, size: int, sha256: str, data: bytearray | None = None
+    directory: Path, relative: str, size: int, sha256: str, data: list[bytes] | None = None
 ) -> None:
     """Tell the listener, if any, that ``directory/relative`` is written for good: the
     save will not change it again, and ``size`` and ``sha256`` are its bytes' (the ones the
-    manifest will record); ``data``: those bytes, if the backend kept them
+    manifest will record); ``data``: those bytes in chunks, if the backend kept them
     (``keeps``). A listener's failure is logged, never the save's: the caller
     uploads the file after the save anyway."""
     listener = _LISTENER.get()

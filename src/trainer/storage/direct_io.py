@@ -69,7 +69,7 @@ class StreamedFile:
         self.path = os.fspath(path)
         # ``keep``: also a copy of the bytes, in order, for a caller that sends them on
         # (an upload to object storage) without reading the file back from the disk.
-        self.kept: bytearray | None = bytearray() if keep else None
+        self.kept: list[bytes] | None = [] if keep else None
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         self.direct = False
         if direct_wanted():
@@ -120,7 +120,7 @@ class StreamedFile:
         with memoryview(buffer) as view:
             self._hash.update(view[:length])
             if self.kept is not None:  # the bytes hashed, before any padding
-                self.kept += view[:length]  # grown in place (mremap), not copied
+                self.kept.append(bytes(view[:length]))
             end = length
             if self.direct and length % ALIGNMENT:
                 end = length + ALIGNMENT - length % ALIGNMENT

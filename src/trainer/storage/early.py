@@ -51,7 +51,7 @@ class EarlyUploads:
         self._executor: ThreadPoolExecutor | None = None
 
     def add(
-        self, directory: Path, relative: str, size: int, sha256: str, data: bytearray | None
+        self, directory: Path, relative: str, size: int, sha256: str, data: list[bytes] | None
     ) -> None:
         """Start uploading ``directory/relative`` (finished: ``size`` bytes hashing to
         ``sha256``; ``data``: those bytes, if the backend kept them) under
@@ -64,13 +64,13 @@ class EarlyUploads:
         self._uploads.append((relative, upload))
 
     def _upload(
-        self, handle: Any, data: bytearray | None, relative: str, size: int, sha256: str
+        self, handle: Any, data: list[bytes] | None, relative: str, size: int, sha256: str
     ) -> tuple[int, str] | None:
         try:
             had, earlier = self.begun.result()  # the intent record is on the store
             if had or earlier:  # the earlier checkpoint stays whole until ``publish``
                 return None
-            content = data if data is not None else handle.read()
+            content = b"".join(data) if data is not None else handle.read()
         finally:
             if handle is not None:
                 handle.close()

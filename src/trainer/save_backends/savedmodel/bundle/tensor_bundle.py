@@ -82,7 +82,7 @@ class BundleFiles:
     data_size: int
     data_sha256: str
     index: bytes
-    data: bytearray | None = None  # the data file's bytes, if ``keep``
+    data: list[bytes] | None = None  # the data file's bytes, in chunks, if ``keep``
 
 
 def masked(crc: int) -> int:

@@ -43,9 +43,9 @@ class Written:
 
     index_hash: bytes | None = None
     known: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # The data file's bytes (``variables/<name>`` -> bytes), kept for a listening
+    # The data file's bytes (``variables/<name>`` -> chunks), kept for a listening
     # caller (``early_files.keeps``) that uploads them without reading the file back.
-    kept: dict[str, bytearray] = field(default_factory=dict)
+    kept: dict[str, list[bytes]] = field(default_factory=dict)
 
 
 class VariablesWriter:

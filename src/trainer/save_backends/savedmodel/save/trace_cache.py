@@ -111,7 +111,7 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
 
 
 def announce_variables(
-    directory: Path, known: dict[str, Any], kept: dict[str, bytearray] | None = None
+    directory: Path, known: dict[str, Any], kept: dict[str, list[bytes]] | None = None
 ) -> None:
     """Tell a listening caller (``early_files``) that the variables' data files are
     complete: written before the index, the fingerprint, the metadata, the manifest and
