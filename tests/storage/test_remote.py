@@ -209,7 +209,7 @@ def test_an_early_object_the_manifest_does_not_match_is_uploaded_again(s3_bucket
     remote = RemoteCheckpoints(f"{s3_bucket}/c")
     begun = remote.begin_in_background("ckpt")
     early = EarlyUploads(remote.store, "ckpt", begun)
-    early.add(elsewhere, "weights.bin", *integrity.known_digest(b"stale"), None)  # read back
+    early.add(elsewhere, "weights.bin", *integrity.known_digest(b"stale"))
     assert early.finish() == {"weights.bin": integrity.known_digest(b"stale")}
     assert remote.store.get_bytes("ckpt/weights.bin") == b"stale"  # uploaded early
     remote.publish(path, step=1, begun=begun, early=early)

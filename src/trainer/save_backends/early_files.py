@@ -27,14 +27,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # (the checkpoint's directory being written, the file's path relative to it, its size,
-# its SHA-256 as the backend computed it while writing the bytes, and those bytes in
-# chunks if the backend kept them: ``keeps``)
-Listener = Callable[[Path, str, int, str, list[bytes] | None], None]
-# The largest file a backend keeps a copy of for a listener (``keeps``): below, the copy
-# spares the upload a read of the whole file back from the disk (a file written around the
-# page cache, 97 MiB for the large benchmark model: 0.3-0.6 s on a loaded machine, on the
-# upload's critical path); above, the memory matters more.
-KEEP_UP_TO = 1 << 30
+# its SHA-256 as the backend computed it while writing the bytes)
+Listener = Callable[[Path, str, int, str], None]
 _LISTENER: contextvars.ContextVar[Listener | None] = contextvars.ContextVar(
     "trainer_early_files", default=None
 )
@@ -51,24 +45,15 @@ def listening(listener: Listener | None) -> Iterator[None]:
         _LISTENER.reset(token)
 
 
-def keeps(size: int) -> bool:
-    """Whether a backend about to write a file of ``size`` bytes should keep a copy of its
-    bytes for ``finished``: a listener is there and the file is at most ``KEEP_UP_TO``."""
-    return _LISTENER.get() is not None and size <= KEEP_UP_TO
-
-
-def finished(
-    directory: Path, relative: str, size: int, sha256: str, data: list[bytes] | None = None
-) -> None:
+def finished(directory: Path, relative: str, size: int, sha256: str) -> None:
     """Tell the listener, if any, that ``directory/relative`` is written for good: the
     save will not change it again, and ``size`` and ``sha256`` are its bytes' (the ones the
-    manifest will record); ``data``: those bytes in chunks, if the backend kept them
-    (``keeps``). A listener's failure is logged, never the save's: the caller
+    manifest will record). A listener's failure is logged, never the save's: the caller
     uploads the file after the save anyway."""
     listener = _LISTENER.get()
     if listener is None:
         return
     try:
-        listener(Path(directory), relative, size, sha256, data)
+        listener(Path(directory), relative, size, sha256)
     except Exception as error:  # the upload after the save covers it
         log.debug("Early use of %s/%s skipped: %s", directory, relative, error)

@@ -65,11 +65,8 @@ class StreamedFile:
     which returns its size and SHA-256 hex digest. ``abort`` closes it after an error
     (the caller removes the half-written file with the directory it is building)."""
 
-    def __init__(self, path: str | os.PathLike, *, keep: bool = False):
+    def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        # ``keep``: also a copy of the bytes, in order, for a caller that sends them on
-        # (an upload to object storage) without reading the file back from the disk.
-        self.kept: list[bytes] | None = [] if keep else None
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
         self.direct = False
         if direct_wanted():
@@ -119,8 +116,6 @@ class StreamedFile:
     def _write_chunk(self, buffer: mmap.mmap, length: int) -> None:
         with memoryview(buffer) as view:
             self._hash.update(view[:length])
-            if self.kept is not None:  # the bytes hashed, before any padding
-                self.kept.append(bytes(view[:length]))
             end = length
             if self.direct and length % ALIGNMENT:
                 end = length + ALIGNMENT - length % ALIGNMENT

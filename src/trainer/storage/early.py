@@ -16,10 +16,9 @@ deletes what was uploaded (``RemoteCheckpoints.abandon``). An earlier checkpoint
 same name must stay whole until the new one's upload starts for real: where ``begin``
 found one, nothing is uploaded early (``publish`` removes it, then uploads everything).
 
-The bytes sent are those the backend hashed while writing them: a copy it kept as it
-wrote them (no read back from the disk), or else the file, opened when it is announced
-(the rename of the backend's temporary directory does not move an open file away), its
-size checked when read; ``publish`` reuses an early object only where
+The bytes sent are those the backend hashed while writing them: the file is opened when
+it is announced (the rename of the backend's temporary directory does not move an open
+file away) and its size checked when read; ``publish`` reuses an early object only where
 the manifest records the same size and digest, and a load checks the digest again.
 """
 
@@ -50,33 +49,25 @@ class EarlyUploads:
         self._uploads: list[tuple[str, Future[tuple[int, str] | None]]] = []
         self._executor: ThreadPoolExecutor | None = None
 
-    def add(
-        self, directory: Path, relative: str, size: int, sha256: str, data: list[bytes] | None
-    ) -> None:
+    def add(self, directory: Path, relative: str, size: int, sha256: str) -> None:
         """Start uploading ``directory/relative`` (finished: ``size`` bytes hashing to
-        ``sha256``; ``data``: those bytes, if the backend kept them) under
-        ``<name>/<relative>``. Otherwise the file is opened now, before the save goes on
-        and renames its directory, and read in the upload's thread."""
-        handle = None if data is not None else open(directory / relative, "rb")  # noqa: SIM115
+        ``sha256``) under ``<name>/<relative>``. The file is opened now, before the save
+        goes on and renames its directory."""
+        handle = open(directory / relative, "rb")  # noqa: SIM115 -- closed by the upload
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trainer-early")
-        upload = self._executor.submit(self._upload, handle, data, relative, size, sha256)
+        upload = self._executor.submit(self._upload, handle, relative, size, sha256)
         self._uploads.append((relative, upload))
 
-    def _upload(
-        self, handle: Any, data: list[bytes] | None, relative: str, size: int, sha256: str
-    ) -> tuple[int, str] | None:
-        try:
+    def _upload(self, handle: Any, relative: str, size: int, sha256: str) -> Any:
+        with handle:
             had, earlier = self.begun.result()  # the intent record is on the store
             if had or earlier:  # the earlier checkpoint stays whole until ``publish``
                 return None
-            content = b"".join(data) if data is not None else handle.read()
-        finally:
-            if handle is not None:
-                handle.close()
-        if len(content) != size:  # not the file announced: ``publish`` uploads it
+            data = handle.read()
+        if len(data) != size:  # not the file announced: ``publish`` uploads it
             return None
-        self.store.put_bytes(f"{self.name}/{relative}", content)
+        self.store.put_bytes(f"{self.name}/{relative}", data)
         return size, sha256
 
     def relatives(self) -> set[str]:

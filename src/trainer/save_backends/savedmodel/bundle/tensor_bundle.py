@@ -82,7 +82,6 @@ class BundleFiles:
     data_size: int
     data_sha256: str
     index: bytes
-    data: list[bytes] | None = None  # the data file's bytes, in chunks, if ``keep``
 
 
 def masked(crc: int) -> int:
@@ -91,19 +90,15 @@ def masked(crc: int) -> int:
 
 
 def write_bundle(
-    prefix: str,
-    entries: Iterable[tuple[str, tf.DType, Callable[[], np.ndarray]]],
-    *,
-    keep: bool = False,
+    prefix: str, entries: Iterable[tuple[str, tf.DType, Callable[[], np.ndarray]]]
 ) -> BundleFiles:
     """Write the bundle of ``entries`` (key, dtype, a function giving the value as NumPy,
-    called once, in key order, so at most one value is held at a time) at ``prefix``;
-    ``keep``: also return the data file's bytes (``direct_io.StreamedFile``)."""
+    called once, in key order, so at most one value is held at a time) at ``prefix``."""
     header = tensor_bundle_pb2.BundleHeaderProto(num_shards=1)
     header.version.producer = _PRODUCER
     rows = [(b"", header.SerializeToString())]
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)  # as SaveV2 does
-    data = direct_io.StreamedFile(prefix + DATA_SUFFIX, keep=keep)
+    data = direct_io.StreamedFile(prefix + DATA_SUFFIX)
     try:
         offset = 0
         for key, dtype, read in sorted(entries, key=lambda entry: entry[0]):
@@ -125,7 +120,7 @@ def write_bundle(
     index = table(rows)
     with open(prefix + INDEX_SUFFIX, "wb") as handle:
         handle.write(index)
-    return BundleFiles(data_size, digest, index, data.kept)
+    return BundleFiles(data_size, digest, index)
 
 
 def _append(out: direct_io.StreamedFile, dtype: tf.DType, value: np.ndarray) -> tuple[int, int]:

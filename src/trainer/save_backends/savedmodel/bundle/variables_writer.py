@@ -27,7 +27,6 @@ import numpy as np
 import tensorflow as tf
 
 from trainer._compat import tensorflow as tf_compat
-from trainer.save_backends import early_files
 from trainer.save_backends.savedmodel.bundle import tensor_bundle
 from trainer.storage import direct_io, integrity
 
@@ -43,9 +42,6 @@ class Written:
 
     index_hash: bytes | None = None
     known: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # The data file's bytes (``variables/<name>`` -> chunks), kept for a listening
-    # caller (``early_files.keeps``) that uploads them without reading the file back.
-    kept: dict[str, list[bytes]] = field(default_factory=dict)
 
 
 class VariablesWriter:
@@ -157,9 +153,8 @@ def write_bundle(
 
     entries = [(tf_compat.OBJECT_GRAPH_KEY, tf.string, lambda: graph)]
     entries += [(k, v.dtype, reader(v)) for k, v in zip(keys, variables, strict=True)]
-    keep = early_files.keeps(total_bytes(variables))
     with tf.device("/cpu:0"):
-        written = tensor_bundle.write_bundle(prefix, entries, keep=keep)
+        written = tensor_bundle.write_bundle(prefix, entries)
     index_hash = tf.fingerprint(tf.constant([written.index]), method="farmhash64")
     name = os.path.basename(prefix)
     data = f"variables/{name}{tensor_bundle.DATA_SUFFIX}"
@@ -170,7 +165,6 @@ def write_bundle(
             data: (written.data_size, written.data_sha256),
             index: integrity.known_digest(written.index),
         },
-        {data: written.data} if written.data is not None else {},
     )
 
 

@@ -110,18 +110,15 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
     }
 
 
-def announce_variables(
-    directory: Path, known: dict[str, Any], kept: dict[str, list[bytes]] | None = None
-) -> None:
+def announce_variables(directory: Path, known: dict[str, Any]) -> None:
     """Tell a listening caller (``early_files``) that the variables' data files are
     complete: written before the index, the fingerprint, the metadata, the manifest and
     the fsync, they hold most of a large model's bytes, which an upload can start on while
     the rest is written. Only files whose digest is known already (hashed while written):
-    one still being hashed (``PendingDigest``) is left to the upload after the save.
-    ``kept``: the bytes of some, kept by the writer (the upload need not read them back)."""
+    one still being hashed (``PendingDigest``) is left to the upload after the save."""
     for relative, found in sorted(known.items()):
         if relative.startswith("variables/variables.data-") and isinstance(found, tuple):
-            early_files.finished(directory, relative, *found, (kept or {}).get(relative))
+            early_files.finished(directory, relative, *found)
 
 
 def _save_with_our_saver(
@@ -255,7 +252,7 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
         written = entry.writer.write(prefix)
         index_hash = written.index_hash
         known.update(written.known or _digest_variables(directory))
-        announce_variables(directory, written.known, written.kept)
+        announce_variables(directory, written.known)
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
         known.update(_digest_variables(directory))
