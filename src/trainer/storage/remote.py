@@ -6,7 +6,8 @@ A store has no atomic rename, so a checkpoint cannot appear whole under its name
 checkpoint into a local directory exactly as it does on disk (manifest, sizes, digests),
 and ``publish`` uploads its objects (concurrently, one PUT each), then writes the marker
 ``.commits/<name>.json`` last: it lists every object with its size and SHA-256. A writer
-killed during the upload leaves objects without a marker, which nothing reads: listing,
+killed during the upload leaves objects without a marker, which nothing reads (so do the
+uploads ``trainer.storage.early`` starts while the backend still writes): listing,
 ``latest``, resume and load see a checkpoint only through its marker. Retention deletes the
 marker first, so a kill during the delete leaves objects without a marker again, never a
 marker naming missing objects. ``latest`` is one small object holding a name, replaced by
