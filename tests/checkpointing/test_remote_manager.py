@@ -181,6 +181,33 @@ def test_a_writer_killed_on_the_store_leaves_only_complete_checkpoints(
     assert load_checkpoint(f"{url}/latest").state.global_step == 4
 
 
+@pytest.mark.slow
+def test_a_writer_killed_after_an_early_upload_leaves_objects_the_next_writer_removes(
+    s3_bucket, s3_server, tmp_path
+):
+    """SIGKILL during a savedmodel save's local write, once its variables were uploaded
+    early: the checkpoint is not listed (no marker), its intent record is there, and the
+    next writer's lease removes its objects; the one before still loads."""
+    url = f"{s3_bucket}/ckpts"
+    child = ROOT / "tests" / "children" / "store_kill_child.py"
+    proc = warm.run(
+        [sys.executable, str(child), url, str(tmp_path / "staging"), "early"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=HANG_GUARD,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    keys = objects(s3_server, url)
+    assert sorted(k for k in keys if k.startswith(".commits/")) == [".commits/step-00000001.json"]
+    assert "step-00000002/variables/variables.data-00000-of-00001" in keys
+    assert ".pending/step-00000002" in keys
+    manager = CheckpointManager(url, "savedmodel", staging=tmp_path / "again")
+    assert [str(p).rsplit("/", 1)[1] for p in manager.all()] == ["step-00000001"]
+    manager.claim()
+    keys = objects(s3_server, url)
+    manager.release()
+    assert not [k for k in keys if k.startswith(("step-00000002", ".pending/"))], keys
+    assert load_checkpoint(f"{url}/latest").state.global_step == 1
+
+
 def _read(server, url: str, key: str) -> bytes:
     server.fs.invalidate_cache()  # s3fs would answer from its listing of before
     return server.fs.cat_file(f"{url[len('s3://') :]}/{key}")

@@ -13,6 +13,7 @@ import pytest
 from tests.helpers.s3_server import objects
 from trainer.errors import IntegrityError, NotACheckpointError, StoreError, UnsupportedLocationError
 from trainer.storage import integrity, store
+from trainer.storage.early import EarlyUploads
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
 
@@ -195,3 +196,22 @@ def test_a_savedmodel_checkpoint_changed_before_its_upload_is_refused_at_downloa
     }.items()
     with pytest.raises(IntegrityError, match="differs from its commit marker"):
         remote.fetch("ckpt-1")
+
+
+def test_an_early_object_the_manifest_does_not_match_is_uploaded_again(s3_bucket, tmp_path):
+    """``publish`` reuses a file uploaded during the local write (``EarlyUploads``) only
+    where the manifest records the size and digest the early upload announced; another
+    one is uploaded again, so the marker never names bytes the store does not hold."""
+    path = _checkpoint(tmp_path, "ckpt", b"the final bytes")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "weights.bin").write_bytes(b"stale")
+    remote = RemoteCheckpoints(f"{s3_bucket}/c")
+    begun = remote.begin_in_background("ckpt")
+    early = EarlyUploads(remote.store, "ckpt", begun)
+    early.add(elsewhere, "weights.bin", *integrity.known_digest(b"stale"))
+    assert early.finish() == {"weights.bin": integrity.known_digest(b"stale")}
+    assert remote.store.get_bytes("ckpt/weights.bin") == b"stale"  # uploaded early
+    remote.publish(path, step=1, begun=begun, early=early)
+    assert remote.store.get_bytes("ckpt/weights.bin") == b"the final bytes"
+    assert (remote.fetch("ckpt") / "weights.bin").read_bytes() == b"the final bytes"

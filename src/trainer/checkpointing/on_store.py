@@ -29,7 +29,7 @@ def prune(
     for record in records:
         if record["name"] in keep:
             continue
-        remote.delete(record["name"])
+        remote.delete(record["name"], report=False)
         remove_unless_read(staging / record["name"])
         gone.append(record["name"])
     return sorted(gone)

@@ -29,8 +29,10 @@ from trainer.checkpointing.listing import point_latest
 from trainer.checkpointing.policy import CheckpointPolicy, format_name, retained, scalar_metrics
 from trainer.checkpointing.snapshot import copy_state
 from trainer.errors import ConfigError, SaveError
+from trainer.save_backends import early_files
 from trainer.save_backends.base import SaveBackend
 from trainer.state import TrainingState, copy_json_like
+from trainer.storage.early import EarlyUploads
 from trainer.storage.lease import Lease
 from trainer.storage.locks import remove_unless_read
 from trainer.storage.remote import RemoteCheckpoints
@@ -174,23 +176,35 @@ class SavePath:
     def _write_and_publish(self, job: CheckpointWrite) -> None:
         """The local write, then (on a store) the upload and ``latest``. The intent record
         and the look for an earlier checkpoint of the same name go on while the backend
-        writes the local copy (``RemoteCheckpoints.begin``); nothing is deleted or uploaded
-        before the local copy is complete."""
-        path, state = job.path, job.state
-        begun = self.remote.begin_in_background(path.name) if self.remote is not None else None
+        writes the local copy (``RemoteCheckpoints.begin``), and so do the uploads of the
+        files the backend finishes early (``trainer.storage.early``: a large model's
+        variables); nothing is deleted, and nothing is listed (the marker), before the
+        local copy is complete. A failed write deletes what was uploaded early."""
+        writer, model, path, state = job.writer, job.model, job.path, job.state
+        if self.remote is None:
+            writer.save(model, path, state=state, metadata=job.metadata)
+            return
+        begun = self.remote.begin_in_background(path.name)
+        early = EarlyUploads(self.remote.store, path.name, begun) if writer.is_directory else None
         try:
-            job.writer.save(job.model, path, state=state, metadata=job.metadata)
+            with early_files.listening(early.add if early is not None else None):
+                writer.save(model, path, state=state, metadata=job.metadata)
         except BaseException:
-            if begun is not None and wait_quietly(begun):
+            uploaded = early.keys() if early is not None else []
+            if wait_quietly(begun):
                 try:
-                    self.remote.abandon(path.name)  # nothing of it was changed
-                except Exception as error:  # the next writer cleans the record
-                    log.warning("Could not remove %s's intent record: %s", path.name, error)
+                    self.remote.abandon(path.name, uploaded)  # nothing listed was changed
+                except Exception as error:  # the next writer cleans the objects, the record
+                    log.warning("Could not remove %s's early objects: %s", path.name, error)
             raise
-        if self.remote is not None:  # complete locally, manifest written: now upload
-            self.remote.publish(
-                path, step=state.global_step, epoch=state.epoch, begun=begun, latest=True
-            )
+        self.remote.publish(
+            path,
+            step=state.global_step,
+            epoch=state.epoch,
+            begun=begun,
+            latest=True,
+            early=early,
+        )
 
     def _after_publish(self) -> None:
         """Run ``after_publish`` (set by the caller: a run whose TensorBoard log goes to a

@@ -6,7 +6,8 @@ A store has no atomic rename, so a checkpoint cannot appear whole under its name
 checkpoint into a local directory exactly as it does on disk (manifest, sizes, digests),
 and ``publish`` uploads its objects (concurrently, one PUT each), then writes the marker
 ``.commits/<name>.json`` last: it lists every object with its size and SHA-256. A writer
-killed during the upload leaves objects without a marker, which nothing reads: listing,
+killed during the upload leaves objects without a marker, which nothing reads (so do the
+uploads ``trainer.storage.early`` starts while the backend still writes): listing,
 ``latest``, resume and load see a checkpoint only through its marker. Retention deletes the
 marker first, so a kill during the delete leaves objects without a marker again, never a
 marker naming missing objects. ``latest`` is one small object holding a name, replaced by
@@ -46,6 +47,7 @@ from trainer.errors import CorruptCheckpointError, NotACheckpointError
 from trainer.storage import integrity
 from trainer.storage.arrival import Arrival
 from trainer.storage.cache import fetch_objects, fetch_overlapped
+from trainer.storage.early import EarlyUploads
 from trainer.storage.store import Store
 
 COMMITS = ".commits"
@@ -89,9 +91,13 @@ class RemoteCheckpoints:
         finally:
             executor.shutdown(wait=False)
 
-    def abandon(self, name: str) -> None:
+    def abandon(self, name: str, uploaded: list[str] = ()) -> None:
         """Remove the intent record of a publication that ``begin`` started and that will
-        not happen (the local write failed): nothing of ``name`` was changed."""
+        not happen (the local write failed), after the objects uploaded early
+        (``uploaded``: keys from ``EarlyUploads.keys``; no marker lists them). Nothing else
+        of ``name`` was changed. If this fails, the record stays and the next writer
+        deletes the objects."""
+        self.store.delete_all(list(uploaded))
         self.store.delete([_pending_key(name)])
 
     def publish(
@@ -104,6 +110,7 @@ class RemoteCheckpoints:
         last: tuple[str, ...] = (),
         begun: Future[tuple[bool, list[str]]] | None = None,
         latest: bool = False,
+        early: EarlyUploads | None = None,
     ) -> dict[str, Any]:
         """Upload the complete local checkpoint ``local`` (a file or a directory) under its
         name (or ``name``), then its commit marker: from that PUT on it is listed and
@@ -113,7 +120,10 @@ class RemoteCheckpoints:
         ``saved_model.pb``, which a model server polling the prefix needs before it loads
         anything). ``begun``: ``begin_in_background``'s future for this name (else ``begin``
         runs now). ``latest``: also point ``latest`` at it, once the marker is written
-        (concurrently with the intent record's removal). Returns the marker."""
+        (concurrently with the intent record's removal). ``early``: the uploads started during
+        the local write (``trainer.storage.early``); the other files are uploaded while
+        they finish, and one whose size and digest are not those the manifest records is
+        uploaded again. Returns the marker."""
         name = name or local.name
         # its error (an unreachable store) is this publication's
         had, earlier = self.begin(name) if begun is None else begun.result()
@@ -121,17 +131,19 @@ class RemoteCheckpoints:
             self.store.delete([_marker_key(name)])
         self.store.delete_all(earlier)
         objects = _describe(local)
-        for group in (False, True):  # the ``last`` ones after every other object
-            self.store.put_files(
-                [
-                    (
-                        local / e["path"] if local.is_dir() else local,
-                        _object_key(local, name, e["path"]),
-                    )
-                    for e in objects
-                    if (e["path"] in last) == group
-                ]
-            )
+        started = early.relatives() if early is not None else set()
+        rest = [e for e in objects if e["path"] not in last and e["path"] not in started]
+        self._upload(local, name, rest)  # while the early ones go on
+        done = early.finish() if early is not None else {}
+        again = [
+            e
+            for e in objects
+            if e["path"] in started
+            and e["path"] not in last
+            and done.get(e["path"]) != (e["size"], e["sha256"])
+        ]
+        self._upload(local, name, again)
+        self._upload(local, name, [e for e in objects if e["path"] in last])  # after all
         marker = {
             "format": FORMAT,
             "version": VERSION,
@@ -151,6 +163,18 @@ class RemoteCheckpoints:
         else:
             self.store.delete([_pending_key(name)])
         return marker
+
+    def _upload(self, local: Path, name: str, objects: list[dict[str, Any]]) -> None:
+        """Upload these files of ``local`` (``_describe``'s entries), concurrently."""
+        self.store.put_files(
+            [
+                (
+                    local / e["path"] if local.is_dir() else local,
+                    _object_key(local, name, e["path"]),
+                )
+                for e in objects
+            ]
+        )
 
     def point_latest(self, name: str) -> None:
         """Replace ``latest`` with ``name`` in one PUT."""
@@ -235,12 +259,19 @@ class RemoteCheckpoints:
         return fetch_overlapped(self.store, name, marker["kind"], marker["objects"], late)
 
     # ------------------------------------------------------------------- delete
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, *, report: bool = True) -> bool:
         """Delete checkpoint ``name``: its marker first (from then on it is not listed),
         then its objects, under an intent record (a kill in between leaves objects the next
-        writer cleans). Returns whether it had a marker."""
-        self.store.put_bytes(_pending_key(name), b"delete")
-        had = self._remove(name)
+        writer cleans). The objects are listed while the record is written: a complete
+        checkpoint's objects do not change, and only this writer (the lease's holder)
+        adds any. Returns whether it had a marker (one more request; ``report=False``
+        skips it and returns False)."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer-list") as executor:
+            listed = executor.submit(self.store.walk_name, name)
+            self.store.put_bytes(_pending_key(name), b"delete")
+            had = report and self.store.get_bytes(_marker_key(name)) is not None
+            self.store.delete([_marker_key(name)])  # an absent key: a no-op for S3
+            self.store.delete_all(listed.result())  # unlisted now: in any order
         self.store.delete([_pending_key(name)])
         return had
 

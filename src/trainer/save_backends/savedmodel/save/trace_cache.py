@@ -29,6 +29,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from trainer._compat import tensorflow as tf_compat
+from trainer.save_backends import early_files
 from trainer.save_backends.savedmodel import layout
 from trainer.save_backends.savedmodel.bundle import saver_def, variables_writer
 from trainer.save_backends.savedmodel.features import python_gradients
@@ -89,6 +90,7 @@ def write_saved_model(
         raise
     kept = early is not None and early.kept and early.known
     pending = early.known if kept else _digest_variables(directory)
+    announce_variables(directory, pending)
     write_vocabularies(model, directory)
     files = {}
     for path in directory.rglob("*"):
@@ -108,6 +110,17 @@ def _digest_variables(directory: Path) -> dict[str, integrity.PendingDigest]:
         f"variables/{path.name}": integrity.PendingDigest(path)
         for path in (directory / "variables").glob("variables.data-*")
     }
+
+
+def announce_variables(directory: Path, known: dict[str, Any]) -> None:
+    """Tell a listening caller (``early_files``) that the variables' data files are
+    complete: written before the index, the fingerprint, the metadata, the manifest and
+    the fsync, they hold most of a large model's bytes, which an upload can start on while
+    the rest is written. Only files whose digest is known already (hashed while written):
+    one still being hashed (``PendingDigest``) is left to the upload after the save."""
+    for relative, found in sorted(known.items()):
+        if relative.startswith("variables/variables.data-") and isinstance(found, tuple):
+            early_files.finished(directory, relative, *found)
 
 
 def _save_with_our_saver(
@@ -223,6 +236,7 @@ def _fast_write(entry: Entry, directory: Path) -> dict[str, Any]:
         written = entry.writer.write(prefix)
         index_hash = written.index_hash
         known.update(written.known or _digest_variables(directory))
+        announce_variables(directory, written.known)
     else:
         tf.train.Checkpoint(entry.traced.root).write(prefix)
         known.update(_digest_variables(directory))
