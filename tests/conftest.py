@@ -32,3 +32,29 @@ def compose_cfg(tmp_path):
         return compose_run(tmp_path / "run", *overrides, tiny=tiny)
 
     return _compose
+
+
+# ----------------------------------------------------------------- the extended tier
+EXTENDED = "extended"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--extended",
+        action="store_true",
+        default=False,
+        help="also run the cases marked `extended` (deselected by default): more variants "
+        "of behaviours the default suite covers with at least one case each",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the ``extended`` cases unless ``--extended``: the default suite (CI) keeps
+    one representative of every behaviour within its time budget; the extended tier adds
+    the costlier variants (docs/how-to/run-the-tests.md lists them and what covers each)."""
+    if config.getoption("--extended"):
+        return
+    extended = [item for item in items if item.get_closest_marker(EXTENDED)]
+    if extended:
+        config.hook.pytest_deselected(items=extended)
+        items[:] = [item for item in items if not item.get_closest_marker(EXTENDED)]

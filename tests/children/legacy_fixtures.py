@@ -3,13 +3,15 @@
 Run as its own process (``python tests/children/legacy_fixtures.py OUT``): it imports ``tf_keras``
 (Keras 2), which must never share a process with Keras 3. For each case it writes
 ``OUT/<case>/model`` (``model.save``: the legacy SavedModel, after one training step so the
-checkpoint holds optimizer slots), ``x*.npy`` inputs, ``y.npy`` targets, ``pred.npy``
-(inference outputs) and, where training=True is deterministic, ``pred_train.npy``; the
+checkpoint holds optimizer slots), ``x*.npy`` inputs, ``y.npy`` targets, ``trainable.json``
+(the trainable variables' shapes), ``pred.npy`` (inference outputs) and, where training=True
+is deterministic, ``pred_train.npy``; the
 ``impostor`` case also ``model_notraces`` (``save_traces=False``). Then
 ``OUT/builtin_configs.json``: what tf_keras records for its own layer classes
 (``legacy_builtin_configs.py``), in the same process so that it costs no tf_keras import.
 """
 
+import json
 import os
 import sys
 
@@ -210,6 +212,10 @@ def write(out, name):
     model.save(os.path.join(folder, "model"), save_traces=not big)
     if name == "impostor":  # nothing to revive the impostor from: an error naming it
         model.save(os.path.join(folder, "model_notraces"), save_traces=False)
+    # The trainable variables' shapes, which the import must keep trainable (checked for
+    # every case, also where the costlier fit test is in the extended tier only).
+    with open(os.path.join(folder, "trainable.json"), "w") as file:
+        json.dump(sorted(list(v.shape) for v in model.trainable_variables), file)
     for i, x in enumerate(xs):
         np.save(os.path.join(folder, f"x{i}.npy"), x)
     for i, target in enumerate(y if isinstance(y, list) else [y]):

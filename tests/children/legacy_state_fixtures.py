@@ -8,6 +8,10 @@ imports ``tf_keras`` (Keras 2), which must never share a process with Keras 3. E
 ``OUT/<case>/model`` and the ``.npy`` files its test compares with: what tf_keras computed
 before and after the save (``x``, ``y`` and ``pred`` as in ``legacy_fixtures.py``;
 ``cont_*``: tf_keras continuing to train the model it had just saved).
+
+Every model is compiled with ``run_eagerly=True``, as in ``legacy_fixtures.py``: its few
+steps then trace no train function (tf_keras saves no ``run_eagerly``; the SavedModel's
+traces are the same).
 """
 
 import json
@@ -33,7 +37,7 @@ def ema(folder):
     after it in tf_keras (``fit`` ends by overwriting the weights with the averages)."""
     x, y = _data()
     model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
-    model.compile(k.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9), "mse")
+    model.compile(k.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9), "mse", run_eagerly=True)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
     model.save(os.path.join(folder, "model"))
     _save(folder, x=x, y=y, pred=model(x).numpy())
@@ -43,13 +47,18 @@ def ema(folder):
 
 def stateful(folder):
     """A stateful LSTM saved between two chunks of its sequences (states moved), inside a
-    Bidirectional too: ``pred`` is the next chunk, continuing from the saved states."""
+    Bidirectional too: ``pred`` is the next chunk, continuing from the saved states.
+
+    Unrolled: tf_keras then saves no cuDNN variant of the layers' functions, whose
+    registration with its gradients cost ~18 of this case's ~22 CPU-seconds. The states are
+    what this case is about; the default, cuDNN-eligible LSTM and GRU are the import zoo's
+    ``rnn`` case (``legacy_fixtures.py``)."""
     x = np.random.RandomState(0).rand(4, 5, 3).astype("float32")
     inputs = k.Input(batch_shape=(4, 5, 3))
-    h = L.LSTM(2, stateful=True, return_sequences=True, name="lstm")(inputs)
-    h = L.Bidirectional(L.GRU(2, stateful=True), name="bi")(h)
+    h = L.LSTM(2, stateful=True, return_sequences=True, unroll=True, name="lstm")(inputs)
+    h = L.Bidirectional(L.GRU(2, stateful=True, unroll=True), name="bi")(h)
     model = k.Model(inputs, L.Dense(1, name="out")(h))
-    model.compile(k.optimizers.Adam(0.01), "mse")
+    model.compile(k.optimizers.Adam(0.01), "mse", run_eagerly=True)
     model(x)
     model.save(os.path.join(folder, "model"))
     _save(folder, x=x, pred=model(x).numpy())
@@ -70,7 +79,7 @@ def frozen(folder):
     inputs = k.Input((5,))
     h = L.Dense(4, activation="relu", name="frozen_d", trainable=False)(base(inputs))
     model = k.Model(inputs, L.Dense(2, name="head")(h))
-    model.compile(k.optimizers.Adam(0.05), "mse")
+    model.compile(k.optimizers.Adam(0.05), "mse", run_eagerly=True)
     model.fit(x, y, batch_size=16, verbose=0, shuffle=False)
     model.save(os.path.join(folder, "model"))
     _save(folder, x=x, y=y, pred=model(x).numpy())
@@ -91,7 +100,7 @@ def legacy_optimizers(folder):
     x, y = _data()
     for name, make in LEGACY_OPTIMIZERS.items():
         model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
-        model.compile(make(), "mse")
+        model.compile(make(), "mse", run_eagerly=True)
         model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
         model.save(os.path.join(folder, name))
         losses = [model.train_on_batch(x, y) for _ in range(3)]
@@ -115,7 +124,7 @@ def schedules(folder):
     for name, make in SCHEDULES.items():
         schedule = make(k.optimizers.schedules)
         model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
-        model.compile(k.optimizers.SGD(schedule, momentum=0.5), "mse")
+        model.compile(k.optimizers.SGD(schedule, momentum=0.5), "mse", run_eagerly=True)
         model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
         model.save(os.path.join(folder, name))
         losses = [model.train_on_batch(x, y) for _ in range(3)]
@@ -135,7 +144,7 @@ def mixed(folder):
         optimizer = k.mixed_precision.LossScaleOptimizer(
             k.optimizers.Adam(0.01), dynamic_growth_steps=3
         )
-        model.compile(optimizer, "mse")
+        model.compile(optimizer, "mse", run_eagerly=True)
     finally:
         k.mixed_precision.set_global_policy("float32")
     model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
@@ -154,7 +163,7 @@ def normalization(folder):
     norm = L.Normalization(name="norm")
     norm.adapt(x)
     model = k.Sequential([L.InputLayer((5,)), norm, L.Dense(2, name="out")])
-    model.compile(k.optimizers.Adam(0.05), "mse")
+    model.compile(k.optimizers.Adam(0.05), "mse", run_eagerly=True)
     model.fit(x, y, batch_size=16, verbose=0, shuffle=False)
     model.save(os.path.join(folder, "model"))
     _save(folder, x=x, y=y, pred=model(x).numpy())
@@ -173,9 +182,19 @@ def metric_names(folder):
     }
     two = k.Model(inputs, outputs)
     metrics = {"cls": ["accuracy"], "reg": ["mae", k.metrics.RootMeanSquaredError()]}
-    two.compile("adam", {"cls": "sparse_categorical_crossentropy", "reg": "mse"}, metrics=metrics)
+    two.compile(
+        "adam",
+        {"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+        metrics=metrics,
+        run_eagerly=True,
+    )
     one = k.Sequential([L.InputLayer((6,)), L.Dense(1)])
-    one.compile("adam", "mse", metrics=["mae", "acc", k.metrics.RootMeanSquaredError(name="rmse")])
+    one.compile(
+        "adam",
+        "mse",
+        metrics=["mae", "acc", k.metrics.RootMeanSquaredError(name="rmse")],
+        run_eagerly=True,
+    )
     for name, model, target in (("two", two, y), ("one", one, y["reg"])):
         model.fit(x, target, verbose=0)
         model.save(os.path.join(folder, name))
@@ -191,7 +210,9 @@ def slotless(folder):
     x, y = _data()
     for name, make in (("sgd", k.optimizers.SGD), ("legacy_sgd", k.optimizers.legacy.SGD)):
         model = k.Sequential([L.InputLayer((5,)), L.Dense(3)])
-        model.compile(make(k.optimizers.schedules.ExponentialDecay(0.2, 1, 0.5)), "mse")
+        model.compile(
+            make(k.optimizers.schedules.ExponentialDecay(0.2, 1, 0.5)), "mse", run_eagerly=True
+        )
         model.fit(x, y, batch_size=8, verbose=0, shuffle=False)
         model.save(os.path.join(folder, name))
         _save(
