@@ -46,7 +46,7 @@ COMMANDS = {
 CHECKPOINT_HELP = (
     "a checkpoint of any backend (directory or .h5 file), e.g. a run's checkpoints/latest"
 )
-STORE_HELP = "; or on object storage: s3://<checkpoint dir>/<name> or .../latest"
+STORE_HELP = "; or on object storage: s3:// or gs://<checkpoint dir>/<name> or .../latest"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -126,7 +126,7 @@ def _add_commands(command) -> None:
         (
             "out_dir",
             "directory of numbered versions (created if missing); or a URL on "
-            "object storage (s3://bucket/serving/model), where each version is published "
+            "object storage (s3:// or gs://bucket/serving/model), where each version is published "
             "complete, by a commit marker written last",
             _local_or_url,
         ),
@@ -148,7 +148,7 @@ def _add_commands(command) -> None:
         (
             "output_dir",
             "a Hydra outputs directory (outputs/, multirun/) or a run; or a "
-            "prefix on object storage (s3://bucket/runs), listed from its commit markers",
+            "prefix on object storage (s3:// or gs://bucket/runs), listed from its commit markers",
             _local_or_url,
         ),
     )
@@ -179,8 +179,8 @@ def _add_export_options(export: argparse.ArgumentParser) -> None:
         type=_local_or_url,
         metavar="DIR",
         help="write the export's card and graph into a TensorBoard log in DIR, a directory "
-        "or an s3:// URL (default: no log is written; the checkpoint's own run is only ever "
-        "read)",
+        "or an s3:// or gs:// URL (default: no log is written; the checkpoint's own run is "
+        "only ever read)",
     )
     export.add_argument(
         "--with-optimizer",
