@@ -18,13 +18,14 @@ import socket
 import subprocess
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import files
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.s3_server import new_bucket
 
 # gcsfs's default class probes each bucket over gRPC for zonal buckets, which an emulator
 # does not serve (a minute of retries per bucket): its documented switch turns that off. It
@@ -100,27 +101,18 @@ def gcs_server():
         process.wait(timeout=30)
 
 
-def _new_bucket(server: GCSServer, patch: pytest.MonkeyPatch, cache: Path) -> str:
-    for name, value in server.env().items():
-        patch.setenv(name, value)
-    patch.setenv("TRAINER_STORE_CACHE", str(cache))
-    bucket = f"test-{uuid.uuid4().hex[:12]}"
-    server.fs.mkdir(bucket)
-    return f"gs://{bucket}"
-
-
 @contextlib.contextmanager
 def gcs_bucket_env(server: GCSServer, cache: Path) -> Iterator[str]:
     """``gcs_bucket`` for module-scoped fixtures: the environment is put back after."""
     with pytest.MonkeyPatch.context() as patch:
-        yield _new_bucket(server, patch, cache)
+        yield new_bucket(server, patch, cache, "gs")
 
 
 @pytest.fixture
 def gcs_bucket(gcs_server, monkeypatch, tmp_path):
     """A new empty bucket on the session's emulator, this test's environment pointing at
     it (inherited by child processes); returns its URL, ``gs://<name>``."""
-    return _new_bucket(gcs_server, monkeypatch, tmp_path / "store-cache")
+    return new_bucket(gcs_server, monkeypatch, tmp_path / "store-cache", "gs")
 
 
 def objects(server: GCSServer, url: str) -> list[str]:

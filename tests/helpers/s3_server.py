@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,15 +87,16 @@ def s3_server():
         server.stop()
 
 
-def _new_bucket(server: S3Server, patch: pytest.MonkeyPatch, cache: Path) -> str:
-    """Point the environment (inherited by child processes) at ``server``, with the
-    store's local cache in ``cache``; create a new empty bucket and return its URL."""
+def new_bucket(server: Any, patch: pytest.MonkeyPatch, cache: Path, scheme: str = "s3") -> str:
+    """Point the environment (inherited by child processes) at ``server`` (this module's
+    S3 server, or ``gcs_server``'s), with the store's local cache in ``cache``; create a
+    new empty bucket and return its URL."""
     for name, value in server.env().items():
         patch.setenv(name, value)
     patch.setenv("TRAINER_STORE_CACHE", str(cache))
     bucket = f"test-{uuid.uuid4().hex[:12]}"
     server.fs.mkdir(bucket)
-    return f"s3://{bucket}"
+    return f"{scheme}://{bucket}"
 
 
 @contextlib.contextmanager
@@ -102,7 +104,7 @@ def bucket_env(server: S3Server, cache: Path) -> Iterator[str]:
     """``s3_bucket`` for module-scoped fixtures, which cannot use the function-scoped
     ``monkeypatch``: the environment is put back when the block ends."""
     with pytest.MonkeyPatch.context() as patch:
-        yield _new_bucket(server, patch, cache)
+        yield new_bucket(server, patch, cache)
 
 
 @pytest.fixture
@@ -111,7 +113,7 @@ def s3_bucket(s3_server, monkeypatch, tmp_path):
     its child processes) points at the server, and the store's local cache is in
     ``tmp_path``. Returns the bucket's URL, ``s3://<name>``. Through the test's own
     ``monkeypatch``, so that its later changes of the same variables are undone in order."""
-    return _new_bucket(s3_server, monkeypatch, tmp_path / "store-cache")
+    return new_bucket(s3_server, monkeypatch, tmp_path / "store-cache")
 
 
 def objects(server: S3Server, url: str) -> list[str]:
