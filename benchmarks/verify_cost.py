@@ -6,7 +6,7 @@ and backend, ``load`` as it runs by default (every file's SHA-256 checked agains
 manifest) and ``load(verify=False)`` (sizes only, the opt-out), alternating the two in one
 process so that both see the same machine state. The ratio of the medians is the cost of
 the check. The savedmodel and weights backends hash their value files in a thread while the
-model is rebuilt (``load_checks.DigestCheck``); h5 hashes its single file first, because HDF5
+model is rebuilt (``integrity.DigestCheck``); h5 hashes its single file first, because HDF5
 keeps no checksums of its own and its parser must not see damaged bytes.
 
 For the savedmodel backend it also times what a repeat save now does with the graph file

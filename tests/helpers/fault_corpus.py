@@ -18,11 +18,12 @@ import numpy as np
 from trainer.errors import CorruptCheckpointError
 from trainer.save_backends import get_backend
 from trainer.state import TrainingState
-from trainer.storage.hdf5_seal import read_hdf5_seal, seal_hdf5
 from trainer.storage.integrity import (
     HDF5_USERBLOCK,
     MANIFEST_FILE,
     find_manifest,
+    read_hdf5_seal,
+    seal_hdf5,
     write_manifest,
 )
 

@@ -18,7 +18,7 @@ from trainer.save_backends import load_checkpoint
 from trainer.save_backends.registry import get_backend
 from trainer.save_backends.savedmodel.bundle import index_reader
 from trainer.save_backends.savedmodel.load.revival import Reviver
-from trainer.storage import integrity, load_checks
+from trainer.storage import integrity
 from trainer.storage.remote import RemoteCheckpoints
 from trainer.storage.store import Store
 
@@ -28,7 +28,7 @@ DATA = "variables/variables.data-00000-of-00001"
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A savedmodel checkpoint whose variables data file (2.3 MiB) is large enough to be
-    downloaded while the model is rebuilt (``load_checks.DEFER_FROM``), and its outputs."""
+    downloaded while the model is rebuilt (``integrity.DEFER_FROM``), and its outputs."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((16,))
     hidden = keras.layers.Dense(768, activation="relu")(inputs)
@@ -37,7 +37,7 @@ def saved(tmp_path_factory):
     x = np.random.default_rng(0).normal(size=(4, 16)).astype("float32")
     path = Path(get_backend("savedmodel").checkpoint_path(tmp_path_factory.mktemp("sm") / "ck"))
     get_backend("savedmodel").save(model, path)
-    assert (path / DATA).stat().st_size >= load_checks.DEFER_FROM
+    assert (path / DATA).stat().st_size >= integrity.DEFER_FROM
     return path, x, model.predict(x, verbose=0)
 
 
@@ -205,7 +205,7 @@ def test_a_weights_checkpoint_loads_while_its_weights_arrive(s3_bucket, tmp_path
     backend = get_backend("weights")
     path = Path(backend.checkpoint_path(tmp_path / "ck"))
     backend.save(model, path)
-    assert (path / "model.weights.h5").stat().st_size >= load_checks.DEFER_FROM
+    assert (path / "model.weights.h5").stat().st_size >= integrity.DEFER_FROM
     remote = _publish(s3_bucket, path)
     downloads = []
     real_get = Store.get_files

@@ -20,11 +20,11 @@ from tests.helpers.paths import ROOT
 from tests.helpers.processes import subprocess_env
 from trainer.checkpointing import CheckpointManager
 from trainer.state import TrainingState
-from trainer.storage import integrity, load_checks
+from trainer.storage import integrity
 
 CHILD = ROOT / "tests" / "children" / "store_load_child.py"
 HANG_GUARD = 300  # seconds; only against a hung child, never asserted as a duration
-WIDTH = 600  # a 1.4 MB variables file: above load_checks.DEFER_FROM, so it arrives late
+WIDTH = 600  # a 1.4 MB variables file: above integrity.DEFER_FROM, so it arrives late
 
 
 def _start_together(url: str, tmp_path: Path, count: int) -> list[subprocess.Popen]:
@@ -66,7 +66,7 @@ def test_two_processes_loading_one_checkpoint_share_one_cache_entry(s3_bucket, t
     url = f"{s3_bucket}/run/checkpoints"
     with CheckpointManager(url, "savedmodel", staging=tmp_path / "staging") as manager:
         manager.save(model, TrainingState(global_step=1), wait=True)
-    assert WIDTH * WIDTH * 4 >= load_checks.DEFER_FROM
+    assert WIDTH * WIDTH * 4 >= integrity.DEFER_FROM
     cache = Path(os.environ["TRAINER_STORE_CACHE"])
     assert not cache.exists() or not any(cache.iterdir())  # empty: both must download
 

@@ -25,7 +25,7 @@ from tests.helpers.processes import subprocess_env
 from trainer.cli.app import main as cli_main
 from trainer.errors import CorruptCheckpointError, IntegrityError
 from trainer.save_backends import backend_class, load_checkpoint
-from trainer.storage import hdf5_seal, integrity
+from trainer.storage import integrity
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_savedmodel_manifest_keeps_the_directory_a_clean_savedmodel(saved):
 
 def test_h5_manifest_is_the_user_block(saved):
     path = saved["h5"]
-    header = hdf5_seal.read_hdf5_seal(path)
+    header = integrity.read_hdf5_seal(path)
     assert header["size"] == path.stat().st_size
     assert header["sha256"] == integrity.bytes_digest(path.read_bytes()[512:])
     with h5py.File(path, "r") as handle:  # plain h5py skips the block

@@ -27,7 +27,7 @@ from trainer.model_state.serializables import register_serializables
 from trainer.save_backends import load_refusals, naming
 from trainer.save_backends.integrity_hooks import IntegrityHooks
 from trainer.state import TrainingState
-from trainer.storage import integrity, limits, load_checks, targets
+from trainer.storage import integrity, limits, targets
 from trainer.storage.atomic import atomic_write, is_temporary, write_error
 from trainer.storage.locations import local_path
 from trainer.version import __version__
@@ -77,7 +77,7 @@ class SaveBackend(IntegrityHooks, abc.ABC):
         async_by_default: Whether the checkpoint callback writes in a background thread
             unless told otherwise.
         read_late: Files (``fnmatch`` patterns) ``_read`` reads only after
-            ``load_checks.await_digests()``: their digests are checked in a thread meanwhile.
+            ``integrity.await_digests()``: their digests are checked in a thread meanwhile.
         writes_in_background: Whether ``save`` may return before the checkpoint is written
             (the async wrapper); a backend itself never does.
     """
@@ -231,7 +231,7 @@ class SaveBackend(IntegrityHooks, abc.ABC):
             path, custom_objects=custom_objects, compile=compile, **options
         )
         manifest, late = self.check_for_load(path, verify=verify)
-        with load_checks.pending(late):
+        with integrity.pending(late):
             try:
                 checkpoint = self._read_checked(path, custom_objects, compile, options)
             except BaseException:

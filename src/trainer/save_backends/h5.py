@@ -36,7 +36,7 @@ from trainer.model_state import kit, layer_protocol
 from trainer.save_backends import hdf5_arrays
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
-from trainer.storage import hdf5_seal, integrity
+from trainer.storage import integrity
 
 FORMAT = "trainer-h5"
 
@@ -66,7 +66,7 @@ class H5Backend(SaveBackend):
         if not path.is_file() or not hdf5_arrays.has_hdf5_signature(path):
             return False
         try:
-            if hdf5_seal.read_hdf5_seal(path) is not None:
+            if integrity.read_hdf5_seal(path) is not None:
                 return True
         except (OSError, TrainerError):
             return False
@@ -79,7 +79,7 @@ class H5Backend(SaveBackend):
     @classmethod
     def read_metadata(cls, path: Path) -> dict[str, Any]:
         """The stored metadata; the whole file's digest is checked first (see ``can_load``)."""
-        hdf5_seal.verify_hdf5(path, digests=True)
+        integrity.verify_hdf5(path, digests=True)
         with h5py.File(path, "r") as handle:
             return kit.from_json(hdf5_arrays.read_text(handle, "metadata", path), "metadata", path)
 
@@ -107,7 +107,7 @@ class H5Backend(SaveBackend):
             write("optimizer", kit.optimizer_arrays(model))
             hdf5_arrays.write_text(handle, "metadata", metadata_text)
         data = buffer.getbuffer()
-        hdf5_arrays.write_file(tmp, hdf5_seal.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
+        hdf5_arrays.write_file(tmp, integrity.seal_hdf5(data), data[integrity.HDF5_USERBLOCK :])
 
     def integrity_record(self) -> dict[str, Any]:
         return {"manifest": integrity.HDF5_LOCATION, "algorithm": integrity.ALGORITHM}
@@ -116,7 +116,7 @@ class H5Backend(SaveBackend):
         self, path: Path, *, digests: bool, strict: bool = False
     ) -> dict[str, Any] | None:
         """The manifest is the user block: file size always, digest of the rest if asked."""
-        return hdf5_seal.verify_hdf5(path, digests=digests)
+        return integrity.verify_hdf5(path, digests=digests)
 
     def _read(
         self,

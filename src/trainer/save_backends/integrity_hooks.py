@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trainer.save_backends.naming import class_path
-from trainer.storage import integrity, load_checks
+from trainer.storage import integrity
 
 
 class IntegrityHooks:
@@ -21,7 +21,7 @@ class IntegrityHooks:
     Attributes:
         manifest_file: Where a directory checkpoint keeps its manifest; None: none.
         read_late: Files (``fnmatch`` patterns) ``_read`` reads only after
-            ``load_checks.await_digests()``: their digests are checked in a thread meanwhile.
+            ``integrity.await_digests()``: their digests are checked in a thread meanwhile.
     """
 
     name: ClassVar[str]
@@ -30,7 +30,7 @@ class IntegrityHooks:
     # Manifest location inside a directory checkpoint (``trainer.storage.integrity``); None: none.
     manifest_file: ClassVar[str | None] = integrity.MANIFEST_FILE
     # Files (``fnmatch`` patterns, relative to a directory checkpoint) that ``_read`` reads
-    # only after calling ``load_checks.await_digests()``: their digests are checked in a
+    # only after calling ``integrity.await_digests()``: their digests are checked in a
     # thread while it rebuilds the model from the rest. Any other file is checked first.
     read_late: ClassVar[tuple[str, ...]] = ()
 
@@ -64,7 +64,7 @@ class IntegrityHooks:
 
     def check_for_load(
         self, path: Path, *, verify: bool
-    ) -> tuple[dict[str, Any] | None, load_checks.DigestCheck]:
+    ) -> tuple[dict[str, Any] | None, integrity.DigestCheck]:
         """What ``load`` checks before ``_read``.
 
         Args:
@@ -79,8 +79,8 @@ class IntegrityHooks:
             IntegrityError: A file is missing, of another size or (``verify``) digest.
         """
         if verify and self.is_directory and self.manifest_file:
-            return load_checks.check_for_load(path, self.manifest_file, self.read_late)
-        return self.check_integrity(path, digests=verify), load_checks.NOTHING_PENDING
+            return integrity.check_for_load(path, self.manifest_file, self.read_late)
+        return self.check_integrity(path, digests=verify), integrity.NOTHING_PENDING
 
     def check_integrity(
         self, path: Path, *, digests: bool, strict: bool = False

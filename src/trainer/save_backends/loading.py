@@ -188,7 +188,7 @@ def _fetch_for_load(
 
     def late(partial: Path) -> tuple[str, ...]:
         """The patterns of the files the backend of ``partial`` (every object but the
-        large ones downloaded) reads only after ``load_checks.await_digests``; () if no
+        large ones downloaded) reads only after ``integrity.await_digests``; () if no
         backend claims it yet, or it does not check a manifest's digests in a thread."""
         try:
             backend = detect_backend(partial, configured=configured)

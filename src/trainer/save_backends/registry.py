@@ -28,7 +28,7 @@ from trainer.errors import (
 )
 from trainer.save_backends import hints
 from trainer.save_backends.base import SaveBackend, class_path
-from trainer.storage import integrity, load_checks
+from trainer.storage import integrity
 from trainer.storage.locations import local_path
 from trainer.storage.targets import check_exists, set_format_detector
 
@@ -222,7 +222,7 @@ def detect_backend(
     if configured is not None and configured.can_load(path):
         return configured
     _refuse_unregistered(path)
-    load_checks.diagnose(path)  # a damaged checkpoint of ours: name the bad file
+    integrity.diagnose(path)  # a damaged checkpoint of ours: name the bad file
     skipped = ""
     if unavailable:
         skipped = f" Backends that could not be imported: {'; '.join(unavailable)}."
@@ -239,7 +239,7 @@ def _refuse_unregistered(path: Path) -> None:
     """Name the backend a checkpoint records (its manifest: directory checkpoints) when
     that backend is not registered, and say how to register it. The recorded class is
     never imported: that would run code a file names. A recorded backend that is
-    registered was tried above; ``load_checks.diagnose`` then says what is damaged."""
+    registered was tried above; ``integrity.diagnose`` then says what is damaged."""
     try:
         found = integrity.find_manifest(path)
     except TrainerError:

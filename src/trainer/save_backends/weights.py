@@ -42,7 +42,7 @@ from trainer.model_state.readiness import check_model_ready
 from trainer.save_backends import hdf5_arrays
 from trainer.save_backends.base import LoadedCheckpoint, SaveBackend
 from trainer.state import TrainingState
-from trainer.storage import load_checks
+from trainer.storage import integrity
 
 FORMAT = "trainer-weights"
 WEIGHTS_FILE = "model.weights.h5"
@@ -141,7 +141,7 @@ class WeightsBackend(SaveBackend):
                     safe_mode=safe_mode,
                     where=path,
                 )
-        load_checks.await_digests()  # the weights' digests, checked while the model was built
+        integrity.await_digests()  # the weights' digests, checked while the model was built
         _load_weights(model, path, given=given)
         if index["format_version"] >= 2:
             layer_protocol.read_assets(model, path / ASSETS_DIR, str(path))

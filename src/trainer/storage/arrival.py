@@ -4,7 +4,7 @@ A load from a store used to download every object, then load the local copy: two
 one after the other, each about as long as the other for a large model on a fast link.
 Yet the load needs the big file (a SavedModel's ``variables.data``) only once the model
 is rebuilt from the small ones (config, ``saved_model.pb``), which is exactly how the
-local load already hides the hashing of that file (``load_checks.DigestCheck``). So the
+local load already hides the hashing of that file (``integrity.DigestCheck``). So the
 cache starts the download of the large objects first, in a thread, downloads the small
 ones meanwhile, hands the directory to the load, and lets the large files the backend
 reads late (``SaveBackend.read_late``) arrive while it loads, checking each against the
@@ -12,7 +12,7 @@ commit marker as it arrives (``trainer.storage.cache``).
 
 An ``Arrival`` says which files are still arriving (the load's integrity check waits for
 them in its digest thread, where it waits for their hash on disk, and the backend reads
-them only after ``load_checks.await_digests``), and which files this process has just
+them only after ``integrity.await_digests``), and which files this process has just
 checked against the marker. The manifest check of the same load does not hash those a
 second time when the manifest records the same size and SHA-256 and the file is still the
 one checked (same inode, size and modification time): every byte is still hashed once

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import IntegrityError, StoreError
-from trainer.storage import integrity, load_checks
+from trainer.storage import integrity
 from trainer.storage.arrival import Arrival
 from trainer.storage.atomic import is_temporary, process_alive, remove_path
 
@@ -94,7 +94,7 @@ def fetch_overlapped(
     """Like ``fetch_objects``, but a directory's large late-read files may still be
     downloading when this returns: ``late(partial)`` is asked, once every other object
     is there and checked, which ``fnmatch`` patterns the load reads only after
-    ``load_checks.await_digests`` (() for none). The returned ``Arrival`` (None when nothing
+    ``integrity.await_digests`` (() for none). The returned ``Arrival`` (None when nothing
     is left to download) finishes them in a thread; the load waits for it
     (``trainer.storage.arrival``). Such an entry is written in place under a claim file
     (``.loading-<key>``, the writer's pid) instead of renamed into place: the path the
@@ -134,7 +134,7 @@ def _fetch_claimed(
     thread ends the claim, complete, only once this thread's objects matched too."""
     root, target = entry.parent, entry / name
     arrival = Arrival(target)
-    big = [item for item in objects if item["size"] >= load_checks.DEFER_FROM]
+    big = [item for item in objects if item["size"] >= integrity.DEFER_FROM]
     first = [item for item in objects if item not in big]
     try:
         remove_path(entry)  # what a process that died while cleaning its entry left

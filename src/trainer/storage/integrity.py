@@ -6,38 +6,43 @@ a full disk or a partial copy, no bit rot, no file swapped in from another check
 
 * Directory checkpoints get ``trainer_manifest.json`` (JSON, below) written after every
   other file and before the rename; the SavedModel backend keeps it in ``assets.extra/``.
-* The single-file ``h5`` backend writes its manifest into the HDF5 *user block*
-  (``hdf5_seal``).
+* The single-file ``h5`` backend writes its manifest into the HDF5 *user block*: the
+  first 512 bytes of the file, which HDF5 reserves for applications and skips. It holds
+  the file size and the SHA-256 of every byte after the block.
 
-Every ``load`` checks sizes and digests before the bytes reach a model
-(``load_checks.check_for_load``; ``verify=False`` checks sizes only); ``python -m trainer
-verify PATH`` also refuses files the manifest does not list, then loads. How digests are
-computed is ``digests``.
+Every ``load`` checks sizes and digests before the bytes reach a model (``check_for_load``;
+``verify=False`` checks sizes only); ``python -m trainer verify PATH`` also refuses files
+the manifest does not list, then loads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
+import hashlib
 import json
 import os
 import stat
+import threading
+from collections.abc import Iterator, Mapping
+from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trainer.errors import CorruptCheckpointError, IncompatibleFormatError, IntegrityError
-from trainer.storage.digests import ALGORITHM as ALGORITHM
-from trainer.storage.digests import Known as Known
-from trainer.storage.digests import PendingDigest as PendingDigest
-from trainer.storage.digests import bytes_digest as bytes_digest
-from trainer.storage.digests import file_digest as file_digest
+from trainer.storage import arrival as arrivals
 
 MANIFEST_FILE = "trainer_manifest.json"
 FORMAT = "trainer-manifest"
 VERSION = 1  # major version of the manifest layout; newer ones are refused
+ALGORITHM = "sha256"
 # Every place a trainer manifest can live in a directory checkpoint, for diagnosis.
 KNOWN_LOCATIONS = (MANIFEST_FILE, f"assets.extra/{MANIFEST_FILE}")
 HDF5_USERBLOCK = 512
 HDF5_LOCATION = "hdf5-userblock"
+_MAGIC = b"TRAINER-MANIFEST "
+_CHUNK = 1 << 20
 _MAX_MANIFEST_BYTES = 16 << 20
 
 
@@ -52,6 +57,63 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 def compact_json(value: Any) -> str:
     """JSON without spaces, keys in their order, from the C encoder: manifests, metadata."""
     return _COMPACT.encode(value)
+
+
+# ------------------------------------------------------------------------- digests
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, ALGORITHM).hexdigest()
+
+
+def bytes_digest(data: bytes | memoryview) -> str:
+    return hashlib.new(ALGORITHM, data).hexdigest()
+
+
+# Files smaller than this are hashed in the caller's thread (a small model's variables:
+# their digest takes microseconds, a thread's start and join about a hundred).
+_THREAD_FROM = 1 << 20
+
+
+class PendingDigest:
+    """The size and digest of a file its writer just finished, computed in a thread while
+    the save goes on, for ``build_manifest``'s ``known``. hashlib releases the GIL on large
+    buffers, so on a second core the digest of a large model's variables (97 MiB: 50 ms)
+    runs beside the rest of the save (its metadata, layer records, fingerprint) instead of
+    after it. The file must not change once this starts."""
+
+    def __init__(self, path: str | os.PathLike):
+        self._path = os.fspath(path)
+        self._result: tuple[int, str] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        try:
+            small = os.stat(self._path).st_size < _THREAD_FROM
+        except OSError:
+            small = True  # _run records the error, which result() raises
+        if small:  # hashed at once: a thread would cost more than the digest
+            self._run()
+            return
+        self._thread = threading.Thread(target=self._run, name="trainer-digest", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            size = os.stat(self._path).st_size
+            self._result = (size, file_digest(Path(self._path)))
+        except BaseException as error:  # raised again, in the caller's thread, by result()
+            self._error = error
+
+    def result(self) -> tuple[int, str]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+# What a writer knows of the files it wrote: relative path -> (size, digest), or pending.
+Known = Mapping[str, "tuple[int, str] | PendingDigest"]
 
 
 # ------------------------------------------------------------------ directory manifests
@@ -260,9 +322,9 @@ def _refuse_linked_directories(directory: Path, root_dir: str, dirs: list[str]) 
 
 
 def _verify_entry(directory: Path, root: str, entry: dict[str, Any], *, digests: bool) -> None:
-    check_file(directory, root, entry)
+    _check_file(directory, root, entry)
     if digests:
-        check_digest(directory, entry)
+        _check_digest(directory, entry)
 
 
 def _entry_error(directory: Path, name: str, problem: str, received: str) -> IntegrityError:
@@ -274,7 +336,7 @@ def _entry_error(directory: Path, name: str, problem: str, received: str) -> Int
     )
 
 
-def check_file(directory: Path, root: str, entry: dict[str, Any]) -> None:
+def _check_file(directory: Path, root: str, entry: dict[str, Any]) -> None:
     """The listed file is a regular file inside the checkpoint with its recorded size."""
     name = entry["path"]
     target = directory / name
@@ -304,7 +366,7 @@ def check_file(directory: Path, root: str, entry: dict[str, Any]) -> None:
         )
 
 
-def check_digest(directory: Path, entry: dict[str, Any]) -> None:
+def _check_digest(directory: Path, entry: dict[str, Any]) -> None:
     name = entry["path"]
     try:
         digest = file_digest(directory / name)
@@ -315,6 +377,114 @@ def check_digest(directory: Path, entry: dict[str, Any]) -> None:
         raise _entry_error(
             directory, name, "does not match its SHA-256 digest (content changed)", "another digest"
         )
+
+
+# ------------------------------------------------------------------- checks on load
+# Every load checks every digest. Files named by the backend as read late (a model's
+# variable values, read after the model is rebuilt from its small config files) are hashed
+# in a thread meanwhile (``DigestCheck``): on a second core the SHA-256 of a large model's
+# 97 MiB of variables (0.07 s) costs no wall time. Everything else is checked before the
+# backend reads anything.
+# Smaller late-read files are checked at once: a thread's start costs more than their hash.
+DEFER_FROM = 1 << 20
+_PENDING: contextvars.ContextVar[DigestCheck | None] = contextvars.ContextVar(
+    "trainer_pending_digests", default=None
+)
+
+
+class DigestCheck:
+    """The digests of a checkpoint's late-read files, computed in one thread from the start
+    of its load. ``wait`` blocks until they are known and raises the ``IntegrityError`` of
+    the first file whose content differs from the manifest's record."""
+
+    def __init__(
+        self,
+        directory: Path,
+        entries: list[dict[str, Any]],
+        arrival: arrivals.Arrival | None = None,
+    ):
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if entries:
+            self._thread = threading.Thread(
+                target=self._run, args=(Path(directory), entries, arrival), name="trainer-verify"
+            )
+            self._thread.daemon = True
+            self._thread.start()
+
+    def _run(
+        self, directory: Path, entries: list[dict[str, Any]], arrival: arrivals.Arrival | None
+    ) -> None:
+        """Hash each entry; with ``arrival`` (files still downloading), first wait for the
+        download, then check the arrived files' presence and size as ``check_for_load``
+        checks the others', and skip the hash of a file the download just hashed against
+        the same digest (``Arrival.vouches``)."""
+        try:
+            if arrival is not None:
+                arrival.wait()
+                root = os.path.realpath(directory)
+                for entry in entries:
+                    _check_file(directory, root, entry)
+            for entry in entries:
+                if arrival is None or not arrival.vouches(directory, entry):
+                    _check_digest(directory, entry)
+        except BaseException as error:  # raised in the loading thread by wait()
+            self._error = error
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+
+NOTHING_PENDING = DigestCheck(Path(), [])
+
+
+def check_for_load(
+    directory: Path, relative: str, late: tuple[str, ...] = ()
+) -> tuple[dict[str, Any] | None, DigestCheck]:
+    """What a load checks of a directory checkpoint: the manifest, every file's presence,
+    type and size, and every digest: now, except for files matching a pattern of ``late``
+    (``fnmatch``), whose digests the returned ``DigestCheck`` computes in a thread."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, relative)
+    if manifest is None:
+        return None, NOTHING_PENDING
+    root = os.path.realpath(directory)
+    now, deferred = [], []
+    arrival = arrivals.current()  # a download from a store still in progress, or None
+    for entry in manifest["files"]:
+        if arrival is not None and arrival.is_pending(directory, entry["path"]):
+            deferred.append(entry)  # checked once it arrived, in the digest thread
+            continue
+        _check_file(directory, root, entry)
+        late_read = any(fnmatch(entry["path"], pattern) for pattern in late)
+        (deferred if late_read and entry["size"] >= DEFER_FROM else now).append(entry)
+    for entry in now:
+        if arrival is None or not arrival.vouches(directory, entry):
+            _check_digest(directory, entry)
+    return manifest, DigestCheck(directory, deferred, arrival)
+
+
+@contextlib.contextmanager
+def pending(check: DigestCheck) -> Iterator[None]:
+    """``check`` is the one ``await_digests`` waits for inside this block (one load)."""
+    token = _PENDING.set(check)
+    try:
+        yield
+    finally:
+        _PENDING.reset(token)
+
+
+def await_digests() -> None:
+    """Block until the digests of the checkpoint being loaded in this thread are checked;
+    raise the ``IntegrityError`` of a damaged file. A backend calls this before reading
+    the files it named as read late; outside a load it returns at once."""
+    check = _PENDING.get()
+    if check is not None:
+        check.wait()
 
 
 def find_manifest(directory: Path) -> tuple[str, dict[str, Any]] | None:
@@ -328,6 +498,41 @@ def find_manifest(directory: Path) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def diagnose(path: Path) -> None:
+    """Raise the specific error for a directory no backend claims but that has a manifest.
+
+    A checkpoint whose index file was deleted is no longer recognised by its backend; its
+    manifest still says what it was, so the user hears "file X is missing", not "not a
+    checkpoint".
+    """
+    if Path(path).is_file():
+        try:
+            header = read_hdf5_seal(path)
+        except OSError:
+            return
+        if header is not None:
+            verify_hdf5(path, digests=False)
+            raise CorruptCheckpointError(
+                f"{path} carries a trainer manifest and has its recorded size, but its HDF5 "
+                f"content is not a readable trainer checkpoint; it is damaged. Run `python -m "
+                f"trainer verify {path}` or load an older checkpoint. Received {path.name!r}"
+            )
+        return
+    found = find_manifest(path)
+    if found is None:
+        return
+    relative, manifest = found
+    verify_directory(path, relative, digests=False)
+    if manifest.get("kind") == "export" and not manifest.get("backend"):
+        return  # an inference-only serving export, intact: not a checkpoint at all
+    raise CorruptCheckpointError(
+        f"{path} has a trainer manifest (backend {manifest.get('backend')!r}) and all its "
+        f"files are intact, but backend {manifest.get('backend')!r} does not recognise it; "
+        f"it is not registered in this process, or its index was rewritten. Received "
+        f"manifest {relative!r}"
+    )
+
+
 def total_size(path: Path) -> int:
     """Bytes under ``path`` (a file or a directory), without following links."""
     path = Path(path)
@@ -338,6 +543,87 @@ def total_size(path: Path) -> int:
         for name in names:
             total += os.lstat(os.path.join(root, name)).st_size
     return total
+
+
+# ------------------------------------------------------------------ HDF5 user block
+def seal_hdf5(data: memoryview | bytes) -> bytes:
+    """The user block to put in front of ``data[HDF5_USERBLOCK:]``: size and digest.
+
+    ``data`` is an HDF5 file created with ``userblock_size=HDF5_USERBLOCK``.
+    """
+    header = {
+        "format": FORMAT,
+        "version": VERSION,
+        "algorithm": ALGORITHM,
+        "size": len(data),
+        "offset": HDF5_USERBLOCK,
+        "sha256": bytes_digest(memoryview(data)[HDF5_USERBLOCK:]),
+    }
+    block = _MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n"
+    return block.ljust(HDF5_USERBLOCK, b"\0")
+
+
+def read_hdf5_seal(path: Path) -> dict[str, Any] | None:
+    """The manifest in the user block of ``path``, or None (an HDF5 file without one)."""
+    with open(path, "rb") as handle:
+        block = handle.read(HDF5_USERBLOCK)
+    if not block.startswith(_MAGIC):
+        return None
+    try:
+        header = json.loads(block[len(_MAGIC) :].rstrip(b"\0").decode())
+        ok = (
+            isinstance(header, dict)
+            and header.get("format") == FORMAT
+            and type(header.get("size")) is int
+            and header.get("offset") == HDF5_USERBLOCK
+            and isinstance(header.get("sha256"), str)
+        )
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise IntegrityError(
+            f"{path}: the manifest in the HDF5 user block is damaged. Load an older "
+            f"checkpoint. Received block start: {block[:80]!r}",
+            path=path,
+            file=HDF5_LOCATION,
+        )
+    if type(header.get("version")) is not int or header["version"] > VERSION:
+        raise IncompatibleFormatError(
+            f"{path} was written with manifest version {header.get('version')!r}, but this "
+            f"trainer reads versions up to {VERSION}. Upgrade trainer to load it. "
+            f"Received version={header.get('version')!r}"
+        )
+    return header
+
+
+def verify_hdf5(path: Path, *, digests: bool) -> dict[str, Any] | None:
+    """Check the file against its user-block manifest; None if it has none."""
+    path = Path(path)
+    header = read_hdf5_seal(path)
+    if header is None:
+        return None
+    size = path.stat().st_size
+    if size != header["size"]:
+        raise IntegrityError(
+            f"{path} has {size} bytes instead of {header['size']} (truncated or appended "
+            f"to); the checkpoint is damaged. Load an older checkpoint. Received size {size}",
+            path=path,
+            file=path.name,
+        )
+    if digests:
+        digest = hashlib.new(ALGORITHM)
+        with open(path, "rb") as handle:
+            handle.seek(header["offset"])
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != header["sha256"]:
+            raise IntegrityError(
+                f"{path} does not match its SHA-256 digest: its content changed after it "
+                f"was written. Load an older checkpoint. Received another digest",
+                path=path,
+                file=path.name,
+            )
+    return {"files": [{"path": path.name, "size": size, "sha256": header["sha256"]}], **header}
 
 
 def _short(value: Any) -> str:

@@ -37,7 +37,7 @@ from trainer.save_backends.savedmodel.load.stored_variables import DeferredValue
 from trainer.save_backends.savedmodel.records import check_json
 from trainer.save_backends.savedmodel.save import endpoints, trace_cache
 from trainer.state import TrainingState
-from trainer.storage import integrity, limits, load_checks
+from trainer.storage import integrity, limits
 from trainer.storage.integrity import MANIFEST_FILE
 from trainer.storage.locations import local_path
 
@@ -279,7 +279,7 @@ def _revive_fully(
     path: Path, saved: dict[str, Any], options: dict[str, Any], library: int
 ) -> tuple[keras.Model, Reviver, DeferredValues]:
     """Revive from ``tf.saved_model.load`` of the whole SavedModel."""
-    load_checks.await_digests()  # TensorFlow reads the variables' values
+    integrity.await_digests()  # TensorFlow reads the variables' values
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as err:

@@ -24,7 +24,7 @@ from trainer._compat import tensorflow as tf_compat
 from trainer.errors import CorruptCheckpointError, TrainerError
 from trainer.save_backends.savedmodel.bundle import index_reader
 from trainer.storage import arrival as arrivals
-from trainer.storage import load_checks
+from trainer.storage import integrity
 
 OBJECT_GRAPH = tf_compat.OBJECT_GRAPH_KEY
 
@@ -121,7 +121,7 @@ class StoredVariables:
         )
 
     def value(self, stored: Stored) -> np.ndarray:
-        load_checks.await_digests()  # the data file's digest, checked while layers were built
+        integrity.await_digests()  # the data file's digest, checked while layers were built
         return self._reader.get_tensor(stored.key)
 
     def optimizer_arrays(self) -> list[np.ndarray]:
@@ -149,7 +149,7 @@ def _graph_ahead(directory: Path) -> Any:
             raw = None
     value = index_reader.scalar_string(raw) if raw is not None else None
     if value is None:
-        load_checks.await_digests()  # the whole data file, then TensorFlow's reader
+        integrity.await_digests()  # the whole data file, then TensorFlow's reader
         return None
     return trackable_object_graph_pb2.TrackableObjectGraph.FromString(value)
 
